@@ -1,0 +1,62 @@
+"""The one error hierarchy of ckptflow.
+
+Every error names the object it is about and what to do about it. Subclasses also inherit the matching
+builtin so callers that only know the standard library can still catch them (``FileNotFoundError``,
+``FileExistsError``, ``ValueError``, ``PermissionError``, ``OSError``).
+
+The CLI maps each class to one line on stderr and an exit code; a traceback is shown only when
+``CKPTFLOW_DEBUG=1``.
+"""
+
+from __future__ import annotations
+
+
+class CkptflowError(Exception):
+    """Base class. ``remedy`` is the action that fixes the problem, appended to the message."""
+
+    def __init__(self, message: str, *, remedy: str | None = None, path: str | None = None):
+        self.message = message
+        self.remedy = remedy
+        self.path = path
+        super().__init__(self.__str__())
+
+    def __str__(self) -> str:
+        if self.remedy:
+            return f"{self.message}; {self.remedy}"
+        return self.message
+
+
+class Refused(CkptflowError, PermissionError):
+    """The request is well-formed but would break an invariant; nothing was changed."""
+
+
+class InvalidRecord(CkptflowError, ValueError):
+    """A record, declaration, sidecar or header failed validation (encoding, schema, paths, protocol)."""
+
+
+class UnsafePath(InvalidRecord):
+    """A path escapes its directory, is absolute, has a backslash/NUL, or is a symlink."""
+
+
+class VerificationFailed(CkptflowError, ValueError):
+    """Bytes on disk or in the store do not match the recorded size or digest."""
+
+
+class ConflictError(CkptflowError, FileExistsError):
+    """An existing object or record differs from what this request would write."""
+
+
+class NotFound(CkptflowError, FileNotFoundError):
+    """A required file, record or object is absent."""
+
+
+class StoreError(CkptflowError, OSError):
+    """The object store failed or answered unexpectedly (after retries)."""
+
+
+class EndpointNotQualified(Refused):
+    """The endpoint has no passing probe record, or its probe showed create-once is not enforced."""
+
+
+class UsageError(CkptflowError, ValueError):
+    """Command-line arguments are inconsistent; the CLI exits with status 2."""

@@ -1,0 +1,157 @@
+"""File-system primitives every step relies on: atomic writes, safe relative paths, no-symlink walks.
+
+Why unique temporaries and renames instead of locks: ``flock`` is silently a no-op on some Lustre, GPFS
+and NFS mounts, so correctness must come from names no other process can pick (pid + random suffix),
+from ``os.replace`` being atomic within one directory, and from create-once records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import socket
+import stat
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+
+from .errors import NotFound, UnsafePath
+
+
+def unique_temp_path(path: Path, suffix: str = ".tmp") -> Path:
+    """A sibling of ``path`` no other process or thread will choose (host, pid, random token)."""
+    host = socket.gethostname().split(".")[0] or "host"
+    token = secrets.token_hex(4)
+    return path.with_name(f".{path.name}.{host}.{os.getpid()}.{token}{suffix}")
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename or create inside ``directory`` durable (best effort where unsupported)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path | str, data: bytes, *, mode: int = 0o644) -> None:
+    """Write ``data`` to ``path`` so that readers see either the old file or the complete new one.
+
+    The temporary lives in the same directory (so the rename cannot cross file systems), is fsynced
+    before the rename, and is removed if anything fails.
+    """
+    path = Path(path)
+    tmp = unique_temp_path(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def create_exclusive_bytes(path: Path | str, data: bytes, *, mode: int = 0o644) -> bool:
+    """Publish ``data`` at ``path`` only if nothing is there; return False if it already exists.
+
+    The bytes are written to a unique temporary first and then hard-linked into place: ``link`` fails
+    with EEXIST atomically (also on NFS), so a reader never sees a partial file and two writers never
+    both win.
+    """
+    path = Path(path)
+    tmp = unique_temp_path(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        fsync_dir(path.parent)
+        return True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def safe_relpath(value: str, *, what: str = "path") -> PurePosixPath:
+    """Validate a relative POSIX path taken from a record or a remote listing.
+
+    Refuses empty paths, absolute paths, drive letters, backslashes, NUL, ``.`` and ``..`` segments, so
+    the result can be joined to a directory without escaping it.
+    """
+    if not isinstance(value, str) or not value:
+        raise UnsafePath(f"{what} {value!r} is empty or not a string", remedy="records must name files by a relative POSIX path")
+    if "\x00" in value:
+        raise UnsafePath(f"{what} {value!r} contains a NUL byte", remedy="the record is corrupt or hostile; do not use it")
+    if "\\" in value:
+        raise UnsafePath(f"{what} {value!r} contains a backslash", remedy="use POSIX '/' separators")
+    if value.startswith("/") or (len(value) >= 2 and value[1] == ":"):
+        raise UnsafePath(f"{what} {value!r} is absolute", remedy="records must use paths relative to their directory")
+    parts = value.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        raise UnsafePath(
+            f"{what} {value!r} has an empty, '.' or '..' segment",
+            remedy="a path must stay inside its directory; the record is corrupt or hostile",
+        )
+    return PurePosixPath(value)
+
+
+def resolve_inside(root: Path, relpath: str, *, what: str = "path") -> Path:
+    """Join a validated relative path to ``root``; refuse if any existing component is a symlink."""
+    rel = safe_relpath(relpath, what=what)
+    current = Path(root)
+    for part in rel.parts:
+        current = current / part
+        if current.is_symlink():
+            raise UnsafePath(
+                f"{what} {relpath!r} passes through the symlink {current}",
+                remedy="artifacts must hold regular files only; replace the link by the file it points to",
+            )
+    return current
+
+
+def walk_files(root: Path) -> Iterator[str]:
+    """Yield every regular file under ``root`` as a sorted relative POSIX path; refuse symlinks.
+
+    Anything that is not a directory or a regular file (symlink, socket, device) is an error naming it,
+    because an artifact made of links cannot be proven to hold its own bytes.
+    """
+    root = Path(root)
+    if root.is_symlink():
+        raise UnsafePath(f"{root} is a symlink", remedy="point ckptflow at the real directory")
+    if not root.is_dir():
+        raise NotFound(f"directory {root} does not exist", remedy="check the path")
+    yield from _walk(root, PurePosixPath())
+
+
+def _walk(root: Path, prefix: PurePosixPath) -> Iterator[str]:
+    with os.scandir(root / prefix) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    for entry in entries:
+        rel = prefix / entry.name
+        st = entry.stat(follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafePath(
+                f"{root / rel} is a symlink",
+                remedy="artifacts must hold regular files only; replace the link by the file it points to",
+            )
+        if stat.S_ISDIR(st.st_mode):
+            yield from _walk(root, rel)
+        elif stat.S_ISREG(st.st_mode):
+            yield rel.as_posix()
+        else:
+            raise UnsafePath(f"{root / rel} is not a regular file", remedy="remove it from the artifact directory")

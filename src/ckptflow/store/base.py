@@ -1,0 +1,97 @@
+"""The object-store contract every backend (S3, GCS, ``file://``) implements.
+
+Keys are ``/``-separated strings relative to the bucket (for ``file://``: to the archive root). The
+store never interprets artifact layout; the archive modules build keys from a prefix and validated
+relative paths. ``sha256`` is the lowercase hex SHA-256 of the whole object, carried as user metadata
+(``x-amz-meta-sha256`` on S3 and the S3-interop GCS API, an ``.meta.json`` sidecar on ``file://``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from ..digest import FileDigest
+from ..progress import ByteProgress
+
+# Above this size put_file uses a multipart upload with parts sent concurrently.
+DEFAULT_MULTIPART_THRESHOLD = 64 * 1024 * 1024
+DEFAULT_PART_SIZE = 64 * 1024 * 1024
+DEFAULT_CONCURRENCY = 8
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """What a HEAD (or a listing, where ``sha256`` is then None) says about one object."""
+
+    key: str
+    size: int
+    sha256: str | None = None
+    etag: str | None = None
+    # Server-verified SHA-256 (hex) where the endpoint stores one for single-part uploads.
+    checksum_sha256: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    """The non-secret identity of where objects live: what receipts and probe records store."""
+
+    scheme: str  # "s3", "gs" or "file"
+    endpoint: str  # endpoint authority (host[:port]) or, for file://, the archive root path
+    bucket: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"scheme": self.scheme, "endpoint": self.endpoint, "bucket": self.bucket}
+
+
+@runtime_checkable
+class ObjectStore(Protocol):
+    destination: Destination
+    #: True when single-part puts carry a server-verified SHA-256 (S3 ``ChecksumSHA256``).
+    supports_checksum_sha256: bool
+
+    def head(self, key: str) -> ObjectInfo | None:
+        """Size, sha256 metadata and etag of ``key``; None when it does not exist."""
+
+    def put_bytes_create_once(self, key: str, data: bytes, *, sha256: str) -> bool:
+        """Create ``key`` with ``data`` only if it does not exist. True: created; False: it existed.
+
+        Enforcement is the server's (``If-None-Match: *``, ``x-goog-if-generation-match: 0``,
+        ``link``); whether an endpoint really enforces it is what ``ckptflow probe`` qualifies.
+        """
+
+    def put_file(
+        self, key: str, path: Path, *, digest: FileDigest, progress: ByteProgress | None = None
+    ) -> ObjectInfo:
+        """Upload ``path`` (whose size and sha256 the caller computed) with ``sha256`` metadata.
+
+        Multipart above the backend's threshold, parts concurrently; single-part uploads also send
+        ``ChecksumSHA256`` where supported, so the server rejects corrupted bytes on receipt.
+        """
+
+    def get_bytes(self, key: str, *, max_bytes: int = 64 * 1024 * 1024) -> bytes:
+        """Whole small object (records); refuse objects larger than ``max_bytes``."""
+
+    def download_file(
+        self,
+        key: str,
+        dest: Path,
+        *,
+        size: int | None = None,
+        start: int = 0,
+        hasher=None,
+        progress: ByteProgress | None = None,
+    ) -> FileDigest:
+        """Write bytes ``[start, size)`` of ``key`` into ``dest`` (created or extended in place).
+
+        Ranges are fetched concurrently and hashed in order as they arrive (one pass, no re-read).
+        With ``start > 0`` the caller passes ``hasher`` already fed with the verified prefix.
+        Returns the size and sha256 of the whole file. ``size`` defaults to a HEAD.
+        """
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        """Every object whose key starts with ``prefix``, all pages, sorted by key."""
+
+    def delete(self, key: str) -> None:
+        """Remove ``key``; absent is not an error."""
