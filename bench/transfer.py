@@ -1,0 +1,112 @@
+"""Transfer throughput: ckptflow's store versus raw boto3, in the same run, on the same server.
+
+(a) raw boto3 ``upload_file`` / ``download_file`` with default transfer settings (no hashing);
+(b) ckptflow: SHA-256 of the file, ``put_file`` with ``sha256`` metadata, HEAD check of size + metadata;
+    ``download_file`` with the digest computed in order while ranges arrive, then compared.
+Runs are interleaved (raw, ckptflow, raw, ckptflow, …) so drift on a noisy machine hits both sides;
+the median of ``--runs`` is reported. Prints one JSON object on stdout; targets are ratios ≥ 0.85.
+
+    python bench/transfer.py --credentials .ckptflow/bench-servers/credentials-seaweedfs.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import boto3
+from ckptflow.store.credentials import load_credentials
+from ckptflow.store.s3 import S3Store
+
+from ckptflow.digest import sha256_file
+
+MiB = 1024 * 1024
+
+
+def _make_file(path: Path, size: int) -> None:
+    with open(path, "wb") as fh:
+        left = size
+        while left:
+            n = min(left, 64 * MiB)
+            fh.write(os.urandom(n))
+            left -= n
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--credentials", required=True)
+    ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--workdir", default=".ckptflow/bench")
+    args = ap.parse_args()
+
+    creds = load_credentials(args.credentials)
+    bucket = f"bench-{uuid.uuid4().hex[:8]}"
+    store = S3Store(bucket, creds)
+    store.ensure_bucket()
+    raw = boto3.client(
+        "s3",
+        aws_access_key_id=creds.aws_access_key_id,
+        aws_secret_access_key=creds.aws_secret_access_key,
+        endpoint_url=creds.endpoint_url,
+        region_name=creds.region_name or "us-east-1",
+        config=store.boto_config,
+    )
+    size = args.size_mib * MiB
+    Path(args.workdir).mkdir(parents=True, exist_ok=True)
+    times: dict[str, list[float]] = {"raw_up": [], "ck_up": [], "raw_down": [], "ck_down": []}
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        src = Path(tmp) / "payload.bin"
+        _make_file(src, size)
+        for run in range(args.runs):
+            key_raw, key_ck = f"raw/{run}", f"ckptflow/{run}"
+            t = time.perf_counter()
+            raw.upload_file(str(src), bucket, key_raw)
+            times["raw_up"].append(time.perf_counter() - t)
+
+            t = time.perf_counter()
+            digest = sha256_file(src)
+            store.put_file(key_ck, src, digest=digest)
+            info = store.head(key_ck)
+            assert info is not None and info.size == digest.size and info.sha256 == digest.sha256
+            times["ck_up"].append(time.perf_counter() - t)
+
+            dst = Path(tmp) / "down.bin"
+            t = time.perf_counter()
+            raw.download_file(bucket, key_raw, str(dst))
+            times["raw_down"].append(time.perf_counter() - t)
+            dst.unlink()
+
+            t = time.perf_counter()
+            got = store.download_file(key_ck, dst)
+            assert got == digest, "downloaded bytes do not match the uploaded digest"
+            times["ck_down"].append(time.perf_counter() - t)
+            dst.unlink()
+            for k in (key_raw, key_ck):
+                store.delete(k)
+            print(f"run {run + 1}/{args.runs} done", file=sys.stderr)
+
+    med = {k: statistics.median(v) for k, v in times.items()}
+    mbps = {k: size / MiB / v for k, v in med.items()}
+    report = {
+        "size_mib": args.size_mib,
+        "runs": args.runs,
+        "median_seconds": {k: round(v, 3) for k, v in med.items()},
+        "throughput_mib_s": {k: round(v, 1) for k, v in mbps.items()},
+        "ratio_upload_ckptflow_vs_raw": round(mbps["ck_up"] / mbps["raw_up"], 3),
+        "ratio_download_ckptflow_vs_raw": round(mbps["ck_down"] / mbps["raw_down"], 3),
+        "target_ratio": 0.85,
+    }
+    print(json.dumps(report, indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

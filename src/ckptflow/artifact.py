@@ -1,0 +1,142 @@
+"""The local artifact directory: ``<run>/<ts>/checkpoint_artifacts/iter_NNNNNN/``.
+
+An artifact holds selected components (a consolidated ``model.pt``, DCP shard directories such as
+``optim/`` with ``.metadata`` and ``__R_0.distcp``, ``trainer.pt`` …) and the native manifest
+``.posttrain-checkpoint-artifact.json``, which is written last: a directory without it is an
+interrupted save, never a committed artifact.
+
+``seal_artifact`` commits a manifest for components that some other program already wrote; it is how
+checkpoints from other trainers enter ckptflow.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import __version__
+from .digest import hash_files
+from .errors import NotFound, Refused, UnsafePath, UsageError
+from .fsutil import resolve_inside, safe_relpath, walk_files
+from .records import manifest as manifest_record
+
+ITER_DIR_RE = re.compile(r"^iter_(\d+)$")
+COMPONENT_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def iteration_from_dir(artifact_dir: Path) -> int:
+    """The N of an ``iter_N`` directory name; refuses any other name."""
+    m = ITER_DIR_RE.match(Path(artifact_dir).name)
+    if not m:
+        raise UsageError(
+            f"artifact directory {artifact_dir} is not named iter_<N>",
+            remedy="artifacts live in checkpoint_artifacts/iter_NNNNNN/",
+        )
+    return int(m.group(1))
+
+
+@dataclass(frozen=True)
+class ComponentSpec:
+    name: str
+    path: str  # relative to the artifact directory
+
+
+def parse_component_spec(text: str) -> ComponentSpec:
+    """``NAME=PATH`` from the command line."""
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise UsageError(f"component {text!r} is not NAME=PATH", remedy="for example model=model.pt optim=optim")
+    if not COMPONENT_NAME_RE.match(name):
+        raise UsageError(f"component name {name!r} may only use letters, digits, '_', '.', '-'")
+    safe_relpath(path.rstrip("/"), what=f"component {name} path")
+    return ComponentSpec(name=name, path=path.rstrip("/"))
+
+
+def seal_artifact(
+    artifact_dir: Path | str,
+    iteration: int,
+    components: list[ComponentSpec],
+    *,
+    progress: bool | None = None,
+) -> manifest_record.Manifest:
+    """Hash the named components and commit the native manifest last.
+
+    Refuses (nothing written) when a manifest already exists, when the directory is not ``iter_*``
+    matching ``iteration``, when a component is missing, escapes the directory or is/contains a symlink,
+    or when two components overlap.
+    """
+    artifact_dir = Path(artifact_dir)
+    if not artifact_dir.is_dir():
+        raise NotFound(f"artifact directory {artifact_dir} does not exist", remedy="create it and write the components first")
+    if artifact_dir.is_symlink():
+        raise UnsafePath(f"artifact directory {artifact_dir} is a symlink", remedy="pass the real directory")
+    dir_iteration = iteration_from_dir(artifact_dir)
+    if dir_iteration != iteration:
+        raise Refused(
+            f"--iteration {iteration} does not match the directory name {artifact_dir.name}",
+            remedy=f"pass --iteration {dir_iteration} or seal the right directory",
+        )
+    manifest_path = manifest_record.path_in(artifact_dir)
+    if manifest_path.exists() or manifest_path.is_symlink():
+        raise Refused(
+            f"{manifest_path} already exists: the artifact is already committed",
+            remedy="a committed manifest is never replaced; seal into a new iter_* directory",
+        )
+    if not components:
+        raise UsageError("no components given", remedy="name at least one NAME=PATH")
+    names = [c.name for c in components]
+    if len(set(names)) != len(names):
+        raise UsageError(f"component names repeat: {sorted(n for n in set(names) if names.count(n) > 1)}")
+
+    # Resolve every component and list its files before hashing anything.
+    plan: list[tuple[ComponentSpec, str, list[str]]] = []  # (spec, format, files relative to artifact_dir)
+    for spec in components:
+        target = resolve_inside(artifact_dir, spec.path, what=f"component {spec.name}")
+        if not target.exists():
+            raise NotFound(f"component {spec.name}: {target} does not exist", remedy="write it before sealing")
+        if target.is_dir():
+            files = [f"{spec.path}/{rel}" for rel in walk_files(target)]
+            if not files:
+                raise Refused(f"component {spec.name}: directory {target} is empty", remedy="a DCP component needs its shard files")
+            plan.append((spec, "dcp", files))
+        elif target.is_file():
+            plan.append((spec, "file", [spec.path]))
+        else:
+            raise UnsafePath(f"component {spec.name}: {target} is not a regular file or directory")
+    _refuse_overlaps(plan)
+
+    digests = hash_files(artifact_dir, [f for _, _, files in plan for f in files], progress=progress, desc="seal sha256")
+    comp_dicts: dict[str, dict] = {}
+    for spec, fmt, files in plan:
+        if fmt == "file":
+            d = digests[spec.path]
+            comp_dicts[spec.name] = {"format": "file", "path": spec.path, "size": d.size, "sha256": d.sha256}
+        else:
+            prefix = spec.path + "/"
+            comp_dicts[spec.name] = {
+                "format": "dcp",
+                "path": spec.path,
+                "files": [
+                    {"path": f[len(prefix):], "size": digests[f].size, "sha256": digests[f].sha256} for f in files
+                ],
+            }
+    record = manifest_record.Manifest.from_dict(
+        {
+            "schema": manifest_record.SCHEMA_ID,
+            "iteration": iteration,
+            "components": comp_dicts,
+            "producer": {"tool": "ckptflow seal", "version": __version__},
+        }
+    )
+    manifest_record.write_manifest(artifact_dir, record)
+    return record
+
+
+def _refuse_overlaps(plan: list[tuple[ComponentSpec, str, list[str]]]) -> None:
+    owner: dict[str, str] = {}
+    for spec, _, files in plan:
+        for f in files:
+            if f in owner:
+                raise UsageError(f"components {owner[f]} and {spec.name} both contain {f}", remedy="name each file once")
+            owner[f] = spec.name

@@ -1,0 +1,43 @@
+"""``ckptflow probe``: qualify an endpoint (create-once, races, metadata, checksums)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from . import ReportedFailure, open_store_from_args
+
+
+def register(sub) -> None:
+    s = sub.add_parser("probe", help="qualify an endpoint: create-once, races, metadata, checksums")
+    s.add_argument("--bucket", help="bucket name (S3) or s3://B, gs://B, file:///DIR; default $CKPTFLOW_BUCKET")
+    s.add_argument("--prefix", required=True, help="scratch keys go under PREFIX/.ckptflow-probe/ and are removed")
+    s.add_argument("--credentials", help="credentials JSON; default $CKPTFLOW_CREDENTIALS")
+    s.add_argument("--creators", type=int, default=8, help="concurrent creators in the race check (default 8)")
+    s.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from ..probe import run_probe
+    from ..records.probe import probe_record_path
+
+    store = open_store_from_args(args.bucket, args.credentials)
+    outcome = run_probe(store, args.prefix, creators=args.creators)
+    rec = outcome.record
+    report = {
+        "status": "passed" if rec.passed else "failed",
+        "destination": rec.destination,
+        "prefix": rec.prefix,
+        "results": rec.results,
+        "reasons": outcome.reasons,
+        "record": str(probe_record_path(rec.destination)),
+    }
+    if not rec.passed:
+        dest = rec.destination
+        raise ReportedFailure(
+            report,
+            f"endpoint {dest['endpoint']} (bucket {dest['bucket']!r}) does not qualify: "
+            + "; ".join(outcome.reasons)
+            + "; publication to it fails closed — use an endpoint that enforces create-once",
+        )
+    return report

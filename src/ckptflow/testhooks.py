@@ -1,0 +1,33 @@
+"""Named crash and pause points for the crash-safety tests; inert unless the test environment asks.
+
+``CKPTFLOW_TEST_KILL_AT=<point>`` makes the process SIGKILL itself when it reaches ``point`` (a real
+kill -9: no finally blocks, no atexit). ``CKPTFLOW_TEST_PAUSE_AT=<point>`` makes it create the file
+named by ``CKPTFLOW_TEST_PAUSE_FILE`` and sleep there (up to 120 s) so a test can act while it waits
+(kill it, stop a server, start a racing process). Points are named ``<step>:<moment>``, e.g.
+``publish:after-declaration``. Both variables may hold several points separated by commas.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+
+def _points(var: str) -> set[str]:
+    value = os.environ.get(var)
+    return {p.strip() for p in value.split(",")} if value else set()
+
+
+def reached(point: str) -> None:
+    """Call at a named point of a long operation; does nothing in normal runs."""
+    if point in _points("CKPTFLOW_TEST_PAUSE_AT"):
+        flag = os.environ.get("CKPTFLOW_TEST_PAUSE_FILE")
+        if flag:
+            Path(flag).write_text(f"{os.getpid()} {point}\n")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+    if point in _points("CKPTFLOW_TEST_KILL_AT"):
+        os.kill(os.getpid(), signal.SIGKILL)

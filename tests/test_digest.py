@@ -1,0 +1,68 @@
+import hashlib
+import io
+import os
+
+from ckptflow import digest
+from ckptflow.progress import ByteProgress
+
+
+def test_streaming_digest_equals_hashlib_across_chunk_boundaries(tmp_path):
+    data = os.urandom(3 * 1024 * 1024 + 17)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    got = digest.sha256_file(path, chunk_size=1024 * 1024)
+    assert got == digest.FileDigest(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+
+
+def test_parallel_hash_of_many_files_is_sorted_and_byte_accurate(tmp_path):
+    expected = {}
+    for i in range(7):
+        rel = f"d/{i}.bin" if i % 2 else f"{i}.bin"
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        data = os.urandom(1000 * (i + 1))
+        (tmp_path / rel).write_bytes(data)
+        expected[rel] = digest.FileDigest(len(data), hashlib.sha256(data).hexdigest())
+    got = digest.hash_files(tmp_path, reversed(list(expected)), workers=3, progress=False)
+    assert got == expected
+    assert list(got) == sorted(expected)
+
+
+def test_empty_file_digest():
+    assert digest.sha256_bytes(b"") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+
+def test_progress_counts_every_byte(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(os.urandom(2_500_000))
+    with ByteProgress(2_500_000, "t", enabled=False) as bar:
+        digest.sha256_file(path, chunk_size=1 << 20, on_bytes=bar.update)
+    assert bar.done == 2_500_000
+
+
+def test_progress_is_silent_when_not_a_tty(monkeypatch, capsys):
+    monkeypatch.delenv("CKPTFLOW_PROGRESS", raising=False)
+    with ByteProgress(10, "quiet") as bar:
+        bar.update(10)
+    assert capsys.readouterr().err == ""
+
+
+def test_progress_can_be_forced_on(monkeypatch, capsys):
+    monkeypatch.setenv("CKPTFLOW_PROGRESS", "1")
+    with ByteProgress(10, "forced") as bar:
+        bar.update(10)
+    assert "forced" in capsys.readouterr().err
+
+
+def test_hashing_writer_hashes_what_it_writes():
+    buf = io.BytesIO()
+    w = digest.HashingWriter(buf)
+    w.write(b"abc")
+    w.write(b"def")
+    assert w.size == 6 and w.hexdigest() == hashlib.sha256(b"abcdef").hexdigest() and buf.getvalue() == b"abcdef"
+
+
+def test_is_sha256_hex():
+    assert digest.is_sha256_hex("a" * 64)
+    assert not digest.is_sha256_hex("A" * 64)
+    assert not digest.is_sha256_hex("a" * 63)
+    assert not digest.is_sha256_hex(None)
