@@ -123,7 +123,7 @@ def seal_artifact(
             }
     record = manifest_record.Manifest.from_dict(
         {
-            "schema": manifest_record.SCHEMA_ID,
+            "schema": manifest_record.SCHEMA,
             "iteration": iteration,
             "components": comp_dicts,
             "producer": {"tool": "ckptflow seal", "version": __version__},

@@ -1,0 +1,1 @@
+"""The archive: publication (write side), remote verification, and reads (fetch)."""

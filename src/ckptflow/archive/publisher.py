@@ -1,0 +1,336 @@
+"""``publish_artifact``: archive a committed local artifact under an immutable, digest-bound inventory.
+
+Order (each step is safe to interrupt; a rerun resumes or refuses by name):
+
+1. Select the files: the manifest's physical components (every DCP shard), the merge completion
+   record, a preserved legacy manifest, and the diagnostic the merge record names if it lies inside
+   the artifact. Nothing else (a stale unselected ``optim.pt`` stays out).
+2. Hash each selected file once. A digest that contradicts the manifest is refused before anything
+   remote happens; missing ``file`` component digests are added to the local manifest (atomically).
+3. Create the declaration ``.posttrain-archive.json`` with a create-once PUT. An identical one means
+   resume; a different one is refused before a payload is written. It is never deleted or replaced.
+4. Upload every declared payload not already present with the declared size and sha256; HEAD-verify.
+5. Commit the manifest remotely (create-once; an existing one must be byte-identical), verify the
+   whole remote inventory, then write the local ``.uploaded`` receipt.
+
+A remote manifest means a committed archive: it is adopted (verified, receipt written) when it matches
+the local inventory, and refused when it does not. ``delete_local`` removes the manifest's payload
+files only after re-hashing them and re-checking the live remote copy, and only on an endpoint with a
+passing probe record (``probe.require_qualified``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import testhooks
+from ..artifact import iteration_from_dir
+from ..digest import FileDigest, hash_files, sha256_bytes
+from ..errors import ConflictError, NotFound, Refused, UnsafePath
+from ..fsutil import resolve_inside
+from ..progress import ByteProgress
+from ..records import declaration as declaration_record
+from ..records import legacy_manifest as legacy_record
+from ..records import manifest as manifest_record
+from ..records import merge_record
+from ..records import receipt as receipt_record
+from ..records._record import utc_timestamp
+from ..records.inventory import FileEntry
+from ..store.base import ObjectStore
+from .keys import artifact_prefix, object_key
+from .verify import check_declaration, check_remote_inventory, require_all_ok
+
+log = logging.getLogger(__name__)
+
+FILE_WORKERS = 4
+
+
+@dataclass
+class PublishResult:
+    status: str  # published | adopted | skipped
+    artifact_dir: Path
+    destination: receipt_record.ReceiptDestination
+    inventory: tuple[FileEntry, ...]
+    declaration_sha256: str
+    uploaded: list[str] = field(default_factory=list)
+    uploaded_bytes: int = 0
+    removed: list[str] = field(default_factory=list)
+    freed_bytes: int = 0
+
+    def to_report(self) -> dict:
+        return {
+            "status": self.status,
+            "artifact_dir": str(self.artifact_dir),
+            "destination": self.destination.to_dict(),
+            "declaration_sha256": self.declaration_sha256,
+            "inventory": [e.to_dict() for e in self.inventory],
+            "uploaded": self.uploaded,
+            "uploaded_bytes": self.uploaded_bytes,
+            "removed": self.removed,
+            "freed_bytes": self.freed_bytes,
+        }
+
+
+# --------------------------------------------------------------------------------------------- selection
+
+
+def _selected_paths(artifact_dir: Path, manifest: manifest_record.Manifest) -> list[str]:
+    paths = [e.path for e in manifest.physical_files()]
+    if merge_record.path_in(artifact_dir).exists():
+        paths.append(merge_record.FILENAME)
+        diag = merge_record.read_merge_record(artifact_dir).diag
+        if diag is not None and (artifact_dir / diag).is_file():
+            paths.append(diag)
+    if legacy_record.path_in(artifact_dir).exists():
+        paths.append(legacy_record.FILENAME)
+    for rel in paths:
+        target = resolve_inside(artifact_dir, rel, what=f"artifact file {rel}")
+        if not target.exists():
+            raise NotFound(
+                f"{target} is listed by the manifest but missing",
+                remedy="the artifact is incomplete; restore the file or re-save the artifact",
+            )
+        if not target.is_file():
+            raise UnsafePath(f"{target} is not a regular file", remedy="artifacts hold regular files only")
+    return sorted(set(paths))
+
+
+def _check_against_manifest(
+    artifact_dir: Path, manifest: manifest_record.Manifest, digests: dict[str, FileDigest]
+) -> manifest_record.Manifest:
+    """Refuse payloads that contradict the manifest; return it with missing file digests filled in."""
+    for entry in manifest.physical_files():
+        got = digests[entry.path]
+        if got.size != entry.size or (entry.sha256 is not None and got.sha256 != entry.sha256):
+            raise Refused(
+                f"{artifact_dir / entry.path} contradicts {manifest_record.FILENAME}: found size {got.size} "
+                f"sha256 {got.sha256}, manifest says size {entry.size} sha256 {entry.sha256}",
+                remedy="the payload changed after the manifest was committed; nothing was uploaded — "
+                "restore the original bytes or save a new artifact",
+            )
+    components = dict(manifest.components)
+    changed = False
+    for name, comp in components.items():
+        if isinstance(comp, manifest_record.FileComponent) and comp.sha256 is None:
+            components[name] = manifest_record.FileComponent(comp.path, comp.size, digests[comp.path].sha256)
+            changed = True
+    if not changed:
+        return manifest
+    filled = manifest_record.Manifest(iteration=manifest.iteration, components=components, producer=manifest.producer)
+    manifest_record.write_manifest(artifact_dir, filled)
+    log.info("added missing component digests to %s", manifest_record.path_in(artifact_dir))
+    return filled
+
+
+def _read_native_manifest(artifact_dir: Path) -> manifest_record.Manifest:
+    path = manifest_record.path_in(artifact_dir)
+    if not path.exists():
+        raise NotFound(
+            f"{path} does not exist: the artifact is not committed (an interrupted save?)",
+            remedy="only committed artifacts are published; seal it with `ckptflow seal` if its files are complete",
+        )
+    return manifest_record.read_manifest(artifact_dir)
+
+
+@dataclass(frozen=True)
+class LocalInventory:
+    manifest: manifest_record.Manifest
+    manifest_bytes: bytes
+    declaration: declaration_record.Declaration
+    declaration_bytes: bytes
+
+    @property
+    def files(self) -> tuple[FileEntry, ...]:
+        return self.declaration.files
+
+
+def build_local_inventory(artifact_dir: Path, *, progress: bool | None = None) -> LocalInventory:
+    """Steps 1–2: select, hash once, check against the manifest, and build the declaration."""
+    manifest = _read_native_manifest(artifact_dir)
+    if iteration_from_dir(artifact_dir) != manifest.iteration:
+        raise Refused(
+            f"{manifest_record.path_in(artifact_dir)} records iteration {manifest.iteration}, "
+            f"but the directory is {artifact_dir.name}",
+            remedy="publish the directory the manifest belongs to",
+        )
+    selected = _selected_paths(artifact_dir, manifest)
+    digests = hash_files(artifact_dir, selected, progress=progress, desc="publish sha256")
+    manifest = _check_against_manifest(artifact_dir, manifest, digests)
+    manifest_bytes = manifest_record.path_in(artifact_dir).read_bytes()
+    manifest_sha = sha256_bytes(manifest_bytes)
+    entries = [FileEntry(p, d.size, d.sha256) for p, d in digests.items()]
+    entries.append(FileEntry(manifest_record.FILENAME, len(manifest_bytes), manifest_sha))
+    declaration = declaration_record.Declaration(
+        manifest_sha256=manifest_sha, iteration=manifest.iteration, files=tuple(entries)
+    )
+    return LocalInventory(manifest, manifest_bytes, declaration, declaration_record.encode_declaration(declaration))
+
+
+# --------------------------------------------------------------------------------------------- remote
+
+
+def _create_or_match_declaration(store: ObjectStore, prefix: str, inv: LocalInventory) -> None:
+    key = object_key(prefix, declaration_record.FILENAME)
+    if store.put_bytes_create_once(key, inv.declaration_bytes, sha256=sha256_bytes(inv.declaration_bytes)):
+        return
+    existing = store.get_bytes(key)
+    if existing != inv.declaration_bytes:
+        raise Refused(
+            f"{store.destination.scheme}://{store.destination.bucket}/{key} already declares different contents "
+            f"(remote declaration sha256 {sha256_bytes(existing)}, this artifact's {sha256_bytes(inv.declaration_bytes)})",
+            remedy="a declaration is permanent and is never replaced; publish this artifact to another destination",
+        )
+    log.info("declaration at %s matches; resuming", key)
+
+
+def _upload_payloads(
+    store: ObjectStore, prefix: str, artifact_dir: Path, entries: list[FileEntry], progress: bool | None
+) -> tuple[list[str], int]:
+    todo: list[FileEntry] = []
+    for entry, state in zip(entries, check_remote_inventory(store, prefix, entries), strict=True):
+        if state.state != "ok":
+            todo.append(entry)
+    total = sum(e.size for e in todo)
+    uploaded: list[str] = []
+    with ByteProgress(total, "publish upload", progress) as bar:
+        def upload(entry: FileEntry) -> str:
+            store.put_file(
+                object_key(prefix, entry.path), artifact_dir / entry.path,
+                digest=FileDigest(entry.size, entry.sha256), progress=bar,
+            )
+            testhooks.reached("publish:after-payload")
+            return entry.path
+
+        # Largest first so the long uploads start early; each large file is itself uploaded in parts.
+        todo.sort(key=lambda e: -e.size)
+        workers = min(FILE_WORKERS, len(todo)) or 1
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="upload") as pool:
+            uploaded = sorted(pool.map(upload, todo))
+    return uploaded, total
+
+
+def _commit_manifest(store: ObjectStore, prefix: str, inv: LocalInventory) -> None:
+    key = object_key(prefix, manifest_record.FILENAME)
+    if store.put_bytes_create_once(key, inv.manifest_bytes, sha256=inv.declaration.manifest_sha256):
+        return
+    if store.get_bytes(key) != inv.manifest_bytes:
+        raise ConflictError(
+            f"{key} is already committed with different bytes than {manifest_record.FILENAME}",
+            remedy="the destination holds another artifact; publish to another destination",
+        )
+
+
+def _receipt_matches(artifact_dir: Path, dest: receipt_record.ReceiptDestination, decl_sha: str, inv: LocalInventory) -> bool:
+    path = receipt_record.path_in(artifact_dir)
+    if not path.exists() or receipt_record.is_legacy_receipt(artifact_dir):
+        return False
+    try:
+        rec = receipt_record.read_receipt(artifact_dir)
+    except (ValueError, OSError) as exc:
+        log.warning("ignoring unreadable receipt %s: %s", path, exc)
+        return False
+    return rec.destination == dest and rec.declaration_sha256 == decl_sha and rec.files == inv.files
+
+
+def publish_artifact(
+    artifact_dir: Path | str,
+    store: ObjectStore,
+    upload_prefix: str,
+    *,
+    delete_local: bool = False,
+    progress: bool | None = None,
+) -> PublishResult:
+    """Publish one artifact; the one function the CLI, the workflow and trainers call."""
+    artifact_dir = Path(artifact_dir)
+    if not artifact_dir.is_dir():
+        raise NotFound(f"artifact directory {artifact_dir} does not exist", remedy="check --artifact-dir")
+    prefix = artifact_prefix(upload_prefix, artifact_dir.name)
+    dest = receipt_record.ReceiptDestination.at(store.destination, prefix)
+    if delete_local:
+        from ..probe import require_qualified
+
+        require_qualified(store, prefix)  # before any remote write: fail closed on unqualified endpoints
+
+    inv = build_local_inventory(artifact_dir, progress=progress)
+    decl_sha = sha256_bytes(inv.declaration_bytes)
+    result = PublishResult("published", artifact_dir, dest, inv.files, decl_sha)
+
+    if _receipt_matches(artifact_dir, dest, decl_sha, inv):
+        result.status = "skipped"
+    elif store.head(object_key(prefix, manifest_record.FILENAME)) is not None:
+        result.status = "adopted"
+        _create_or_match_declaration(store, prefix, inv)  # refuses a different committed inventory
+        _commit_manifest(store, prefix, inv)
+    else:
+        _create_or_match_declaration(store, prefix, inv)
+        testhooks.reached("publish:after-declaration")
+        payloads = [e for e in inv.files if e.path != manifest_record.FILENAME]
+        result.uploaded, result.uploaded_bytes = _upload_payloads(store, prefix, artifact_dir, payloads, progress)
+        testhooks.reached("publish:before-manifest")
+        _commit_manifest(store, prefix, inv)
+
+    where = f"{dest.scheme}://{dest.bucket}/{prefix}"
+    states = [check_declaration(store, prefix, decl_sha), *check_remote_inventory(store, prefix, inv.files)]
+    require_all_ok(states, where)
+    if result.status != "skipped":
+        testhooks.reached("publish:before-receipt")
+        receipt = receipt_record.Receipt(
+            destination=dest, declaration_sha256=decl_sha, files=inv.files,
+            uploaded_at=utc_timestamp(),
+        )
+        receipt_record.write_receipt(artifact_dir, receipt)
+    if delete_local:
+        result.removed, result.freed_bytes = delete_verified_payloads(artifact_dir, inv.manifest, store, prefix, inv.files, progress)
+    return result
+
+
+def delete_verified_payloads(
+    artifact_dir: Path,
+    manifest: manifest_record.Manifest,
+    store: ObjectStore,
+    prefix: str,
+    recorded: tuple[FileEntry, ...],
+    progress: bool | None = None,
+) -> tuple[list[str], int]:
+    """Remove the manifest's payload files after re-hashing them and re-checking the live remote copy.
+
+    The manifest, the receipt and every record stay. Raises (deleting nothing) if any check fails.
+    """
+    by_path = {e.path: e for e in recorded}
+    payload = [e.path for e in manifest.physical_files() if (artifact_dir / e.path).exists()]
+    missing = [p for p in payload if p not in by_path]
+    if missing:
+        raise Refused(f"{artifact_dir}: {missing[:5]} are not covered by the receipt", remedy="republish the artifact")
+    local = hash_files(artifact_dir, payload, progress=progress, desc="re-check sha256")
+    changed = [p for p, d in local.items() if (d.size, d.sha256) != (by_path[p].size, by_path[p].sha256)]
+    if changed:
+        raise Refused(
+            f"{artifact_dir}: local bytes of {changed[:5]} differ from the archived copy; nothing deleted",
+            remedy="the local copy changed after publication; keep it and publish it as a new artifact",
+        )
+    require_all_ok(check_remote_inventory(store, prefix, [by_path[p] for p in payload]), f"{store.destination.bucket}/{prefix}")
+    return payload, remove_payload_files(artifact_dir, payload)
+
+
+def remove_payload_files(artifact_dir: Path, payload: list[str]) -> int:
+    """Unlink checked payload files and the directories they leave empty; return the bytes freed."""
+    freed = 0
+    for rel in payload:
+        path = artifact_dir / rel
+        freed += path.stat().st_size
+        path.unlink()
+    _remove_empty_dirs(artifact_dir, payload)
+    return freed
+
+
+def _remove_empty_dirs(artifact_dir: Path, removed: list[str]) -> None:
+    dirs = sorted({p for rel in removed for p in Path(rel).parents if str(p) != "."}, key=lambda p: -len(p.parts))
+    for d in dirs:
+        try:
+            os.rmdir(artifact_dir / d)
+        except OSError:
+            pass  # not empty: something else lives there; leave it

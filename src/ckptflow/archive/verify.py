@@ -1,0 +1,134 @@
+"""Receipt-bound remote verification by HEAD (size + ``sha256`` metadata), optionally by content.
+
+``check_remote_inventory`` is the one remote check: the publisher runs it before writing a receipt,
+``verify`` runs it on a receipt, ``prune-verified`` runs it before deleting local bytes. Each object
+ends in one state: ``ok``, ``missing``, ``changed`` (size or digest differs), or ``unverifiable``
+(no ``sha256`` metadata). With ``read_data`` the bytes are downloaded and hashed as well.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..digest import sha256_bytes
+from ..errors import NotFound, Refused, VerificationFailed
+from ..records import declaration as declaration_record
+from ..records import receipt as receipt_record
+from ..records.inventory import FileEntry
+from ..store.base import ObjectStore
+from .keys import object_key
+
+HEAD_WORKERS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectState:
+    path: str
+    key: str
+    state: str  # ok | missing | changed | unverifiable
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        out = {"path": self.path, "key": self.key, "state": self.state}
+        if self.detail:
+            out["detail"] = self.detail
+        return out
+
+
+def _check_one(store: ObjectStore, prefix: str, entry: FileEntry, read_data: bool) -> ObjectState:
+    key = object_key(prefix, entry.path)
+    info = store.head(key)
+    if info is None:
+        return ObjectState(entry.path, key, "missing")
+    if info.size != entry.size:
+        return ObjectState(entry.path, key, "changed", f"size {info.size}, expected {entry.size}")
+    if info.sha256 is None:
+        return ObjectState(entry.path, key, "unverifiable", "no sha256 metadata")
+    if info.sha256 != entry.sha256:
+        return ObjectState(entry.path, key, "changed", f"sha256 metadata {info.sha256}, expected {entry.sha256}")
+    if info.checksum_sha256 is not None and info.checksum_sha256 != entry.sha256:
+        return ObjectState(entry.path, key, "changed", f"server checksum {info.checksum_sha256}, expected {entry.sha256}")
+    if read_data:
+        with tempfile.TemporaryDirectory(prefix="ckptflow-verify-") as tmp:
+            got = store.download_file(key, Path(tmp) / "object", size=info.size)
+        if got.sha256 != entry.sha256 or got.size != entry.size:
+            return ObjectState(entry.path, key, "changed", f"content sha256 {got.sha256}, expected {entry.sha256}")
+    return ObjectState(entry.path, key, "ok")
+
+
+def check_remote_inventory(
+    store: ObjectStore, prefix: str, entries: list[FileEntry] | tuple[FileEntry, ...], *, read_data: bool = False
+) -> list[ObjectState]:
+    """HEAD every entry under ``prefix`` concurrently; states in inventory order."""
+    if not entries:
+        return []
+    with ThreadPoolExecutor(max_workers=min(HEAD_WORKERS, len(entries)), thread_name_prefix="verify") as pool:
+        return list(pool.map(lambda e: _check_one(store, prefix, e, read_data), entries))
+
+
+def check_declaration(store: ObjectStore, prefix: str, expected_sha256: str) -> ObjectState:
+    """The remote declaration's bytes must hash to the digest the receipt (or staging record) binds."""
+    key = object_key(prefix, declaration_record.FILENAME)
+    info = store.head(key)
+    if info is None:
+        return ObjectState(declaration_record.FILENAME, key, "missing")
+    got = sha256_bytes(store.get_bytes(key))
+    if got != expected_sha256:
+        return ObjectState(declaration_record.FILENAME, key, "changed", f"sha256 {got}, expected {expected_sha256}")
+    return ObjectState(declaration_record.FILENAME, key, "ok")
+
+
+def require_all_ok(states: list[ObjectState], where: str) -> None:
+    bad = [s for s in states if s.state != "ok"]
+    if bad:
+        shown = "; ".join(f"{s.key}: {s.state}{' (' + s.detail + ')' if s.detail else ''}" for s in bad[:5])
+        more = f" (+{len(bad) - 5} more)" if len(bad) > 5 else ""
+        raise VerificationFailed(
+            f"remote copy at {where} does not match its inventory: {shown}{more}",
+            remedy="the archive is damaged; keep the local copy and republish to a new destination",
+        )
+
+
+def check_destination(store: ObjectStore, receipt: receipt_record.Receipt, artifact_dir: Path) -> None:
+    """Refuse a receipt bound to another endpoint or bucket than the one the credentials reach."""
+    ours = store.destination
+    theirs = receipt.destination
+    if (ours.scheme, ours.endpoint, ours.bucket) != (theirs.scheme, theirs.endpoint, theirs.bucket):
+        raise Refused(
+            f"{receipt_record.path_in(artifact_dir)} is bound to {theirs.scheme}://{theirs.bucket} at "
+            f"{theirs.endpoint}, but the credentials reach {ours.scheme}://{ours.bucket} at {ours.endpoint}",
+            remedy="pass the credentials of the endpoint the artifact was published to",
+        )
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    artifact_dir: Path
+    receipt: receipt_record.Receipt
+    objects: list[ObjectState]
+
+    @property
+    def ok(self) -> bool:
+        return all(o.state == "ok" for o in self.objects)
+
+
+def verify_artifact(artifact_dir: Path | str, store_for, *, read_data: bool = False) -> VerifyResult:
+    """Check the remote objects recorded in ``artifact_dir/.uploaded``.
+
+    ``store_for(receipt_destination)`` returns the store for the receipt's scheme and bucket, opened
+    with the caller's credentials; its endpoint must equal the receipt's.
+    """
+    artifact_dir = Path(artifact_dir)
+    path = receipt_record.path_in(artifact_dir)
+    if not path.exists():
+        raise NotFound(f"{path} does not exist: the artifact has no upload receipt", remedy="run `ckptflow publish` first")
+    receipt = receipt_record.read_receipt(artifact_dir)
+    store = store_for(receipt.destination)
+    check_destination(store, receipt, artifact_dir)
+    prefix = receipt.destination.prefix
+    states = [check_declaration(store, prefix, receipt.declaration_sha256)]
+    states += check_remote_inventory(store, prefix, receipt.files, read_data=read_data)
+    return VerifyResult(artifact_dir=artifact_dir, receipt=receipt, objects=states)

@@ -1,0 +1,33 @@
+"""``ckptflow publish``: archive a committed artifact; see ``archive/publisher.py`` for the order of writes."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from . import open_store_from_args
+
+
+def register(sub) -> None:
+    s = sub.add_parser("publish", help="archive an artifact under an immutable, digest-bound inventory")
+    s.add_argument("--artifact-dir", required=True, help="checkpoint_artifacts/iter_N directory with a committed manifest")
+    s.add_argument(
+        "--upload-prefix", required=True,
+        help="the run's <project>/<group>/<run>/<ts>/checkpoints; the artifact goes to the sibling checkpoint_artifacts/iter_N",
+    )
+    s.add_argument("--bucket", help="bucket name (S3) or s3://B, gs://B, file:///DIR; default $CKPTFLOW_BUCKET")
+    s.add_argument("--credentials", help="credentials JSON; default $CKPTFLOW_CREDENTIALS")
+    s.add_argument(
+        "--delete-local", action="store_true",
+        help="after verification, remove the local payload files (needs a passing probe of the endpoint)",
+    )
+    s.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from ..archive.publisher import publish_artifact
+
+    store = open_store_from_args(args.bucket, args.credentials)
+    result = publish_artifact(Path(args.artifact_dir), store, args.upload_prefix, delete_local=args.delete_local)
+    return result.to_report()

@@ -1,0 +1,39 @@
+"""``ckptflow verify``: HEAD every object the artifact's receipt records (``--read-data``: hash contents too)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from . import ReportedFailure, store_factory
+
+
+def register(sub) -> None:
+    s = sub.add_parser("verify", help="check the remote copy recorded in an artifact's .uploaded receipt")
+    s.add_argument("--artifact-dir", required=True, help="the published checkpoint_artifacts/iter_N directory")
+    s.add_argument("--credentials", help="credentials JSON; default $CKPTFLOW_CREDENTIALS")
+    s.add_argument("--read-data", action="store_true", help="also download and hash every object (content-level check)")
+    s.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from ..archive.verify import verify_artifact
+
+    result = verify_artifact(Path(args.artifact_dir), store_factory(args.credentials), read_data=args.read_data)
+    report = {
+        "status": "verified" if result.ok else "failed",
+        "artifact_dir": str(result.artifact_dir),
+        "destination": result.receipt.destination.to_dict(),
+        "read_data": args.read_data,
+        "objects": [o.to_dict() for o in result.objects],
+    }
+    if not result.ok:
+        bad = [f"{o.key} ({o.state})" for o in result.objects if o.state != "ok"]
+        raise ReportedFailure(
+            report,
+            f"remote copy of {result.artifact_dir} does not match its receipt: {', '.join(bad[:5])}"
+            + (f" (+{len(bad) - 5} more)" if len(bad) > 5 else "")
+            + "; keep the local copy and republish it to a new destination",
+        )
+    return report
