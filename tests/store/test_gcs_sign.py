@@ -290,6 +290,7 @@ def test_explicit_host_header_is_kept():
 
 # ------------------------------------------------------------------ timestamps
 
+
 @pytest.mark.parametrize(
     "now",
     [
@@ -309,6 +310,7 @@ def test_scope_date_follows_utc_across_midnight():
 
 
 # ------------------------------------------------------------------ URI encoding
+
 
 @pytest.mark.parametrize(
     ("path", "expected"),
@@ -342,6 +344,7 @@ def test_uri_encode_slash_only_kept_in_paths():
 
 # ------------------------------------------------------------------ query canonicalisation
 
+
 @pytest.mark.parametrize(
     ("query", "expected"),
     [
@@ -367,6 +370,7 @@ def test_canonical_query_string(query, expected):
 
 
 # ------------------------------------------------------------------ canonical headers
+
 
 def test_canonical_headers_lowercase_sorted_trimmed():
     block, signed = gcs_sign.canonical_headers(

@@ -13,8 +13,15 @@ def register(sub) -> None:
     s.add_argument("--bucket", help="bucket name (S3) or s3://B, gs://B, file:///DIR; default $CKPTFLOW_BUCKET")
     s.add_argument("--prefix", required=True, help="scratch keys go under PREFIX/.ckptflow-probe/ and are removed")
     s.add_argument("--credentials", help="credentials JSON; default $CKPTFLOW_CREDENTIALS")
-    s.add_argument("--creators", type=int, default=8, help="concurrent creators in the race check (default 8)")
+    s.add_argument("--creators", type=_at_least_two, default=8, help="concurrent creators in the race check (default 8, at least 2)")
     s.set_defaults(func=run)
+
+
+def _at_least_two(text: str) -> int:
+    value = int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError("a race needs at least 2 creators")
+    return value
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -24,16 +31,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     store = open_store_from_args(args.bucket, args.credentials)
     outcome = run_probe(store, args.prefix, creators=args.creators)
     rec = outcome.record
+    dest = rec.destination.to_dict()
     report = {
         "status": "passed" if rec.passed else "failed",
-        "destination": rec.destination,
+        "destination": dest,
         "prefix": rec.prefix,
-        "results": rec.results,
+        "results": rec.results.to_dict(),
         "reasons": outcome.reasons,
-        "record": str(probe_record_path(rec.destination)),
+        "record": str(probe_record_path(dest)),
     }
     if not rec.passed:
-        dest = rec.destination
         raise ReportedFailure(
             report,
             f"endpoint {dest['endpoint']} (bucket {dest['bucket']!r}) does not qualify: "

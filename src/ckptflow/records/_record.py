@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
+from urllib.parse import urlsplit
 
 from .. import fsutil
 from ..digest import is_sha256_hex
@@ -27,7 +28,9 @@ from ._json import encode_json, validate
 T = TypeVar("T")
 
 _VERSIONED = re.compile(r"^(?P<family>.+)\.v(?P<version>[0-9]+)$")
-_UTC_TIMESTAMP = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?(Z|\+00:00)$")
+_UTC_TIMESTAMP = re.compile(
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?(Z|\+00:00)$"
+)
 # An endpoint is an authority (host[:port]) or an archive root path; these characters only appear
 # in userinfo (user:secret@host), query strings (?X-Amz-Signature=...) and fragments.
 _SECRET_MARKERS = ("@", "?", "#")
@@ -60,7 +63,7 @@ def record_path(source: Path | str, filename: str) -> Path:
 
 
 def describe(path: Path, filename: str) -> str:
-    """How messages name a record: ``\\`.uploaded\\` in /run/iter_5`` or the full path."""
+    """How messages name a record: "`.uploaded` in /run/iter_5", or the full path for other names."""
     if path.name == filename:
         return f"`{filename}` in {path.parent}"
     return str(path)
@@ -71,19 +74,25 @@ def check_protocol(kind: RecordKind, obj: Mapping[str, Any], what: str) -> None:
         return
     key = kind.protocol_key
     if key not in obj:
-        raise LegacyRecord(f"{what} has no {key!r} field (expected {kind.protocol!r})", remedy=kind.legacy_remedy)
+        raise LegacyRecord(
+            f"{what} has no {key!r} field (expected {kind.protocol!r})", remedy=kind.legacy_remedy
+        )
     found = obj[key]
     if found == kind.protocol:
         return
     if not isinstance(found, str):
-        raise InvalidRecord(f"{what} has {key} {found!r}, which is not a string; this ckptflow reads {kind.protocol!r}")
+        raise InvalidRecord(
+            f"{what} has {key} {found!r}, which is not a string; this ckptflow reads {kind.protocol!r}"
+        )
     message = f"{what} has {key} {found!r}, this ckptflow reads {kind.protocol!r}"
     ours, theirs = _VERSIONED.match(kind.protocol), _VERSIONED.match(found)
     if ours and theirs and ours["family"] == theirs["family"]:
         if int(theirs["version"]) > int(ours["version"]):
             raise InvalidRecord(message, remedy="upgrade ckptflow")
         raise LegacyRecord(message, remedy=kind.legacy_remedy)
-    raise InvalidRecord(message, remedy=f"the file is not a {kind.filename} record; it is corrupt or from another tool")
+    raise InvalidRecord(
+        message, remedy=f"the file is not a {kind.filename} record; it is corrupt or from another tool"
+    )
 
 
 def check_object(kind: RecordKind, obj: Any, what: str) -> None:
@@ -145,7 +154,9 @@ def optional_sha256(value: Any, what: str, field: str) -> str | None:
 def require_size(value: Any, what: str, field: str) -> int:
     # The schema's "integer" also accepts 1.0; a size must be a real int.
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidRecord(f"{what}: {field} {value!r} is not a non-negative integer", remedy="the record is corrupt")
+        raise InvalidRecord(
+            f"{what}: {field} {value!r} is not a non-negative integer", remedy="the record is corrupt"
+        )
     return value
 
 
@@ -164,7 +175,8 @@ def check_endpoint(value: Any, what: str, field: str = "destination.endpoint") -
     if any(marker in value for marker in _SECRET_MARKERS) or any(c.isspace() for c in value):
         raise InvalidRecord(
             f"{what}: {field} contains '@', '?', '#' or whitespace (a credential or query string; value not shown)",
-            remedy="records store only the endpoint authority host[:port]; remove the record and rerun the command",
+            remedy="records hold only the endpoint authority host[:port] and credentials belong in --credentials; "
+            "if such a record exists on disk, delete it and rotate the credential",
         )
     return value
 
@@ -174,6 +186,30 @@ def check_destination(obj: Mapping[str, Any], what: str) -> None:
     destination = obj.get("destination")
     if isinstance(destination, Mapping) and "endpoint" in destination:
         check_endpoint(destination["endpoint"], what)
+
+
+def check_uri(value: Any, what: str, field: str) -> None:
+    """Refuse a URI with userinfo (``user:secret@host``) or a query string; never echo the value."""
+    if not isinstance(value, str):
+        return
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        raise InvalidRecord(f"{what}: {field} is not a valid URI (value not shown)") from None
+    if "@" in parts.netloc or parts.query or any(c.isspace() for c in value):
+        raise InvalidRecord(
+            f"{what}: {field} carries userinfo, a query string or whitespace (value not shown)",
+            remedy="records store only scheme://bucket/prefix URIs; credentials go in --credentials",
+        )
+
+
+def check_source_uri(obj: Mapping[str, Any], what: str) -> None:
+    """``precheck`` for records holding ``source_uri`` or ``source.uri``."""
+    if "source_uri" in obj:
+        check_uri(obj["source_uri"], what, "source_uri")
+    source = obj.get("source")
+    if isinstance(source, Mapping) and "uri" in source:
+        check_uri(source["uri"], what, "source.uri")
 
 
 def utc_timestamp(moment: datetime | None = None) -> str:
@@ -190,5 +226,7 @@ def require_utc_timestamp(value: Any, what: str, field: str) -> str:
         except ValueError:
             ok = False
     if not ok:
-        raise InvalidRecord(f"{what}: {field} {value!r} is not an ISO-8601 UTC time like 2025-01-31T12:00:00Z")
+        raise InvalidRecord(
+            f"{what}: {field} {value!r} is not an ISO-8601 UTC time like 2025-01-31T12:00:00Z"
+        )
     return value

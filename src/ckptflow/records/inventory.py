@@ -59,7 +59,9 @@ def validate_inventory(
     paths: set[str] = set()
     for entry in ordered:
         if entry.path in paths:
-            raise InvalidRecord(f"{what} lists {entry.path!r} twice", remedy="the record is corrupt; regenerate it")
+            raise InvalidRecord(
+                f"{what} lists {entry.path!r} twice", remedy="the record is corrupt; regenerate it"
+            )
         paths.add(entry.path)
     for entry in ordered:
         for parent in PurePosixPath(entry.path).parents:

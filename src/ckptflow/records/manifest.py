@@ -112,7 +112,9 @@ class Manifest:
                 entry = FileEntry.from_dict(comp, what=label, require_digest=False)
                 components[name] = FileComponent(path=entry.path, size=entry.size, sha256=entry.sha256)
             else:
-                components[name] = DcpComponent(path=comp["path"], files=inventory_from_list(comp["files"], label))
+                components[name] = DcpComponent(
+                    path=comp["path"], files=inventory_from_list(comp["files"], label)
+                )
         producer = data.get("producer")
         manifest = cls(
             iteration=_record.require_size(data["iteration"], what, "iteration"),

@@ -31,7 +31,6 @@ exception message, a repr or a record; neither does the ``Authorization`` header
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import random
@@ -47,10 +46,12 @@ from urllib.parse import urlsplit
 import requests
 
 from ..digest import FileDigest, is_sha256_hex, sha256_bytes
-from ..errors import StoreError, UsageError, VerificationFailed
+from ..errors import StoreError, UsageError
 from ..progress import ByteProgress
 from . import gcs_sign
 from .base import Destination, ObjectInfo
+from .credentials import Credentials, endpoint_authority
+from .uri import validate_key
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ DEFAULT_TIMEOUT_S: tuple[float, float] = (10.0, 120.0)
 CREATE_ONCE_CONTENT_TYPE = "application/octet-stream"
 
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+_GOOG_META = "x-goog-meta-"
 _ERROR_CODE_RE = re.compile(rb"<Code>\s*([A-Za-z0-9_.\-]{1,64})\s*</Code>")
 
 
@@ -70,28 +72,27 @@ def _now_utc() -> datetime:
     return datetime.now(UTC)
 
 
-def _authority(endpoint: str) -> str:
-    """``host[:port]`` of ``endpoint``, lowercased, without any userinfo."""
-    parts = urlsplit(endpoint)
-    host = (parts.hostname or "").lower()
-    if not host:
-        raise UsageError(
-            f"GCS endpoint URL {endpoint!r} has no host",
-            remedy="set endpoint_url to e.g. https://storage.googleapis.com in the credentials file",
-        )
-    if ":" in host:  # IPv6 literal
-        host = f"[{host}]"
-    return f"{host}:{parts.port}" if parts.port is not None else host
+def _goog_metadata_as_amz(parsed: Any = None, **_: Any) -> None:
+    """botocore ``after-call`` hook: expose ``x-goog-meta-*`` response headers as ``Metadata``.
 
-
-def _with_fields(obj: Any, **changes: Any) -> Any:
-    """A copy of a credentials object with some fields replaced (dataclass or plain object)."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **changes)
-    clone = copy.copy(obj)
-    for name, value in changes.items():
-        setattr(clone, name, value)
-    return clone
+    Custom metadata on Cloud Storage has one name whichever header family set it (``x-goog-meta-sha256``
+    from :meth:`GCSStore.put_bytes_create_once`, ``x-amz-meta-sha256`` from interop uploads); the
+    interop API normally reports it as ``x-amz-meta-*``, which boto3 parses into ``Metadata``. Should
+    the endpoint answer with ``x-goog-meta-*`` instead, this copies those headers in, so HEAD sees
+    ``sha256`` either way. An ``x-amz-meta-*`` value already parsed wins.
+    """
+    if not isinstance(parsed, dict):
+        return
+    raw = (parsed.get("ResponseMetadata") or {}).get("HTTPHeaders") or {}
+    found = {
+        name[len(_GOOG_META) :].lower(): value
+        for name, value in raw.items()
+        if isinstance(name, str) and name.lower().startswith(_GOOG_META)
+    }
+    if found:
+        metadata = parsed.setdefault("Metadata", {})
+        for name, value in found.items():
+            metadata.setdefault(name, value)
 
 
 class GCSStore:
@@ -101,8 +102,8 @@ class GCSStore:
     (the HMAC secret) and ``endpoint_url`` (None: ``https://storage.googleapis.com``). Its
     ``region_name`` is not used: the GOOG4 scope and the interop client use ``region`` ("auto").
     Remaining keyword arguments (``multipart_threshold``, ``part_size``, ``concurrency``,
-    ``path_style``) go to the underlying :class:`~ckptflow.store.s3.S3Store`. ``clock`` and ``sleep``
-    are injectable for tests.
+    ``path_style``, ...) go to the underlying :class:`~ckptflow.store.s3.S3Store`, which is built on
+    first use (create-once alone never needs boto3). ``clock`` and ``sleep`` are injectable for tests.
     """
 
     supports_checksum_sha256 = False
@@ -110,7 +111,7 @@ class GCSStore:
     def __init__(
         self,
         bucket: str,
-        credentials: Any,
+        credentials: Credentials,
         *,
         region: str = DEFAULT_GCS_REGION,
         clock: Callable[[], datetime] | None = None,
@@ -121,30 +122,27 @@ class GCSStore:
         timeout: float | tuple[float, float] = DEFAULT_TIMEOUT_S,
         **s3_kwargs: Any,
     ):
-        if not bucket or "/" in bucket:
-            raise UsageError(f"invalid GCS bucket name {bucket!r}", remedy="pass a bare bucket name")
+        if not isinstance(bucket, str) or not bucket or "/" in bucket:
+            raise UsageError(
+                f"bucket name {bucket!r} is empty or contains '/'", remedy="pass a bare bucket name"
+            )
         if max_attempts < 1:
             raise UsageError("max_attempts must be at least 1", remedy="pass max_attempts >= 1")
-        access = getattr(credentials, "aws_access_key_id", None)
-        secret = getattr(credentials, "aws_secret_access_key", None)
-        if not access or not secret:
+        if not isinstance(credentials, Credentials):
             raise UsageError(
-                f"GCS bucket {bucket!r}: credentials lack an HMAC access id or secret",
-                remedy="set aws_access_key_id and aws_secret_access_key to a Cloud Storage HMAC key",
+                f"gs://{bucket}: Cloud Storage needs an HMAC key in a credentials file",
+                remedy="pass --credentials FILE (aws_access_key_id/aws_secret_access_key = the HMAC key)",
             )
         self.bucket = bucket
         self.region = region
-        self.endpoint_url = (getattr(credentials, "endpoint_url", None) or DEFAULT_GCS_ENDPOINT).rstrip("/")
-        parts = urlsplit(self.endpoint_url)
-        if parts.scheme not in ("http", "https"):
-            raise UsageError(
-                f"GCS endpoint URL {self.endpoint_url!r} is not http(s)",
-                remedy="set endpoint_url to e.g. https://storage.googleapis.com in the credentials file",
-            )
-        self._host = _authority(self.endpoint_url)
+        endpoint = (credentials.endpoint_url or DEFAULT_GCS_ENDPOINT).rstrip("/")
+        # Validated by Credentials (http(s), host, no userinfo/query/fragment).
+        self._credentials = dataclasses.replace(credentials, endpoint_url=endpoint, region_name=region)
+        self.endpoint_url = endpoint
+        parts = urlsplit(endpoint)
+        self._host = endpoint_authority(self._credentials)
         self._base_path = parts.path.rstrip("/")
         self._wire_prefix = f"{parts.scheme}://{self._host}"
-        self._credentials = _with_fields(credentials, endpoint_url=self.endpoint_url, region_name=region)
         self.destination = Destination(scheme="gs", endpoint=self._host, bucket=bucket)
         self._clock = clock or _now_utc
         self._sleep = sleep or time.sleep
@@ -168,11 +166,16 @@ class GCSStore:
                 if self._s3_obj is None:
                     from .s3 import S3Store  # built on first use: create-once does not need boto3
 
-                    self._s3_obj = S3Store(
+                    s3 = S3Store(
                         self.bucket,
                         self._credentials,
                         **{**self._s3_kwargs, "scheme": "gs", "checksum_sha256": False},
                     )
+                    client = getattr(s3, "_client", None)
+                    if client is not None:
+                        for op in ("HeadObject", "GetObject"):
+                            client.meta.events.register(f"after-call.s3.{op}", _goog_metadata_as_amz)
+                    self._s3_obj = s3
         return self._s3_obj
 
     def head(self, key: str) -> ObjectInfo | None:
@@ -229,10 +232,14 @@ class GCSStore:
     def _send(self, key: str, data: bytes, sha256: str) -> requests.Response:
         url, signed = self._url_and_signed(key, data, sha256)
         with requests.Session() as session:
-            prepared = session.prepare_request(requests.Request("PUT", url, headers=signed.headers, data=data))
+            prepared = session.prepare_request(
+                requests.Request("PUT", url, headers=signed.headers, data=data)
+            )
             # Send the path exactly as signed: no re-quoting by the HTTP client.
             prepared.url = url
-            response = session.send(prepared, timeout=self._timeout, allow_redirects=False)
+            # Proxies and CA bundle from the environment, as session.request() would apply them.
+            settings = session.merge_environment_settings(url, {}, None, None, None)
+            response = session.send(prepared, timeout=self._timeout, allow_redirects=False, **settings)
             response.content  # read the (small) body so the connection can be released  # noqa: B018
             return response
 
@@ -253,12 +260,13 @@ class GCSStore:
         lost response (timeout, 5xx) can also see 412 for an object this very call created, so callers
         treat False as "something is there" and compare its digest, as for any existing object.
         """
+        validate_key(key)
+        where = f"gs://{self.bucket}/{key}"
         if not is_sha256_hex(sha256) or sha256_bytes(data) != sha256:
-            raise VerificationFailed(
-                f"gs://{self.bucket}/{key}: the sha256 given for create-once does not match the bytes",
+            raise UsageError(
+                f"sha256 given for {where} at {self._host} does not match the bytes to write",
                 remedy="hash the exact bytes being written and pass that lowercase hex digest",
             )
-        where = f"gs://{self.bucket}/{key}"
         for attempt in range(1, self._max_attempts + 1):
             try:
                 response = self._send(key, data, sha256)
@@ -268,8 +276,8 @@ class GCSStore:
                 if attempt == self._max_attempts:
                     raise StoreError(
                         f"create-once PUT {where} at {self._host} failed after {attempt} attempts: {problem}",
-                        remedy="check that the endpoint is reachable, then rerun the same command",
-                    ) from exc
+                        remedy="check endpoint_url in the credentials file and that the endpoint is up",
+                    ) from None
                 self._sleep(self._backoff(attempt, None))
                 continue
             status = response.status_code

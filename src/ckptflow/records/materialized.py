@@ -1,0 +1,194 @@
+"""The materialize records: ``.materialized`` (a built HF model directory) and ``.overlay_source.json``.
+
+``.materialized`` is written inside the staged tree before it is swapped into place, so a directory
+that has one is complete; its identity (conversion version, source digest, base identity, options)
+decides whether a rerun may reuse it::
+
+    teacher/
+    ├── config.json, tokenizer files ...
+    ├── model-00001-of-00002.safetensors
+    ├── model.safetensors.index.json
+    └── .materialized      this record
+
+    {
+      "base": {"config_sha256": "<hex>", "index_sha256": "<hex or null>", "path": "/models/base"},
+      "conversion_version": "1",
+      "options": {"unified_chat_template": false},
+      "protocol": "ckptflow.materialized.v1",
+      "shards": [{"path": "model-00001-of-00002.safetensors", "sha256": "<hex>", "size": 1234}, ...],
+      "source": {"sha256": "<hex of model.pt>", "size": 1234, "uri": "s3://... or null"},
+      "tensor_count": 291
+    }
+
+``.overlay_source.json`` identifies a build made from an intermediate HF output instead of model.pt::
+
+    {"conversion_version": "1", "intermediate": "/stage/hf", "protocol": "ckptflow.overlay-source.v1",
+     "source": {"sha256": "<hex>", "size": 1234, "uri": null}}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import InvalidRecord
+from . import _record
+from ._json import decode_json_object
+from .inventory import FileEntry, inventory_from_list, inventory_to_list, sorted_entries
+
+FILENAME = ".materialized"
+PROTOCOL = "ckptflow.materialized.v1"
+OVERLAY_FILENAME = ".overlay_source.json"
+OVERLAY_PROTOCOL = "ckptflow.overlay-source.v1"
+
+KIND = _record.RecordKind(
+    filename=FILENAME, schema="materialized", protocol=PROTOCOL, precheck=_record.check_source_uri
+)
+OVERLAY_KIND = _record.RecordKind(
+    filename=OVERLAY_FILENAME,
+    schema="overlay_source",
+    protocol=OVERLAY_PROTOCOL,
+    precheck=_record.check_source_uri,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SourceIdentity:
+    uri: str | None
+    sha256: str
+    size: int
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, what: str) -> SourceIdentity:
+        return cls(
+            uri=data["uri"],
+            sha256=_record.require_sha256(data["sha256"], what, "source.sha256"),
+            size=_record.require_size(data["size"], what, "source.size"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"uri": self.uri, "sha256": self.sha256, "size": self.size}
+
+
+@dataclass(frozen=True, slots=True)
+class BaseModelIdentity:
+    path: str
+    config_sha256: str
+    index_sha256: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "config_sha256": self.config_sha256, "index_sha256": self.index_sha256}
+
+
+@dataclass(frozen=True, slots=True)
+class Materialized:
+    conversion_version: str
+    source: SourceIdentity
+    base: BaseModelIdentity
+    options: Mapping[str, bool | int | str | None]
+    shards: tuple[FileEntry, ...]
+    tensor_count: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shards", sorted_entries(self.shards))
+        object.__setattr__(self, "options", dict(sorted(self.options.items())))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, what: str = FILENAME) -> Materialized:
+        _record.check_object(KIND, data, what)
+        base = data["base"]
+        for key, value in data["options"].items():
+            if isinstance(value, float):  # the schema's "integer" also admits 1.0
+                raise InvalidRecord(
+                    f"{what}: options.{key} {value!r} is a float; options hold bool, int, str or null"
+                )
+        return cls(
+            conversion_version=data["conversion_version"],
+            source=SourceIdentity.from_dict(data["source"], what=what),
+            base=BaseModelIdentity(
+                path=base["path"],
+                config_sha256=_record.require_sha256(base["config_sha256"], what, "base.config_sha256"),
+                index_sha256=_record.optional_sha256(base["index_sha256"], what, "base.index_sha256"),
+            ),
+            options=dict(data["options"]),
+            shards=inventory_from_list(data["shards"], what),
+            tensor_count=_record.require_size(data["tensor_count"], what, "tensor_count"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "protocol": PROTOCOL,
+            "conversion_version": self.conversion_version,
+            "source": self.source.to_dict(),
+            "base": self.base.to_dict(),
+            "options": dict(self.options),
+            "shards": inventory_to_list(self.shards),
+            "tensor_count": self.tensor_count,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class OverlaySource:
+    source: SourceIdentity
+    intermediate: str
+    conversion_version: str
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, what: str = OVERLAY_FILENAME) -> OverlaySource:
+        _record.check_object(OVERLAY_KIND, data, what)
+        return cls(
+            source=SourceIdentity.from_dict(data["source"], what=what),
+            intermediate=data["intermediate"],
+            conversion_version=data["conversion_version"],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "protocol": OVERLAY_PROTOCOL,
+            "source": self.source.to_dict(),
+            "intermediate": self.intermediate,
+            "conversion_version": self.conversion_version,
+        }
+
+
+def path_in(directory: Path | str) -> Path:
+    return Path(directory) / FILENAME
+
+
+def overlay_path_in(directory: Path | str) -> Path:
+    return Path(directory) / OVERLAY_FILENAME
+
+
+def parse_materialized(data: bytes, *, what: str = FILENAME) -> Materialized:
+    return Materialized.from_dict(decode_json_object(data, what=what), what=what)
+
+
+def read_materialized(source: Path | str) -> Materialized:
+    return _record.read_record(KIND, source, parse_materialized)
+
+
+def encode_materialized(record: Materialized) -> bytes:
+    return _record.encode_record(record, what=FILENAME)
+
+
+def write_materialized(directory: Path | str, record: Materialized) -> Path:
+    """Write atomically inside the staged tree, before the tree is swapped into place."""
+    return _record.write_record(KIND, path_in(directory), record)
+
+
+def parse_overlay_source(data: bytes, *, what: str = OVERLAY_FILENAME) -> OverlaySource:
+    return OverlaySource.from_dict(decode_json_object(data, what=what), what=what)
+
+
+def read_overlay_source(source: Path | str) -> OverlaySource:
+    return _record.read_record(OVERLAY_KIND, source, parse_overlay_source)
+
+
+def encode_overlay_source(record: OverlaySource) -> bytes:
+    return _record.encode_record(record, what=OVERLAY_FILENAME)
+
+
+def write_overlay_source(directory: Path | str, record: OverlaySource) -> Path:
+    return _record.write_record(OVERLAY_KIND, overlay_path_in(directory), record)
