@@ -2,8 +2,8 @@
 
 ``CKPTFLOW_TEST_KILL_AT=<point>`` makes the process SIGKILL itself when it reaches ``point`` (a real
 kill -9: no finally blocks, no atexit). ``CKPTFLOW_TEST_PAUSE_AT=<point>`` makes it create the file
-named by ``CKPTFLOW_TEST_PAUSE_FILE`` and sleep there (up to 120 s) so a test can act while it waits
-(kill it, stop a server, start a racing process). Points are named ``<step>:<moment>``, e.g.
+named by ``CKPTFLOW_TEST_PAUSE_FILE`` and wait there until the test removes that file (at most 120 s),
+so a test can act while it waits (kill it, stop a server, run a racing process). Points are named ``<step>:<moment>``, e.g.
 ``publish:after-declaration``. Both variables may hold several points separated by commas.
 """
 
@@ -27,7 +27,7 @@ def reached(point: str) -> None:
         if flag:
             Path(flag).write_text(f"{os.getpid()} {point}\n")
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and flag and Path(flag).exists():
             time.sleep(0.05)
     if point in _points("CKPTFLOW_TEST_KILL_AT"):
         os.kill(os.getpid(), signal.SIGKILL)

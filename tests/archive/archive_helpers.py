@@ -1,0 +1,69 @@
+"""Helpers for the archive tests: real artifacts sealed with the real `seal`, the real CLI in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+from ckptflow.artifact import ComponentSpec, seal_artifact
+
+REPO = Path(__file__).resolve().parents[2]
+UPLOAD_PREFIX = "proj/group/run1/20261129T000000Z/checkpoints"
+ARTIFACT_PREFIX = "proj/group/run1/20261129T000000Z/checkpoint_artifacts/iter_000300"
+
+
+def make_artifact(root: Path, *, iteration: int = 300, model_bytes: int = 300_000, shards: int = 3, seed: int = 0) -> Path:
+    """``<root>/checkpoint_artifacts/iter_N`` with model.pt, a DCP optim/ and a stale unselected optim.pt."""
+    art = root / "checkpoint_artifacts" / f"iter_{iteration:06d}"
+    (art / "optim").mkdir(parents=True)
+    rnd = random.Random(seed)
+    (art / "model.pt").write_bytes(rnd.randbytes(model_bytes))
+    (art / "optim" / ".metadata").write_bytes(rnd.randbytes(777))
+    for i in range(shards):
+        (art / "optim" / f"__{i}_0.distcp").write_bytes(rnd.randbytes(50_000 + i))
+    (art / "optim.pt").write_bytes(b"stale, not selected by the manifest")
+    seal_artifact(art, iteration, [ComponentSpec("model", "model.pt"), ComponentSpec("optim", "optim")], progress=False)
+    return art
+
+
+def remote_snapshot(store, prefix: str = ARTIFACT_PREFIX) -> dict[str, tuple[int, str | None]]:
+    return {o.key: (o.size, store.head(o.key).sha256) for o in store.list(prefix + "/")}
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the real `python -m ckptflow` in a subprocess; stdout must be exactly one JSON report."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckptflow", *args], capture_output=True, text=True, env=full_env, timeout=timeout, cwd=REPO
+    )
+    proc.report = json.loads(proc.stdout) if proc.stdout.strip() else None  # type: ignore[attr-defined]
+    if proc.report is not None:
+        assert proc.stdout.count("\n") == 1, proc.stdout
+    return proc
+
+
+def start_cli(*args: str, env: dict | None = None) -> subprocess.Popen:
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.Popen(
+        [sys.executable, "-m", "ckptflow", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=full_env, cwd=REPO,
+    )
+
+
+def wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Wait until a paused process has written its pause file (fail early if it exited instead)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"process exited ({proc.returncode}) before pausing: {proc.stderr.read()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process did not reach its pause point within {timeout} s")
+        time.sleep(0.05)

@@ -1,0 +1,29 @@
+"""Fixtures for the archive tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from archive_helpers import make_artifact
+
+from ckptflow.store.credentials import load_credentials
+from ckptflow.store.s3 import S3Store
+
+
+@pytest.fixture(autouse=True)
+def probe_cache(tmp_path, monkeypatch):
+    """Probe records go to a per-test cache, never to ~/.cache."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("CKPTFLOW_CACHE_DIR", str(cache))
+    return cache
+
+
+@pytest.fixture
+def artifact(tmp_path) -> Path:
+    return make_artifact(tmp_path / "run1")
+
+
+@pytest.fixture
+def sw_store(seaweedfs_bucket, seaweedfs_credentials_path) -> S3Store:
+    return S3Store(seaweedfs_bucket, load_credentials(seaweedfs_credentials_path))
