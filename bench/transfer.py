@@ -45,11 +45,13 @@ def main() -> int:
     ap.add_argument("--size-mib", type=int, default=1024)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--workdir", default=".ckptflow/bench")
+    ap.add_argument("--part-mib", type=int, default=None, help="override ckptflow's multipart part size")
     args = ap.parse_args()
 
     creds = load_credentials(args.credentials)
     bucket = f"bench-{uuid.uuid4().hex[:8]}"
-    store = S3Store(bucket, creds)
+    options = {"part_size": args.part_mib * MiB} if args.part_mib else {}
+    store = S3Store(bucket, creds, **options)
     store.ensure_bucket()
     raw = boto3.client(
         "s3",

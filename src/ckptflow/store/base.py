@@ -3,7 +3,8 @@
 Keys are ``/``-separated strings relative to the bucket (for ``file://``: to the archive root). The
 store never interprets artifact layout; the archive modules build keys from a prefix and validated
 relative paths. ``sha256`` is the lowercase hex SHA-256 of the whole object, carried as user metadata
-(``x-amz-meta-sha256`` on S3 and the S3-interop GCS API, an ``.meta.json`` sidecar on ``file://``).
+(``x-amz-meta-sha256`` on S3 and the S3-interop GCS API; on ``file://`` a JSON sidecar in
+``<dir>/.ckptflow-meta/`` beside each object).
 """
 
 from __future__ import annotations

@@ -1,0 +1,418 @@
+"""The S3 backend (boto3): AWS and S3-compatible servers (SeaweedFS, Ceph RGW, ...).
+
+Checksums are computed only when an operation requires them (boto3 >= 1.36 otherwise adds CRC headers
+that many S3-compatible servers reject); ckptflow sends its own ``ChecksumSHA256`` on single-part puts,
+so the server refuses corrupted bytes on receipt where it verifies checksums. Multipart uploads carry
+the whole-file ``sha256`` as user metadata and are hashed in order while the parts are sent, so a file
+that changed after it was hashed aborts the upload before it is completed. A conditional multipart
+complete is never used: concurrent completes are not atomic on common servers.
+
+Every botocore failure becomes a ckptflow error that names the object, the endpoint authority and the
+error code, never a key or a server-provided message (which may quote request details).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+from pathlib import Path
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionClosedError,
+    HTTPClientError,
+    IncompleteReadError,
+    NoCredentialsError,
+    PartialCredentialsError,
+    ReadTimeoutError,
+    ResponseStreamingError,
+)
+from botocore.exceptions import ConnectionError as BotoConnectionError
+
+from ..digest import FileDigest, is_sha256_hex, sha256_bytes
+from ..errors import CkptflowError, NotFound, Refused, StoreError, UsageError, VerificationFailed
+from ..progress import ByteProgress
+from . import base
+from .credentials import ENV_VAR, Credentials, endpoint_authority
+from .transfer import (
+    DEFAULT_RANGE_SIZE,
+    MIN_PART_SIZE,
+    download_ranges,
+    part_size_for,
+    retry_call,
+    upload_parts,
+)
+from .uri import validate_key, validate_prefix
+
+_NOT_FOUND = frozenset({"404", "NoSuchKey", "NotFound"})
+_NO_BUCKET = frozenset({"NoSuchBucket"})
+_BAD_DIGEST = frozenset({"BadDigest", "XAmzContentSHA256Mismatch", "InvalidDigest"})
+_AUTH = frozenset({"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "ExpiredToken",
+                   "InvalidToken", "AuthorizationHeaderMalformed"})
+_STREAM_ERRORS = (ResponseStreamingError, IncompleteReadError, ReadTimeoutError, ConnectionClosedError)
+
+
+class _ConditionalConflict(StoreError):
+    """409 ConditionalRequestConflict: a concurrent conditional write is in progress; retried."""
+
+
+class _TransientRead(StoreError):
+    """A response body broke off mid-stream; the range is fetched again."""
+
+
+def _code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", "")) or str(
+        exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "?")
+    )
+
+
+def _status(exc: ClientError) -> object:
+    return exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "?")
+
+
+def _b64_sha256(hex_digest: str) -> str:
+    return base64.b64encode(bytes.fromhex(hex_digest)).decode("ascii")
+
+
+def _full_object_sha256(value: str | None, checksum_type: str | None) -> str | None:
+    """Hex of a full-object ``ChecksumSHA256``; None for composite (``...-N``) or malformed values."""
+    if not value or "-" in value or checksum_type == "COMPOSITE":
+        return None
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except ValueError:
+        return None
+    return raw.hex() if len(raw) == 32 else None
+
+
+class S3Store:
+    """One bucket on one S3 endpoint. Thread-safe: the boto3 client is shared by the worker threads."""
+
+    def __init__(
+        self,
+        bucket: str,
+        credentials: Credentials | None,
+        *,
+        path_style: bool = True,
+        multipart_threshold: int = base.DEFAULT_MULTIPART_THRESHOLD,
+        part_size: int = base.DEFAULT_PART_SIZE,
+        concurrency: int = base.DEFAULT_CONCURRENCY,
+        checksum_sha256: bool = True,
+        scheme: str = "s3",
+        list_page_size: int = 1000,
+        download_range_size: int = DEFAULT_RANGE_SIZE,
+        max_attempts: int = 8,
+    ):
+        if not isinstance(bucket, str) or not bucket or "/" in bucket:
+            raise UsageError(f"bucket name {bucket!r} is empty or contains '/'", remedy="pass a bare bucket name")
+        if part_size < MIN_PART_SIZE:
+            raise UsageError(f"part_size {part_size} is below S3's 5 MiB minimum", remedy="use at least 5 MiB")
+        if min(concurrency, list_page_size, download_range_size, multipart_threshold, max_attempts) < 1:
+            raise UsageError("concurrency, list_page_size, download_range_size, multipart_threshold and "
+                             "max_attempts must be >= 1")
+        self.bucket = bucket
+        self.scheme = scheme
+        self.multipart_threshold = multipart_threshold
+        self.part_size = part_size
+        self.concurrency = concurrency
+        self.list_page_size = list_page_size
+        self.download_range_size = download_range_size
+        self.supports_checksum_sha256 = checksum_sha256
+        config = Config(
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+            retries={"mode": "standard", "max_attempts": max_attempts},
+            s3={"addressing_style": "path" if path_style else "auto"},
+            max_pool_connections=2 * concurrency + 2,
+        )
+        if credentials is not None:
+            session = boto3.session.Session(
+                aws_access_key_id=credentials.aws_access_key_id,
+                aws_secret_access_key=credentials.aws_secret_access_key,
+                region_name=credentials.region_name or "us-east-1",
+            )
+            self._client = session.client("s3", endpoint_url=credentials.endpoint_url, config=config)
+            authority = endpoint_authority(credentials)
+        else:  # the default AWS chain (environment, ~/.aws, instance role)
+            session = boto3.session.Session()
+            self._client = session.client("s3", region_name=session.region_name or "us-east-1", config=config)
+            authority = self._client.meta.endpoint_url.split("://", 1)[-1].split("/", 1)[0]
+        self.destination = base.Destination(scheme, authority, bucket)
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.scheme}://{self.bucket} at {self.destination.endpoint})"
+
+    # ------------------------------------------------------------------ errors
+
+    def _where(self, key: str) -> str:
+        return f"{self.scheme}://{self.bucket}/{key} at {self.destination.endpoint}"
+
+    def _error(self, exc: Exception, op: str, key: str) -> CkptflowError:
+        where = self._where(key)
+        if isinstance(exc, ClientError):
+            code, status = _code(exc), _status(exc)
+            if code in _NOT_FOUND:
+                return NotFound(f"{op} {where}: no such object", remedy="check the bucket and prefix")
+            if code in _NO_BUCKET:
+                return StoreError(f"{op} {where}: bucket {self.bucket!r} does not exist (NoSuchBucket)",
+                                  remedy="create the bucket or pass the right --bucket")
+            if code in _BAD_DIGEST:
+                return VerificationFailed(
+                    f"{op} {where}: the server rejected the bytes as not matching their checksum ({code})",
+                    remedy="the file changed after it was hashed or was corrupted in transit; hash it again")
+            if code in _AUTH:
+                remedy = f"check the keys in the credentials file (--credentials or ${ENV_VAR}) for this endpoint"
+            else:
+                remedy = "retry; if it persists, check the endpoint's logs"
+            err = StoreError(f"{op} {where} failed: {code} (HTTP {status})", remedy=remedy)
+            err.code = code
+            return err
+        if isinstance(exc, NoCredentialsError | PartialCredentialsError):
+            return StoreError(f"{op} {where}: no credentials found",
+                              remedy=f"pass --credentials FILE or set ${ENV_VAR}")
+        if isinstance(exc, BotoConnectionError | HTTPClientError):
+            return StoreError(f"{op} {where}: cannot reach the endpoint ({type(exc).__name__})",
+                              remedy="check endpoint_url in the credentials file and that the server is up")
+        return StoreError(f"{op} {where} failed: {type(exc).__name__}",
+                          remedy="retry; if it persists, check the endpoint and the credentials file")
+
+    def _call(self, op: str, key: str, fn, **kwargs):
+        try:
+            return fn(**kwargs)
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error(exc, op, key) from None
+
+    # ------------------------------------------------------------------ protocol
+
+    def head(self, key: str) -> base.ObjectInfo | None:
+        validate_key(key)
+        kwargs = {"Bucket": self.bucket, "Key": key}
+        if self.supports_checksum_sha256:
+            kwargs["ChecksumMode"] = "ENABLED"
+        try:
+            resp = self._client.head_object(**kwargs)
+        except ClientError as exc:
+            if _code(exc) in _NOT_FOUND:
+                return None
+            raise self._error(exc, "HEAD", key) from None
+        except BotoCoreError as exc:
+            raise self._error(exc, "HEAD", key) from None
+        return base.ObjectInfo(
+            key=key,
+            size=int(resp["ContentLength"]),
+            sha256=(resp.get("Metadata") or {}).get("sha256"),
+            etag=(resp.get("ETag") or "").strip('"') or None,
+            checksum_sha256=_full_object_sha256(resp.get("ChecksumSHA256"), resp.get("ChecksumType")),
+        )
+
+    def put_bytes_create_once(self, key: str, data: bytes, *, sha256: str) -> bool:
+        """``PutObject`` with ``If-None-Match: *``. False when the key exists (412).
+
+        False can also follow a retry of our own request whose first attempt was stored but whose
+        answer was lost; callers compare the existing object with what they meant to write.
+        """
+        validate_key(key)
+        if not is_sha256_hex(sha256) or sha256_bytes(data) != sha256:
+            raise UsageError(f"sha256 given for {self._where(key)} does not match the bytes to write")
+        kwargs = {"Bucket": self.bucket, "Key": key, "Body": data, "IfNoneMatch": "*",
+                  "Metadata": {"sha256": sha256}, "ContentLength": len(data)}
+        if self.supports_checksum_sha256:
+            kwargs["ChecksumSHA256"] = _b64_sha256(sha256)
+
+        def once() -> bool:
+            try:
+                self._client.put_object(**kwargs)
+                return True
+            except ClientError as exc:
+                if _code(exc) == "PreconditionFailed" or _status(exc) == 412:
+                    return False
+                if _code(exc) == "ConditionalRequestConflict":
+                    raise _ConditionalConflict(
+                        f"create-once PUT {self._where(key)} kept conflicting with a concurrent write "
+                        "(409 ConditionalRequestConflict)", remedy="retry later") from None
+                raise self._error(exc, "PUT (create-once)", key) from None
+            except BotoCoreError as exc:
+                raise self._error(exc, "PUT (create-once)", key) from None
+
+        return retry_call(once, retry_on=(_ConditionalConflict,), attempts=6)
+
+    def put_file(
+        self, key: str, path: Path, *, digest: FileDigest, progress: ByteProgress | None = None
+    ) -> base.ObjectInfo:
+        validate_key(key)
+        path = Path(path)
+        size = os.stat(path).st_size
+        if size != digest.size:
+            raise VerificationFailed(f"{path} has {size} bytes but was hashed at {digest.size}",
+                                     remedy="the file changed after it was hashed; hash it again", path=str(path))
+        if size >= self.multipart_threshold and size > 0:
+            self._put_multipart(key, path, digest, progress)
+        else:
+            kwargs = {"Bucket": self.bucket, "Key": key, "ContentLength": size,
+                      "Metadata": {"sha256": digest.sha256}}
+            if self.supports_checksum_sha256:
+                kwargs["ChecksumSHA256"] = _b64_sha256(digest.sha256)
+            with open(path, "rb") as fh:
+                self._call("PUT", key, self._client.put_object, Body=fh, **kwargs)
+            if progress is not None:
+                progress.update(size)
+        info = self.head(key)
+        if info is None or info.size != digest.size or info.sha256 != digest.sha256:
+            raise VerificationFailed(
+                f"{self._where(key)} does not show the size and sha256 just uploaded",
+                remedy="the endpoint dropped the upload or its metadata; run `ckptflow probe` on it")
+        return info
+
+    def put_bytes_wrong_checksum(self, key: str, data: bytes) -> bool:
+        """Endpoint probe: PUT ``data`` declaring the ``ChecksumSHA256`` of other bytes.
+
+        True when the endpoint stored it anyway (it does not verify checksums); False when it refused
+        (400 BadDigest / InvalidRequest). Used only by ``ckptflow probe`` on a scratch key.
+        """
+        validate_key(key)
+        wrong = sha256_bytes(data + b"\x00")
+        try:
+            self._client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentLength=len(data),
+                                    ChecksumSHA256=_b64_sha256(wrong))
+        except ClientError as exc:
+            if _status(exc) in (400, 422) or _code(exc) in _BAD_DIGEST:
+                return False
+            raise self._error(exc, "PUT (wrong checksum probe)", key) from None
+        except BotoCoreError as exc:
+            raise self._error(exc, "PUT (wrong checksum probe)", key) from None
+        return True
+
+    @property
+    def boto_config(self):
+        """The botocore Config this store uses (benchmarks give the raw client the same one)."""
+        return self._client.meta.config
+
+    def _put_multipart(self, key: str, path: Path, digest: FileDigest, progress: ByteProgress | None) -> None:
+        created = self._call("CreateMultipartUpload", key, self._client.create_multipart_upload,
+                             Bucket=self.bucket, Key=key, Metadata={"sha256": digest.sha256})
+        upload_id = created["UploadId"]
+
+        def send(number: int, data: bytes) -> str:
+            resp = self._call(f"UploadPart {number}", key, self._client.upload_part, Bucket=self.bucket,
+                              Key=key, UploadId=upload_id, PartNumber=number, Body=data, ContentLength=len(data))
+            return resp["ETag"]
+
+        try:
+            etags, sent = upload_parts(path, size=digest.size, part_size=part_size_for(digest.size, self.part_size),
+                                       upload_part=send, concurrency=self.concurrency, progress=progress)
+            if sent != digest.sha256:
+                raise VerificationFailed(
+                    f"{path} changed after it was hashed (its bytes now hash to {sent}, not {digest.sha256})",
+                    remedy="hash it again and retry; the multipart upload was aborted", path=str(path))
+            parts = [{"ETag": etag, "PartNumber": n} for n, etag in enumerate(etags, start=1)]
+            self._call("CompleteMultipartUpload", key, self._client.complete_multipart_upload, Bucket=self.bucket,
+                       Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts})
+        except BaseException:
+            with contextlib.suppress(ClientError, BotoCoreError):
+                self._client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+            raise
+
+    def _fetch_range(self, key: str, offset: int, length: int) -> bytes:
+        def once() -> bytes:
+            try:
+                resp = self._client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={offset}-{offset + length - 1}")
+            except ClientError as exc:
+                if _code(exc) == "InvalidRange":
+                    raise VerificationFailed(f"{self._where(key)} has no bytes at offset {offset}",
+                                             remedy="the object is shorter than its recorded size") from None
+                raise self._error(exc, "GET", key) from None
+            except BotoCoreError as exc:
+                raise self._error(exc, "GET", key) from None
+            body = resp["Body"]
+            try:
+                return body.read()
+            except _STREAM_ERRORS as exc:
+                raise _TransientRead(f"GET {self._where(key)}: body broke off ({type(exc).__name__})",
+                                     remedy="retry") from None
+            finally:
+                body.close()
+
+        return retry_call(once, retry_on=(_TransientRead,), attempts=4)
+
+    def download_file(self, key: str, dest: Path, *, size: int | None = None, start: int = 0, hasher=None,
+                      progress: ByteProgress | None = None) -> FileDigest:
+        validate_key(key)
+        if size is None:
+            info = self.head(key)
+            if info is None:
+                raise NotFound(f"{self._where(key)} does not exist", remedy="check the bucket and prefix")
+            size = info.size
+        return download_ranges(
+            Path(dest), size=size, start=start, hasher=hasher, progress=progress, concurrency=self.concurrency,
+            range_size=self.download_range_size, source=self._where(key),
+            fetch_range=lambda offset, length: self._fetch_range(key, offset, length),
+        )
+
+    def get_bytes(self, key: str, *, max_bytes: int = 64 * 1024 * 1024) -> bytes:
+        validate_key(key)
+        resp = self._call("GET", key, self._client.get_object, Bucket=self.bucket, Key=key)
+        body = resp["Body"]
+        try:
+            length = int(resp.get("ContentLength") or 0)
+            data = b"" if length > max_bytes else body.read(max_bytes + 1)
+        except _STREAM_ERRORS as exc:
+            raise StoreError(f"GET {self._where(key)}: body broke off ({type(exc).__name__})",
+                             remedy="retry") from None
+        finally:
+            body.close()
+        if length > max_bytes or len(data) > max_bytes:
+            raise Refused(f"{self._where(key)} is larger than the {max_bytes} bytes allowed for a record",
+                          remedy="this key does not hold a record; check the prefix")
+        return data
+
+    def list(self, prefix: str) -> list[base.ObjectInfo]:
+        validate_prefix(prefix)
+        out: list[base.ObjectInfo] = []
+        pages = self._client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=prefix, PaginationConfig={"PageSize": self.list_page_size})
+        try:
+            for page in pages:
+                for obj in page.get("Contents", []):
+                    etag = (obj.get("ETag") or "").strip('"') or None
+                    out.append(base.ObjectInfo(key=obj["Key"], size=int(obj["Size"]), etag=etag))
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error(exc, "LIST", prefix) from None
+        return sorted(out, key=lambda info: info.key)
+
+    def delete(self, key: str) -> None:
+        validate_key(key)
+        try:
+            self._client.delete_object(Bucket=self.bucket, Key=key)
+        except ClientError as exc:
+            if _code(exc) not in _NOT_FOUND:
+                raise self._error(exc, "DELETE", key) from None
+        except BotoCoreError as exc:
+            raise self._error(exc, "DELETE", key) from None
+
+    # ------------------------------------------------------------------ helpers
+
+    def ensure_bucket(self) -> None:
+        """Create the bucket if it does not exist (tests, demo); an existing one is left alone."""
+        try:
+            self._client.head_bucket(Bucket=self.bucket)
+            return
+        except ClientError as exc:
+            if _code(exc) not in _NOT_FOUND | _NO_BUCKET:
+                raise self._error(exc, "HEAD bucket", "") from None
+        except BotoCoreError as exc:
+            raise self._error(exc, "HEAD bucket", "") from None
+        kwargs: dict = {"Bucket": self.bucket}
+        region = self._client.meta.region_name
+        if region and region != "us-east-1":
+            kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
+        try:
+            self._client.create_bucket(**kwargs)
+        except ClientError as exc:
+            if _code(exc) not in ("BucketAlreadyOwnedByYou",):
+                raise self._error(exc, "CREATE bucket", "") from None
+        except BotoCoreError as exc:
+            raise self._error(exc, "CREATE bucket", "") from None

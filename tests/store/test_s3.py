@@ -1,0 +1,118 @@
+"""S3 specifics against real servers: server-verified checksums, error mapping without secrets, and the
+non-enforcing endpoint (s3rver) that the probe must catch."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import socket
+from pathlib import Path
+
+import pytest
+from botocore.exceptions import ClientError
+
+import servers
+from ckptflow.digest import FileDigest, sha256_bytes
+from ckptflow.errors import CkptflowError, StoreError, UsageError, VerificationFailed
+from ckptflow.store import Credentials, S3Store, load_credentials
+from ckptflow.store.s3 import _full_object_sha256
+
+MiB = 1024 * 1024
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.seaweedfs
+def test_seaweedfs_rejects_a_wrong_checksum_sha256(seaweedfs_bucket, seaweedfs_credentials_path) -> None:
+    client = servers.s3_client(seaweedfs_credentials_path)
+    wrong = base64.b64encode(hashlib.sha256(b"other bytes").digest()).decode()
+    with pytest.raises(ClientError) as info:
+        client.put_object(Bucket=seaweedfs_bucket, Key="k", Body=b"these bytes", ChecksumSHA256=wrong)
+    assert info.value.response["Error"]["Code"] == "BadDigest"
+    assert S3Store(seaweedfs_bucket, load_credentials(seaweedfs_credentials_path)).head("k") is None
+
+
+@pytest.mark.seaweedfs
+def test_a_refused_multipart_upload_is_aborted(seaweedfs_bucket, seaweedfs_credentials_path, tmp_path) -> None:
+    src = tmp_path / "big.bin"
+    src.write_bytes(b"\1" * (11 * MiB))
+    store = S3Store(seaweedfs_bucket, load_credentials(seaweedfs_credentials_path),
+                    multipart_threshold=5 * MiB, part_size=5 * MiB)
+    with pytest.raises(VerificationFailed, match="changed after it was hashed"):
+        store.put_file("big.bin", src, digest=FileDigest(11 * MiB, sha256_bytes(b"stale")))
+    uploads = servers.s3_client(seaweedfs_credentials_path).list_multipart_uploads(Bucket=seaweedfs_bucket)
+    assert uploads.get("Uploads", []) == []
+
+
+@pytest.mark.seaweedfs
+def test_wrong_keys_give_a_store_error_naming_the_endpoint_and_no_secret(
+    seaweedfs_bucket, seaweedfs_credentials_path, caplog
+) -> None:
+    good = load_credentials(seaweedfs_credentials_path)
+    secret = "wrong-secret-that-must-not-leak"
+    store = S3Store(seaweedfs_bucket, Credentials(good.aws_access_key_id, secret, good.endpoint_url, None))
+    caplog.set_level(logging.DEBUG, logger="ckptflow")
+    for call in (lambda: store.head("k"), lambda: store.list(""),
+                 lambda: store.put_bytes_create_once("k", b"x", sha256=sha256_bytes(b"x"))):
+        with pytest.raises(StoreError) as info:
+            call()
+        message = str(info.value)
+        assert "127.0.0.1:18333" in message and "credentials" in message
+        assert secret not in message and secret not in repr(info.value)
+    assert secret not in caplog.text and secret not in repr(store)
+
+
+def test_an_unreachable_endpoint_is_named_with_the_remedy() -> None:
+    creds = Credentials("id", "closed-port-secret", f"http://127.0.0.1:{_free_port()}", "us-east-1")
+    with pytest.raises(StoreError, match="cannot reach the endpoint") as info:
+        S3Store("bucket", creds, max_attempts=1).head("k")
+    assert "endpoint_url" in str(info.value) and "closed-port-secret" not in str(info.value)
+
+
+@pytest.mark.s3rver
+def test_s3rver_accepts_a_second_create_once_so_only_a_probe_can_catch_it(
+    s3rver_bucket, s3rver_credentials_path
+) -> None:
+    """The non-enforcing endpoint really is non-enforcing: both writes "win" (FACTS)."""
+    store = S3Store(s3rver_bucket, load_credentials(s3rver_credentials_path))
+    key = f"probe/{socket.gethostname()}-{id(store)}.json"
+    first, second = b"first", b"second"
+    assert store.put_bytes_create_once(key, first, sha256=sha256_bytes(first)) is True
+    assert store.put_bytes_create_once(key, second, sha256=sha256_bytes(second)) is True
+    assert store.get_bytes(key) == second
+    store.delete(key)
+
+
+def test_head_reports_only_a_full_object_checksum() -> None:
+    digest = hashlib.sha256(b"x").digest()
+    b64 = base64.b64encode(digest).decode()
+    assert _full_object_sha256(b64, "FULL_OBJECT") == digest.hex()
+    assert _full_object_sha256(b64, None) == digest.hex()
+    assert _full_object_sha256(f"{b64}-3", None) is None
+    assert _full_object_sha256(b64, "COMPOSITE") is None
+    assert _full_object_sha256("not base64!", None) is None
+
+
+def test_parts_below_the_s3_minimum_are_refused(moto_s3) -> None:
+    with pytest.raises(UsageError, match="5 MiB"):
+        S3Store(moto_s3.bucket, moto_s3.credentials, part_size=MiB)
+
+
+def test_create_once_refuses_a_sha256_that_does_not_match_the_bytes(moto_s3) -> None:
+    store = S3Store(moto_s3.bucket, moto_s3.credentials)
+    with pytest.raises(UsageError):
+        store.put_bytes_create_once("k", b"bytes", sha256=sha256_bytes(b"other"))
+    assert store.head("k") is None
+
+
+def test_missing_objects_are_not_found_errors(moto_s3, tmp_path: Path) -> None:
+    store = S3Store(moto_s3.bucket, moto_s3.credentials)
+    with pytest.raises(CkptflowError, match=r"does not exist|no such object"):
+        store.download_file("absent", tmp_path / "x")
+    with pytest.raises(FileNotFoundError):
+        store.get_bytes("absent")

@@ -1,0 +1,107 @@
+"""The in-order pipeline under both transfer directions: order, bounded memory, failure, short sources."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ckptflow.errors import UnsafePath, VerificationFailed
+from ckptflow.store.transfer import (
+    MAX_PARTS,
+    download_ranges,
+    ordered_map,
+    part_size_for,
+    split_ranges,
+    upload_parts,
+)
+
+
+def test_results_are_consumed_in_order_even_when_later_items_finish_first() -> None:
+    consumed: list[int] = []
+    ordered_map(list(range(12)), lambda i: (time.sleep(0.002 * (12 - i)), i)[1],
+                lambda item, result: consumed.append(result), concurrency=4)
+    assert consumed == list(range(12))
+
+
+def test_no_more_than_concurrency_items_are_held_at_once() -> None:
+    lock = threading.Lock()
+    held = peak = 0
+
+    def work(i: int) -> int:
+        nonlocal held, peak
+        with lock:
+            held += 1
+            peak = max(peak, held)
+        if i % 5 == 0:
+            time.sleep(0.01)  # a slow head makes the others wait in memory
+        return i
+
+    def consume(item: int, result: int) -> None:
+        nonlocal held
+        with lock:
+            held -= 1
+
+    ordered_map(list(range(40)), work, consume, concurrency=3)
+    assert peak <= 3
+
+
+def test_the_first_failure_stops_the_pipeline_and_propagates() -> None:
+    started: list[int] = []
+
+    def work(i: int) -> int:
+        started.append(i)
+        if i == 2:
+            raise OSError("range 2 failed")
+        return i
+
+    with pytest.raises(OSError, match="range 2 failed"):
+        ordered_map(list(range(100)), work, lambda *_: None, concurrency=2)
+    assert len(started) < 100
+
+
+def test_ranges_cover_the_span_exactly() -> None:
+    assert split_ranges(3, 10, 4) == [(3, 4), (7, 3)]
+    assert split_ranges(5, 5, 4) == []
+
+
+def test_part_size_grows_only_when_the_file_needs_more_than_the_part_limit() -> None:
+    mib = 1024 * 1024
+    assert part_size_for(100 * mib, 64 * mib) == 64 * mib
+    big = 2 * 1024**4
+    grown = part_size_for(big, 64 * mib)
+    assert grown % mib == 0 and -(-big // grown) <= MAX_PARTS
+
+
+def test_download_refuses_a_source_shorter_than_promised(tmp_path: Path) -> None:
+    with pytest.raises(VerificationFailed, match="shorter"):
+        download_ranges(tmp_path / "out", size=100, fetch_range=lambda off, n: b"x" * (n - 1), range_size=30)
+
+
+def test_upload_hashes_the_bytes_it_sent_in_file_order(tmp_path: Path) -> None:
+    data = bytes(range(256)) * 1000
+    src = tmp_path / "src"
+    src.write_bytes(data)
+    received: dict[int, bytes] = {}
+
+    def send(number: int, part: bytes) -> str:
+        time.sleep(0.001 * (10 - number % 10))
+        received[number] = part
+        return f"etag-{number}"
+
+    etags, sha = upload_parts(src, size=len(data), part_size=10_000, upload_part=send, concurrency=4)
+    assert sha == hashlib.sha256(data).hexdigest()
+    assert etags == [f"etag-{n}" for n in range(1, len(received) + 1)]
+    assert b"".join(received[n] for n in sorted(received)) == data
+
+
+def test_download_never_writes_through_a_symlink(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    (tmp_path / "out").symlink_to(victim)
+    with pytest.raises(UnsafePath):
+        download_ranges(tmp_path / "out", size=3, fetch_range=lambda off, n: b"x" * n)
+    assert victim.read_bytes() == b"precious"

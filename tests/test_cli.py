@@ -1,0 +1,77 @@
+"""The command-line contract: one JSON report on stdout, exit codes 0/1/2, reports match their schemas."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ckptflow.cli import main
+from ckptflow.records._json import validate
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(*args):
+    proc = subprocess.run([sys.executable, "-m", "ckptflow", *args], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "CKPTFLOW_PROGRESS": "0"}, timeout=120)
+    return proc
+
+
+@pytest.fixture
+def artifact(tmp_path):
+    art = tmp_path / "checkpoint_artifacts" / "iter_000007"
+    (art / "optim").mkdir(parents=True)
+    (art / "model.pt").write_bytes(b"m" * 1000)
+    (art / "optim" / ".metadata").write_bytes(b"x")
+    (art / "optim" / "__0_0.distcp").write_bytes(b"y" * 10)
+    return art
+
+
+def test_seal_prints_one_json_report_matching_its_schema(artifact):
+    proc = run("seal", "--artifact-dir", str(artifact), "--iteration", "7", "model=model.pt", "optim=optim")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("\n") == 1
+    report = json.loads(proc.stdout)
+    validate(report, "report_seal", what="seal report")
+    assert report["files"] == 3 and report["total_bytes"] == 1011 and report["components"] == ["model", "optim"]
+
+
+def test_refusal_exits_1_with_one_line_naming_the_file(artifact):
+    assert run("seal", "--artifact-dir", str(artifact), "--iteration", "7", "model=model.pt").returncode == 0
+    proc = run("seal", "--artifact-dir", str(artifact), "--iteration", "7", "model=model.pt")
+    assert proc.returncode == 1
+    report = json.loads(proc.stdout)
+    validate(report, "report_error", what="error report")
+    assert report["status"] == "refused"
+    assert proc.stderr.count("\n") == 1 and ".posttrain-checkpoint-artifact.json" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_usage_errors_exit_2(artifact):
+    assert run("seal", "--artifact-dir", str(artifact)).returncode == 2
+    assert run("no-such-verb").returncode == 2
+    proc = run("seal", "--artifact-dir", str(artifact), "--iteration", "7", "not-a-spec")
+    assert proc.returncode == 2 and json.loads(proc.stdout)["status"] == "usage-error"
+
+
+def test_python_m_and_main_are_the_same_program(artifact, capsys):
+    code = main(["seal", "--artifact-dir", str(artifact), "--iteration", "7", "model=model.pt"])
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "sealed"
+
+
+def test_missing_bucket_is_a_usage_error(monkeypatch, capsys):
+    monkeypatch.delenv("CKPTFLOW_BUCKET", raising=False)
+    assert main(["probe", "--prefix", "p"]) == 2
+    assert "CKPTFLOW_BUCKET" in capsys.readouterr().err
+
+
+def test_every_verb_has_help():
+    for verb in ("seal", "publish", "verify", "prune-verified", "probe"):
+        proc = run(verb, "--help")
+        assert proc.returncode == 0 and verb in proc.stdout

@@ -1,0 +1,87 @@
+"""probe: passes on an endpoint that enforces create-once (SeaweedFS, file://), fails closed on s3rver."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ckptflow.errors import EndpointNotQualified
+from ckptflow.probe import require_qualified, run_probe
+from ckptflow.records import probe as probe_record
+from ckptflow.store.credentials import load_credentials
+from ckptflow.store.local import LocalStore
+from ckptflow.store.s3 import S3Store
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CKPTFLOW_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def ckptflow(*args, env=None):
+    proc = subprocess.run([sys.executable, "-m", "ckptflow", *args], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, **(env or {})}, timeout=120)
+    return proc, json.loads(proc.stdout)
+
+
+def test_probe_passes_on_seaweedfs_and_cleans_up(seaweedfs_bucket, seaweedfs_credentials_path):
+    proc, report = ckptflow("probe", "--bucket", seaweedfs_bucket, "--prefix", "team/run",
+                            "--credentials", str(seaweedfs_credentials_path))
+    assert proc.returncode == 0, proc.stderr
+    assert report["status"] == "passed" and report["reasons"] == []
+    assert report["results"] == {
+        "create_once_refused_second_write": True,
+        "concurrent_creators": 8,
+        "concurrent_winners": 1,
+        "sha256_metadata_roundtrip": True,
+        "checksum_sha256": "rejected-wrong",
+    }
+    assert report["destination"] == {"scheme": "s3", "endpoint": "127.0.0.1:18333", "bucket": seaweedfs_bucket}
+    store = S3Store(seaweedfs_bucket, load_credentials(seaweedfs_credentials_path))
+    assert store.list("team/") == []  # scratch keys removed
+    record = probe_record.read_probe_record(store.destination)
+    assert record is not None and record.passed
+    assert "ckptflow-test-secret" not in Path(report["record"]).read_text()
+
+
+def test_probe_fails_on_a_server_that_ignores_if_none_match(s3rver_bucket, s3rver_credentials_path):
+    proc, report = ckptflow("probe", "--bucket", s3rver_bucket, "--prefix", "team/run",
+                            "--credentials", str(s3rver_credentials_path))
+    assert proc.returncode == 1
+    assert report["status"] == "failed" and report["results"]["create_once_refused_second_write"] is False
+    assert "127.0.0.1:18334" in proc.stderr and "create-once" in proc.stderr
+    assert proc.stderr.count("\n") == 1
+
+
+def test_file_archive_probe_passes(tmp_path):
+    root = tmp_path / "archive"
+    root.mkdir()
+    outcome = run_probe(LocalStore(root), "team")
+    assert outcome.record.passed, outcome.reasons
+    assert outcome.record.results.checksum_sha256 == "not-offered"
+
+
+def test_require_qualified_runs_the_probe_once_and_then_uses_the_cache(seaweedfs_bucket, seaweedfs_credentials_path):
+    store = S3Store(seaweedfs_bucket, load_credentials(seaweedfs_credentials_path))
+    first = require_qualified(store, "team")
+    assert require_qualified(store, "team", auto_probe=False).checked_at == first.checked_at
+
+
+def test_require_qualified_refuses_an_unqualified_endpoint_by_name(s3rver_bucket, s3rver_credentials_path):
+    store = S3Store(s3rver_bucket, load_credentials(s3rver_credentials_path))
+    with pytest.raises(EndpointNotQualified, match=r"127\.0\.0\.1:18334"):
+        require_qualified(store, "team")
+
+
+def test_no_cached_record_and_no_auto_probe_is_refused(tmp_path):
+    (tmp_path / "a").mkdir()
+    with pytest.raises(EndpointNotQualified, match="ckptflow probe"):
+        require_qualified(LocalStore(tmp_path / "a"), "p", auto_probe=False)
