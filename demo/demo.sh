@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # `make demo`: the main job on an embedded SeaweedFS S3 server (127.0.0.1, data under .ckptflow/demo).
-# Builds a small synthetic artifact, seals it, qualifies the endpoint, and stops the server it started.
+# Builds a small synthetic artifact, seals it, qualifies the endpoint, publishes it, verifies the remote
+# copy, frees the local payloads, and stops the server it started (also when a step fails).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BIN=.venv/bin
 ROOT=.ckptflow/demo
 SERVER=$ROOT/server
+UPLOAD_PREFIX=demo-project/demo-group/demo-run/20261129T000000Z/checkpoints
 RUN=$ROOT/runs/demo-project/demo-group/demo-run/20261129T000000Z
 ART=$RUN/checkpoint_artifacts/iter_000300
 CREDS=$SERVER/credentials-seaweedfs.json
@@ -45,10 +47,24 @@ $BIN/ckptflow seal --artifact-dir "$ART" --iteration 300 model=model.pt optim=op
 say "ckptflow probe: does the endpoint enforce create-once?"
 $BIN/ckptflow probe --bucket "$BUCKET" --prefix demo-project/demo-group --credentials "$CREDS"
 
+say "ckptflow publish: declaration first, payloads, manifest last, then the local .uploaded receipt"
+$BIN/ckptflow publish --artifact-dir "$ART" --upload-prefix "$UPLOAD_PREFIX" --bucket "$BUCKET" --credentials "$CREDS"
+
+say "ckptflow publish again: nothing to upload, the remote copy is re-verified"
+$BIN/ckptflow publish --artifact-dir "$ART" --upload-prefix "$UPLOAD_PREFIX" --bucket "$BUCKET" --credentials "$CREDS"
+
+say "ckptflow verify: HEAD every archived object against the receipt"
+$BIN/ckptflow verify --artifact-dir "$ART" --credentials "$CREDS"
+
+say "ckptflow prune-verified: free the local payloads now that the remote copy is proven"
+$BIN/ckptflow prune-verified --paths "$ART" --credentials "$CREDS"
+
 say "done"
 cat >&2 <<TXT
   artifact:        $ART
   manifest:        $ART/.posttrain-checkpoint-artifact.json
+  receipt:         $ART/.uploaded   (payloads pruned; the archive holds them)
+  archive:         s3://$BUCKET/${UPLOAD_PREFIX%/checkpoints}/checkpoint_artifacts/iter_000300/
   probe record:    $CKPTFLOW_CACHE_DIR/probes/
   object store:    SeaweedFS data under $SERVER (stopped now; rerun \`make demo\` to start over)
 TXT

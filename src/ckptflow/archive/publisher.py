@@ -40,13 +40,13 @@ from ..records import merge_record
 from ..records import receipt as receipt_record
 from ..records._record import utc_timestamp
 from ..records.inventory import FileEntry
-from ..store.base import ObjectStore
+from ..store.base import DEFAULT_MULTIPART_THRESHOLD, ObjectStore
 from .keys import artifact_prefix, object_key
 from .verify import check_declaration, check_remote_inventory, require_all_ok
 
 log = logging.getLogger(__name__)
 
-FILE_WORKERS = 4
+SMALL_FILE_WORKERS = 8
 
 
 @dataclass
@@ -205,11 +205,16 @@ def _upload_payloads(
             testhooks.reached("publish:after-payload")
             return entry.path
 
-        # Largest first so the long uploads start early; each large file is itself uploaded in parts.
-        todo.sort(key=lambda e: -e.size)
-        workers = min(FILE_WORKERS, len(todo)) or 1
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="upload") as pool:
-            uploaded = sorted(pool.map(upload, todo))
+        # Large files go one at a time, each in concurrent parts (memory stays bounded by the store's
+        # part window); small files go concurrently, since each is one request.
+        threshold = getattr(store, "multipart_threshold", DEFAULT_MULTIPART_THRESHOLD)
+        large = [e for e in todo if e.size >= threshold]
+        small = [e for e in todo if e.size < threshold]
+        uploaded = [upload(e) for e in large]
+        if small:
+            with ThreadPoolExecutor(max_workers=min(SMALL_FILE_WORKERS, len(small)), thread_name_prefix="upload") as pool:
+                uploaded += list(pool.map(upload, small))
+        uploaded.sort()
     return uploaded, total
 
 

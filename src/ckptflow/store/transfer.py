@@ -31,7 +31,7 @@ from ..digest import CHUNK_SIZE, FileDigest
 from ..errors import UnsafePath, VerificationFailed
 from ..progress import ByteProgress
 
-DEFAULT_RANGE_SIZE = 16 * 1024 * 1024
+DEFAULT_RANGE_SIZE = 8 * 1024 * 1024
 MIN_PART_SIZE = 5 * 1024 * 1024  # S3's minimum for every part but the last
 MAX_PARTS = 10_000
 
@@ -72,15 +72,17 @@ def ordered_map(items: Sequence[T], work: Callable[[T], R], consume: Callable[[T
                 concurrency: int, name: str = "transfer") -> None:
     """Run ``work`` on a pool and call ``consume`` in the calling thread, strictly in ``items`` order.
 
-    At most ``concurrency`` items are running or finished-but-unconsumed. The first failure cancels what
+    At most ``concurrency`` items run at once and at most ``2 * concurrency`` are running or
+    finished-but-unconsumed: the slack keeps every worker busy while one slow item holds up the
+    in-order consumer, and bounds memory to ``2 * concurrency`` results. The first failure cancels what
     has not started, waits for what is running, and propagates.
     """
     if not items:
         return
-    window = max(1, concurrency)
+    window = 2 * max(1, concurrency)
     futures: dict[int, Future[R]] = {}
     next_submit = next_consume = 0
-    with ThreadPoolExecutor(max_workers=min(window, len(items)), thread_name_prefix=name) as pool:
+    with ThreadPoolExecutor(max_workers=min(max(1, concurrency), len(items)), thread_name_prefix=name) as pool:
         try:
             while next_consume < len(items):
                 while next_submit < len(items) and next_submit - next_consume < window:
