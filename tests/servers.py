@@ -133,12 +133,19 @@ def _log_tail(log: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
+# Popen objects of servers started by this process. Servers are stopped and reaped by PID (`stop`), but
+# dropping a Popen whose child still runs makes Python warn; holding it here keeps that quiet when a
+# test starts a private server in-process.
+_STARTED: list[subprocess.Popen] = []
+
+
 def _spawn(cmd: list[str], *, log: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> dict:
     with open(log, "ab") as fh:
         proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=cwd,
             start_new_session=True,
         )
+    _STARTED.append(proc)
     return {"pid": proc.pid, "start_time": _start_time(proc.pid), "log": str(log)}
 
 

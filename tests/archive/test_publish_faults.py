@@ -1,0 +1,70 @@
+"""A server that goes away mid-publish: a clear failure, the local artifact intact, a rerun completes."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from archive_helpers import UPLOAD_PREFIX, make_artifact
+
+from ckptflow.archive.publisher import publish_artifact
+from ckptflow.errors import StoreError
+from ckptflow.fsutil import walk_files
+from ckptflow.records import receipt as receipt_record
+from ckptflow.store.credentials import load_credentials
+from ckptflow.store.s3 import S3Store
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import servers
+
+# A private SeaweedFS on its own fixed loopback ports: stopping it must not disturb the shared one.
+FAULT_PROFILE = servers.Profile("fault", 18533, 19533, 19540, 19088, 18534, 19546,
+                                "ckptflow-fault", "ckptflow-fault-secret", "ckptflow-fault")
+
+
+@pytest.mark.slow
+def test_server_stopped_mid_publish_fails_cleanly_and_rerun_publishes(tmp_path, monkeypatch):
+    root = tmp_path / "server"
+    entry = servers.start_seaweedfs(root, FAULT_PROFILE)
+    try:
+        creds = load_credentials(entry["credentials"])
+        store = S3Store(FAULT_PROFILE.bucket, creds, max_attempts=2)
+        art = make_artifact(tmp_path / "run", shards=6)
+        before = {p: (art / p).read_bytes() for p in walk_files(art)}
+
+        flag = tmp_path / "paused"
+        monkeypatch.setenv("CKPTFLOW_TEST_PAUSE_AT", "publish:after-payload")
+        monkeypatch.setenv("CKPTFLOW_TEST_PAUSE_FILE", str(flag))
+        outcome: dict = {}
+
+        def publish() -> None:
+            try:
+                outcome["result"] = publish_artifact(art, store, UPLOAD_PREFIX, progress=False)
+            except Exception as exc:  # noqa: BLE001 - the test inspects whatever the publisher raised
+                outcome["error"] = exc
+
+        worker = threading.Thread(target=publish)
+        worker.start()
+        deadline = time.monotonic() + 60
+        while not flag.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert flag.exists(), "publish never reached its first uploaded payload"
+        servers.stop(entry)
+        monkeypatch.delenv("CKPTFLOW_TEST_PAUSE_AT")
+        flag.unlink()
+        worker.join(timeout=300)
+        err = outcome.get("error")
+        assert isinstance(err, StoreError), outcome
+        assert "127.0.0.1:18533" in str(err) and "server is up" in str(err)
+        assert {p: (art / p).read_bytes() for p in walk_files(art)} == before
+        assert not receipt_record.path_in(art).exists()
+
+        entry = servers.start_seaweedfs(root, FAULT_PROFILE)
+        result = publish_artifact(art, S3Store(FAULT_PROFILE.bucket, creds), UPLOAD_PREFIX, progress=False)
+        assert result.status == "published"
+        assert receipt_record.path_in(art).exists()
+    finally:
+        servers.stop(entry)
