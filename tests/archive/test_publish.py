@@ -184,3 +184,35 @@ def test_delete_local_removes_payloads_only_after_verification(artifact, sw_stor
     assert result.freed_bytes == sum(e.size for e in result.inventory if e.path in result.removed)
     left = list(walk_files(artifact))
     assert left == [".posttrain-checkpoint-artifact.json", ".uploaded", "optim.pt"]
+
+
+@pytest.mark.parametrize("shape", ["model", "components"])
+def test_legacy_merge_manifest_is_converted_and_its_original_bytes_archived(tmp_path, sw_store, shape):
+    art = tmp_path / "run1" / "checkpoint_artifacts" / "iter_000300"
+    art.mkdir(parents=True)
+    (art / "model.pt").write_bytes(b"legacy merged weights" * 100)
+    size = (art / "model.pt").stat().st_size
+    if shape == "model":
+        legacy = b'{"iteration": 300, "model": "model.pt", "merged_by": "merge_model_pt.py"}'
+    else:
+        legacy = b'{"components": {"model": {"format": "file", "path": "model.pt", "size": %d}}, "iteration": 300}' % size
+    manifest_record.path_in(art).write_bytes(legacy)
+    result = publish_artifact(art, sw_store, UPLOAD_PREFIX, progress=False)
+    assert result.status == "published"
+    assert (art / ".posttrain-checkpoint-artifact.legacy.json").read_bytes() == legacy
+    native = manifest_record.read_manifest(art)
+    assert native.components["model"].sha256 == hashlib.sha256((art / "model.pt").read_bytes()).hexdigest()
+    assert sw_store.get_bytes(f"{ARTIFACT_PREFIX}/.posttrain-checkpoint-artifact.legacy.json") == legacy
+
+
+def test_preserved_legacy_bytes_are_never_overwritten(tmp_path, sw_store):
+    art = tmp_path / "run1" / "checkpoint_artifacts" / "iter_000300"
+    art.mkdir(parents=True)
+    (art / "model.pt").write_bytes(b"w")
+    manifest_record.path_in(art).write_bytes(b'{"iteration": 300, "model": "model.pt"}')
+    (art / ".posttrain-checkpoint-artifact.legacy.json").write_bytes(b'{"iteration": 299, "model": "model.pt"}')
+    from ckptflow.errors import ConflictError
+
+    with pytest.raises(ConflictError, match="never overwrites"):
+        publish_artifact(art, sw_store, UPLOAD_PREFIX, progress=False)
+    assert (art / ".posttrain-checkpoint-artifact.legacy.json").read_bytes() == b'{"iteration": 299, "model": "model.pt"}'

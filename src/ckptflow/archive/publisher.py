@@ -38,7 +38,7 @@ from ..records import legacy_manifest as legacy_record
 from ..records import manifest as manifest_record
 from ..records import merge_record
 from ..records import receipt as receipt_record
-from ..records._record import utc_timestamp
+from ..records._record import LegacyRecord, utc_timestamp
 from ..records.inventory import FileEntry
 from ..store.base import DEFAULT_MULTIPART_THRESHOLD, ObjectStore
 from .keys import artifact_prefix, object_key
@@ -133,7 +133,12 @@ def _read_native_manifest(artifact_dir: Path) -> manifest_record.Manifest:
             f"{path} does not exist: the artifact is not committed (an interrupted save?)",
             remedy="only committed artifacts are published; seal it with `ckptflow seal` if its files are complete",
         )
-    return manifest_record.read_manifest(artifact_dir)
+    try:
+        return manifest_record.read_manifest(artifact_dir)
+    except LegacyRecord:
+        from .legacy import convert_legacy_manifest
+
+        return convert_legacy_manifest(artifact_dir)
 
 
 @dataclass(frozen=True)
