@@ -1,0 +1,129 @@
+"""Publication cost: ``ckptflow publish`` versus raw boto3 ``upload_file`` of the same files.
+
+The artifact: a 1.5 GiB ``model.pt`` and 8 DCP shards (2 GiB in all). ckptflow's run includes
+everything publication does — hashing every file, the create-once declaration, uploads with sha256
+metadata, HEAD verification, the manifest commit and the receipt — in a child process whose peak RSS
+is reported. The peer uploads the same files with ``upload_file`` at the same concurrency (8) and
+part size, no hashing. Runs are interleaved, medians printed as JSON. Targets: time ratio ≤ 1.15,
+publish peak RSS < 300 MiB.
+
+    python bench/publish.py --credentials .ckptflow/bench-servers/credentials-seaweedfs.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import boto3
+from boto3.s3.transfer import TransferConfig
+
+from ckptflow.artifact import ComponentSpec, seal_artifact
+from ckptflow.store import base
+from ckptflow.store.credentials import load_credentials
+from ckptflow.store.s3 import S3Store
+
+MiB = 1024 * 1024
+
+
+def _write_random(path: Path, size: int) -> None:
+    with open(path, "wb") as fh:
+        left = size
+        while left:
+            n = min(left, 64 * MiB)
+            fh.write(os.urandom(n))
+            left -= n
+
+
+def _make_artifact(root: Path, model_mib: int, shard_mib: int, shards: int) -> Path:
+    art = root / "run" / "checkpoint_artifacts" / "iter_000001"
+    (art / "optim").mkdir(parents=True)
+    _write_random(art / "model.pt", model_mib * MiB)
+    (art / "optim" / ".metadata").write_bytes(os.urandom(4096))
+    for i in range(shards):
+        _write_random(art / "optim" / f"__{i}_0.distcp", shard_mib * MiB)
+    seal_artifact(art, 1, [ComponentSpec("model", "model.pt"), ComponentSpec("optim", "optim")], progress=False)
+    return art
+
+
+def _publish_child(art: Path, bucket: str, creds: str, prefix: str) -> tuple[float, int]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    t = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckptflow", "publish", "--artifact-dir", str(art), "--upload-prefix", prefix,
+         "--bucket", bucket, "--credentials", creds],
+        capture_output=True, text=True, env={**os.environ, "CKPTFLOW_PROGRESS": "0"},
+    )
+    elapsed = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise SystemExit(f"publish failed: {proc.stderr}")
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return elapsed, max(peak_kib, before)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--credentials", required=True)
+    ap.add_argument("--model-mib", type=int, default=1536)
+    ap.add_argument("--shard-mib", type=int, default=64)
+    ap.add_argument("--shards", type=int, default=8)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--workdir", default=".ckptflow/bench")
+    args = ap.parse_args()
+
+    creds = load_credentials(args.credentials)
+    bucket = f"bench-publish-{uuid.uuid4().hex[:8]}"
+    store = S3Store(bucket, creds)
+    store.ensure_bucket()
+    raw = boto3.client(
+        "s3", aws_access_key_id=creds.aws_access_key_id, aws_secret_access_key=creds.aws_secret_access_key,
+        endpoint_url=creds.endpoint_url, region_name=creds.region_name or "us-east-1", config=store.boto_config,
+    )
+    config = TransferConfig(
+        multipart_threshold=base.DEFAULT_MULTIPART_THRESHOLD, multipart_chunksize=base.DEFAULT_PART_SIZE,
+        max_concurrency=base.DEFAULT_CONCURRENCY,
+    )
+    Path(args.workdir).mkdir(parents=True, exist_ok=True)
+    raw_t: list[float] = []
+    ck_t: list[float] = []
+    peak_kib = 0
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        art = _make_artifact(Path(tmp), args.model_mib, args.shard_mib, args.shards)
+        files = [p for p in sorted(art.rglob("*")) if p.is_file() and p.name != "optim.pt"]
+        total = sum(p.stat().st_size for p in files)
+        for run in range(args.runs):
+            t = time.perf_counter()
+            for p in files:
+                raw.upload_file(str(p), bucket, f"raw/{run}/{p.relative_to(art)}", Config=config)
+            raw_t.append(time.perf_counter() - t)
+
+            (art / ".uploaded").unlink(missing_ok=True)
+            elapsed, peak = _publish_child(art, bucket, args.credentials, f"ck/{run}/checkpoints")
+            ck_t.append(elapsed)
+            peak_kib = max(peak_kib, peak)
+            print(f"run {run + 1}/{args.runs}: raw {raw_t[-1]:.2f}s ckptflow {elapsed:.2f}s", file=sys.stderr)
+    raw_med, ck_med = statistics.median(raw_t), statistics.median(ck_t)
+    report = {
+        "artifact_mib": round(total / MiB),
+        "runs": args.runs,
+        "median_seconds": {"raw_boto3_upload_file": round(raw_med, 3), "ckptflow_publish": round(ck_med, 3)},
+        "throughput_mib_s": {"raw": round(total / MiB / raw_med, 1), "ckptflow": round(total / MiB / ck_med, 1)},
+        "ratio_time_ckptflow_vs_raw": round(ck_med / raw_med, 3),
+        "publish_peak_rss_mib": round(peak_kib / 1024, 1),
+        "targets": {"ratio_time": 1.15, "peak_rss_mib": 300},
+    }
+    print(json.dumps(report, indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
