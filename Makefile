@@ -41,11 +41,17 @@ test-fast: test
 demo: setup
 	$(BIN)/python -c 'import ckptflow' && bash demo/demo.sh
 
+# Benchmarks print ratios against a peer measured in the same run (not timed tests). The transfer ones
+# use a private SeaweedFS (demo ports) so they never disturb a running test server.
 bench: setup
 	@set -u; \
 	trap '$(BIN)/python tests/servers.py down --root .ckptflow/bench-servers' EXIT; \
-	$(BIN)/python tests/servers.py up --only seaweedfs --root .ckptflow/bench-servers || exit $$?; \
-	$(BIN)/python bench/transfer.py --credentials .ckptflow/bench-servers/credentials-seaweedfs.json
+	$(BIN)/python tests/servers.py up --only seaweedfs --profile demo --root .ckptflow/bench-servers >/dev/null || exit $$?; \
+	for b in transfer publish fetch; do \
+	  test -f bench/$$b.py || continue; \
+	  echo "== bench/$$b.py" >&2; \
+	  $(BIN)/python bench/$$b.py --credentials .ckptflow/bench-servers/credentials-seaweedfs.json || exit $$?; \
+	done
 
 servers-up: setup
 	$(BIN)/python tests/servers.py up --root $(SERVERS_ROOT)
