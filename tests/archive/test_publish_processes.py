@@ -17,6 +17,7 @@ from archive_helpers import (
 )
 
 from ckptflow.fsutil import walk_files
+from ckptflow.records._json import validate
 from ckptflow.records import declaration as declaration_record
 from ckptflow.records import receipt as receipt_record
 
@@ -103,6 +104,12 @@ def test_cli_publish_verify_report_shapes(artifact, sw_store, seaweedfs_credenti
     pub = run_cli(*publish_args(artifact, sw_store.bucket, seaweedfs_credentials_path))
     assert pub.returncode == 0, pub.stderr
     assert pub.report["status"] == "published" and pub.report["destination"]["prefix"] == ARTIFACT_PREFIX
+    validate(pub.report, "report_publish", what="publish report")
     ver = run_cli("verify", "--artifact-dir", str(artifact), "--credentials", str(seaweedfs_credentials_path))
     assert ver.returncode == 0 and ver.report["status"] == "verified"
+    validate(ver.report, "report_verify", what="verify report")
+    (artifact / "optim.pt").unlink()
+    pr = run_cli("prune-verified", "--paths", str(artifact), "--credentials", str(seaweedfs_credentials_path), "--dry-run")
+    assert pr.returncode == 0 and pr.report["status"] == "dry-run"
+    validate(pr.report, "report_prune_verified", what="prune report")
     assert "ckptflow-test-secret" not in pub.stdout + pub.stderr + ver.stdout + ver.stderr
