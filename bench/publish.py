@@ -24,33 +24,22 @@ import time
 import uuid
 from pathlib import Path
 
-import boto3
 from boto3.s3.transfer import TransferConfig
 
+from benchlib import MiB, raw_client, write_random
 from ckptflow.artifact import ComponentSpec, seal_artifact
 from ckptflow.store import base
 from ckptflow.store.credentials import load_credentials
 from ckptflow.store.s3 import S3Store
 
-MiB = 1024 * 1024
-
-
-def _write_random(path: Path, size: int) -> None:
-    with open(path, "wb") as fh:
-        left = size
-        while left:
-            n = min(left, 64 * MiB)
-            fh.write(os.urandom(n))
-            left -= n
-
 
 def _make_artifact(root: Path, model_mib: int, shard_mib: int, shards: int) -> Path:
     art = root / "run" / "checkpoint_artifacts" / "iter_000001"
     (art / "optim").mkdir(parents=True)
-    _write_random(art / "model.pt", model_mib * MiB)
+    write_random(art / "model.pt", model_mib * MiB)
     (art / "optim" / ".metadata").write_bytes(os.urandom(4096))
     for i in range(shards):
-        _write_random(art / "optim" / f"__{i}_0.distcp", shard_mib * MiB)
+        write_random(art / "optim" / f"__{i}_0.distcp", shard_mib * MiB)
     seal_artifact(art, 1, [ComponentSpec("model", "model.pt"), ComponentSpec("optim", "optim")], progress=False)
     return art
 
@@ -84,10 +73,7 @@ def main() -> int:
     bucket = f"bench-publish-{uuid.uuid4().hex[:8]}"
     store = S3Store(bucket, creds)
     store.ensure_bucket()
-    raw = boto3.client(
-        "s3", aws_access_key_id=creds.aws_access_key_id, aws_secret_access_key=creds.aws_secret_access_key,
-        endpoint_url=creds.endpoint_url, region_name=creds.region_name or "us-east-1", config=store.boto_config,
-    )
+    raw = raw_client(creds, store.boto_config)
     config = TransferConfig(
         multipart_threshold=base.DEFAULT_MULTIPART_THRESHOLD, multipart_chunksize=base.DEFAULT_PART_SIZE,
         max_concurrency=base.DEFAULT_CONCURRENCY,

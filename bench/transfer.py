@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -21,22 +20,10 @@ import time
 import uuid
 from pathlib import Path
 
-import boto3
+from benchlib import MiB, raw_client, write_random
+from ckptflow.digest import sha256_file
 from ckptflow.store.credentials import load_credentials
 from ckptflow.store.s3 import S3Store
-
-from ckptflow.digest import sha256_file
-
-MiB = 1024 * 1024
-
-
-def _make_file(path: Path, size: int) -> None:
-    with open(path, "wb") as fh:
-        left = size
-        while left:
-            n = min(left, 64 * MiB)
-            fh.write(os.urandom(n))
-            left -= n
 
 
 def main() -> int:
@@ -53,20 +40,13 @@ def main() -> int:
     options = {"part_size": args.part_mib * MiB} if args.part_mib else {}
     store = S3Store(bucket, creds, **options)
     store.ensure_bucket()
-    raw = boto3.client(
-        "s3",
-        aws_access_key_id=creds.aws_access_key_id,
-        aws_secret_access_key=creds.aws_secret_access_key,
-        endpoint_url=creds.endpoint_url,
-        region_name=creds.region_name or "us-east-1",
-        config=store.boto_config,
-    )
+    raw = raw_client(creds, store.boto_config)
     size = args.size_mib * MiB
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     times: dict[str, list[float]] = {"raw_up": [], "ck_up": [], "raw_down": [], "ck_down": []}
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         src = Path(tmp) / "payload.bin"
-        _make_file(src, size)
+        write_random(src, size)
         for run in range(args.runs):
             key_raw, key_ck = f"raw/{run}", f"ckptflow/{run}"
             t = time.perf_counter()

@@ -39,13 +39,8 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path | str, data: bytes, *, mode: int = 0o644) -> None:
-    """Write ``data`` to ``path`` so that readers see either the old file or the complete new one.
-
-    The temporary lives in the same directory (so the rename cannot cross file systems), is fsynced
-    before the rename, and is removed if anything fails.
-    """
-    path = Path(path)
+def _write_temp(path: Path, data: bytes, mode: int) -> Path:
+    """``data`` in a fresh, fsynced, uniquely named sibling of ``path``; removed again on failure."""
     tmp = unique_temp_path(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
@@ -53,6 +48,22 @@ def atomic_write_bytes(path: Path | str, data: bytes, *, mode: int = 0o644) -> N
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return tmp
+
+
+def atomic_write_bytes(path: Path | str, data: bytes, *, mode: int = 0o644) -> None:
+    """Write ``data`` to ``path`` so that readers see either the old file or the complete new one.
+
+    The temporary lives in the same directory (so the rename cannot cross file systems), is fsynced
+    before the rename, and is removed if anything fails.
+    """
+    path = Path(path)
+    tmp = _write_temp(path, data, mode)
+    try:
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -69,13 +80,8 @@ def create_exclusive_bytes(path: Path | str, data: bytes, *, mode: int = 0o644) 
     both win.
     """
     path = Path(path)
-    tmp = unique_temp_path(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    tmp = _write_temp(path, data, mode)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
         try:
             os.link(tmp, path)
         except FileExistsError:
