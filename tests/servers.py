@@ -139,6 +139,13 @@ def _log_tail(log: Path, lines: int = 15) -> str:
 _STARTED: list[subprocess.Popen] = []
 
 
+def _forget(pid: int) -> None:
+    """Drop our Popen for a stopped server (poll() notes the exit, so Python does not warn later)."""
+    for proc in [p for p in _STARTED if p.pid == pid]:
+        proc.poll()
+        _STARTED.remove(proc)
+
+
 def _spawn(cmd: list[str], *, log: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> dict:
     with open(log, "ab") as fh:
         proc = subprocess.Popen(
@@ -184,6 +191,7 @@ def stop(entry: dict, *, grace: float = 10.0) -> None:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
             if not is_running(entry):
+                _forget(pid)
                 return
             time.sleep(0.1)
     raise ServerError(f"pid {pid} survived SIGKILL; inspect it with `ps -p {pid}`")
