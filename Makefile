@@ -24,7 +24,9 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 lint: setup
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench scripts
+	$(BIN)/snakefmt --check Snakefile rules
+	$(BIN)/snakemake --lint
 
 # Starts SeaweedFS (real S3) and s3rver (a server that ignores If-None-Match) on 127.0.0.1, runs the
 # whole suite, and stops both servers by PID whatever pytest's outcome; exits with pytest's status.

@@ -1,0 +1,20 @@
+rule prune:
+    input:
+        receipt=f"{ARTIFACT}/.uploaded",
+        verified=f"{REPORTS}/verify/{{run}}/{{iteration}}.json",
+    output:
+        report=f"{REPORTS}/prune/{{run}}/{{iteration}}.json",
+    log:
+        f"{LOGS}/prune/{{run}}/{{iteration}}.log",
+    conda:
+        "../environment.yml"
+    params:
+        artifact_dir=get_artifact_dir,
+        credentials=config["credentials"],
+    script:
+        "../scripts/prune.py"
+
+
+rule prune_all:
+    input:
+        get_all_prune_reports,

@@ -1,0 +1,19 @@
+rule verify:
+    input:
+        receipt=f"{ARTIFACT}/.uploaded",
+    output:
+        report=f"{REPORTS}/verify/{{run}}/{{iteration}}.json",
+    log:
+        f"{LOGS}/verify/{{run}}/{{iteration}}.log",
+    conda:
+        "../environment.yml"
+    params:
+        artifact_dir=get_artifact_dir,
+        credentials=config["credentials"],
+    script:
+        "../scripts/verify.py"
+
+
+rule verify_all:
+    input:
+        get_all_verify_reports,

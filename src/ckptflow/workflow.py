@@ -1,0 +1,69 @@
+"""The library side of the Snakemake steps: one function per rule, called by the ``scripts/`` shims.
+
+Snakemake decides what is pending (a rule's marker is missing or older than its input); these
+functions decide what is safe, with exactly the guarantees of the CLI verbs. A step that cannot
+complete raises, so Snakemake marks the job failed and removes its declared output; the library's own
+records (manifest, receipt) are never declared outputs that a rerun could make it forget, except the
+receipt, which publication re-derives from the archive (an identical committed archive is adopted).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from .commands import open_store_from_args, store_factory
+from .errors import VerificationFailed
+from .fsutil import atomic_write_bytes
+from .records._json import encode_json
+
+log = logging.getLogger(__name__)
+
+
+def _write_report(path: Path | str, report: dict[str, Any]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, encode_json(report))
+
+
+def publish_step(artifact_dir: str, upload_prefix: str, bucket: str | None, credentials: str | None) -> dict[str, Any]:
+    """Publish one artifact; its ``.uploaded`` receipt is the rule's output."""
+    from .archive.publisher import publish_artifact
+
+    store = open_store_from_args(bucket, credentials)
+    result = publish_artifact(Path(artifact_dir), store, upload_prefix, progress=False)
+    log.info("publish %s: %s", artifact_dir, result.status)
+    return result.to_report()
+
+
+def verify_step(artifact_dir: str, credentials: str | None, report_path: str) -> dict[str, Any]:
+    """Verify one published artifact and write the report; a failed verification fails the job."""
+    from .archive.verify import verify_artifact
+
+    result = verify_artifact(Path(artifact_dir), store_factory(credentials))
+    report = {
+        "status": "verified" if result.ok else "failed",
+        "artifact_dir": str(artifact_dir),
+        "destination": result.receipt.destination.to_dict(),
+        "read_data": False,
+        "objects": [o.to_dict() for o in result.objects],
+    }
+    if not result.ok:
+        bad = [f"{o.key} ({o.state})" for o in result.objects if o.state != "ok"]
+        raise VerificationFailed(f"remote copy of {artifact_dir} does not match its receipt: {bad[:5]}",
+                                 remedy="keep the local copy and republish it to a new destination")
+    _write_report(report_path, report)
+    return report
+
+
+def prune_step(artifact_dir: str, credentials: str | None, report_path: str) -> dict[str, Any]:
+    """Prune one artifact if every check holds; a kept artifact is a result (in the report), not a failure."""
+    from .retention import prune_verified
+
+    report = prune_verified([Path(artifact_dir)], store_factory(credentials)).to_report()
+    if report["status"] == "failed":
+        raise VerificationFailed(f"inconsistent remote objects for {artifact_dir}: {report['kept']}",
+                                 remedy="the artifact was kept; inspect the archive")
+    _write_report(report_path, report)
+    return report
