@@ -67,3 +67,58 @@ def wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 60) -> No
         if time.monotonic() > deadline:
             raise AssertionError(f"process did not reach its pause point within {timeout} s")
         time.sleep(0.05)
+
+
+def tree_bytes(root: Path) -> dict[str, bytes | str]:
+    """Every entry under ``root`` (files by content, symlinks by target, directories as "<dir>"), nothing followed."""
+    out: dict[str, bytes | str] = {}
+    if not root.exists():
+        return out
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            out[rel] = f"-> {os.readlink(path)}"
+        elif path.is_dir():
+            out[rel] = "<dir>"
+        else:
+            out[rel] = path.read_bytes()
+    return out
+
+
+def add_merge_record(artifact: Path, diag: str = "diag.json") -> None:
+    """Give a sealed artifact a merge completion record naming ``diag`` (written beside it)."""
+    from ckptflow.records import manifest as manifest_record
+    from ckptflow.records import merge_record
+
+    model = manifest_record.read_manifest(artifact).components["model"]
+    (artifact / diag).write_text('{"tensors": {}}\n')
+    rec = merge_record.MergeRecord.from_dict({
+        "protocol": merge_record.PROTOCOL,
+        "tool_version": "ckptflow-merge/1",
+        "request": {"mode": "avg", "experts": [{"path": "/e/a/model.pt", "size": 1, "sha256": "a" * 64}],
+                    "base": None, "lam": None, "iteration": 300},
+        "outputs": [{"path": "model.pt", "size": model.size, "sha256": model.sha256}],
+        "diag": diag,
+    })
+    merge_record.write_merge_record(artifact, rec)
+
+
+class CountingStore:
+    """A real store that records every ``download_file`` call as ``(key, start, size)``; all else passes through."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self.downloads: list[tuple[str, int, int | None]] = []
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def download_file(self, key, dest, *, size=None, start=0, hasher=None, progress=None):
+        self.downloads.append((key, start, size))
+        return self._inner.download_file(key, dest, size=size, start=start, hasher=hasher, progress=progress)
+
+    def downloaded_keys(self) -> list[str]:
+        return sorted(key for key, _, _ in self.downloads)
+
+    def downloaded_bytes(self) -> int:
+        return sum((size or 0) - start for _, start, size in self.downloads)

@@ -1,0 +1,173 @@
+"""Fetch cost: ``ckptflow fetch`` versus raw boto3 ``download_file`` of the same objects.
+
+The artifact: a 1.5 GiB ``model.pt`` and 8 DCP shards of 64 MiB (2 GiB in all), published once with
+ckptflow. ckptflow's run is the real command in a child process (reading and validating the
+declaration and manifest, HEAD checks, downloads through ``.part`` files hashed while written, the
+size + sha256 check, renames, the staging record) and its peak RSS is reported. The peer downloads the
+same objects with ``download_file`` at the same concurrency (8) and chunk size (8 MiB), one file at a
+time, no hashing, no fsync, also in a child process of its own (both pay interpreter start-up; each
+side's peak RSS is its own ``VmHWM``). Runs are interleaved, medians printed as JSON. Targets: time ratio ≤ 1.10, fetch
+peak RSS < 300 MiB (printed, not asserted).
+
+    python bench/fetch.py --credentials .ckptflow/bench-servers/credentials-seaweedfs.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from boto3.s3.transfer import TransferConfig
+
+from benchlib import MiB, raw_client, write_random
+from ckptflow.archive.publisher import publish_artifact
+from ckptflow.artifact import ComponentSpec, seal_artifact
+from ckptflow.records import declaration as declaration_record
+from ckptflow.store import base
+from ckptflow.store.credentials import load_credentials
+from ckptflow.store.s3 import S3Store
+from ckptflow.store.transfer import DEFAULT_RANGE_SIZE
+
+UPLOAD_PREFIX = "bench/run/20260101T000000Z/checkpoints"
+ARTIFACT_PREFIX = "bench/run/20260101T000000Z/checkpoint_artifacts/iter_000001"
+
+
+def _make_artifact(root: Path, model_mib: int, shard_mib: int, shards: int) -> Path:
+    art = root / "run" / "checkpoint_artifacts" / "iter_000001"
+    (art / "optim").mkdir(parents=True)
+    write_random(art / "model.pt", model_mib * MiB)
+    (art / "optim" / ".metadata").write_bytes(os.urandom(4096))
+    for i in range(shards):
+        write_random(art / "optim" / f"__{i}_0.distcp", shard_mib * MiB)
+    seal_artifact(art, 1, [ComponentSpec("model", "model.pt"), ComponentSpec("optim", "optim")], progress=False)
+    return art
+
+
+def _hwm_kib(pid: int) -> int:
+    """The process's own peak RSS so far (``VmHWM``; 0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return 0
+
+
+def _child(args: list[str]) -> tuple[float, int, str]:
+    """Run ``python args...``; its wall time, its own peak RSS in KiB and its stdout.
+
+    The peak is ``VmHWM`` read every 20 ms until the child exits: the ``ru_maxrss`` that ``wait4`` or
+    ``RUSAGE_CHILDREN`` report starts from the *parent's* RSS at fork (Linux carries the high-water mark
+    across exec), which would report this script's own memory instead of the child's.
+    """
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, *args], stdout=out, stderr=err,
+                                env={**os.environ, "CKPTFLOW_PROGRESS": "0"})
+        peak = 0
+        while proc.poll() is None:
+            peak = max(peak, _hwm_kib(proc.pid))
+            time.sleep(0.02)
+        elapsed = time.perf_counter() - t
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode != 0:
+            raise SystemExit(f"{args[:3]} failed: {err.read()}")
+        return elapsed, peak, out.read()
+
+
+def _raw_child(args: argparse.Namespace) -> int:
+    """The peer: ``download_file`` of each object, largest first, in a fresh interpreter like ckptflow's."""
+    creds = load_credentials(args.credentials)
+    config = S3Store(args.bucket, creds).boto_config
+    raw = raw_client(creds, config)
+    transfer = TransferConfig(multipart_threshold=DEFAULT_RANGE_SIZE, multipart_chunksize=DEFAULT_RANGE_SIZE,
+                              max_concurrency=base.DEFAULT_CONCURRENCY)
+    out = Path(args.out)
+    for rel in json.loads(args.paths):
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        raw.download_file(args.bucket, f"{ARTIFACT_PREFIX}/{rel}", str(out / rel), Config=transfer)
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--credentials", required=True)
+    ap.add_argument("--model-mib", type=int, default=1536)
+    ap.add_argument("--shard-mib", type=int, default=64)
+    ap.add_argument("--shards", type=int, default=8)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--workdir", default=".ckptflow/bench")
+    ap.add_argument("--raw-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--bucket", help=argparse.SUPPRESS)
+    ap.add_argument("--paths", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.raw_child:
+        return _raw_child(args)
+
+    creds = load_credentials(args.credentials)
+    bucket = f"bench-fetch-{uuid.uuid4().hex[:8]}"
+    store = S3Store(bucket, creds)
+    store.ensure_bucket()
+    Path(args.workdir).mkdir(parents=True, exist_ok=True)
+    raw_t: list[float] = []
+    ck_t: list[float] = []
+    peaks: dict[str, int] = {"raw": 0, "ckptflow": 0}
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        art = _make_artifact(Path(tmp), args.model_mib, args.shard_mib, args.shards)
+        publish_artifact(art, store, UPLOAD_PREFIX, progress=False)
+        shutil.rmtree(art.parent.parent)  # only the archive remains: page cache holds no source copy
+        declared = declaration_record.parse_declaration(store.get_bytes(f"{ARTIFACT_PREFIX}/.posttrain-archive.json"))
+        files = [e for e in declared.files if e.path != ".posttrain-checkpoint-artifact.json"]
+        total = sum(e.size for e in files)
+        uri = f"s3://{bucket}/{ARTIFACT_PREFIX}"
+        paths = json.dumps([e.path for e in sorted(files, key=lambda e: -e.size)])
+        for run in range(args.runs):
+            out = Path(tmp) / f"raw-{run}"
+            elapsed, peak, _ = _child([__file__, "--raw-child", "--credentials", args.credentials, "--bucket", bucket,
+                                       "--paths", paths, "--out", str(out)])
+            raw_t.append(elapsed)
+            peaks["raw"] = max(peaks["raw"], peak)
+            shutil.rmtree(out)
+
+            stage = Path(tmp) / f"stage-{run}"
+            elapsed, peak, stdout = _child(["-m", "ckptflow", "fetch", "--artifact-uri", uri, "--dst", str(stage),
+                                            "--credentials", args.credentials])
+            report = json.loads(stdout)
+            assert report["status"] == "fetched" and report["downloaded_bytes"] == total, report
+            ck_t.append(elapsed)
+            peaks["ckptflow"] = max(peaks["ckptflow"], peak)
+            shutil.rmtree(stage)
+            print(f"run {run + 1}/{args.runs}: raw {raw_t[-1]:.2f}s ckptflow {elapsed:.2f}s", file=sys.stderr)
+    for o in store.list(""):
+        store.delete(o.key)
+    store._client.delete_bucket(Bucket=bucket)
+    raw_med, ck_med = statistics.median(raw_t), statistics.median(ck_t)
+    report = {
+        "artifact_mib": round(total / MiB),
+        "runs": args.runs,
+        "median_seconds": {"raw_boto3_download_file": round(raw_med, 3), "ckptflow_fetch": round(ck_med, 3)},
+        "throughput_mib_s": {"raw": round(total / MiB / raw_med, 1), "ckptflow": round(total / MiB / ck_med, 1)},
+        "ratio_time_ckptflow_vs_raw": round(ck_med / raw_med, 3),
+        "fetch_peak_rss_mib": round(peaks["ckptflow"] / 1024, 1),
+        "raw_peak_rss_mib": round(peaks["raw"] / 1024, 1),
+        "targets": {"ratio_time": 1.10, "peak_rss_mib": 300},
+    }
+    print(json.dumps(report, indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

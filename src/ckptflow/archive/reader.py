@@ -1,0 +1,343 @@
+"""Fetch: read an archived artifact back into ``STAGE/iter_N``, verified, resumable and owned.
+
+``fetch_artifact`` is the one function the CLI, the materializer and the workflow call. Order:
+
+1. Read the remote declaration ``.posttrain-archive.json`` and the manifest before anything local
+   happens, and validate both (every path relative, POSIX, inside the stage; sizes; digests). The
+   declaration is the authoritative inventory of the manifest's physical files, DCP shards included:
+   a declared object missing from the store is a named failure, never a smaller artifact. The merge
+   record, a legacy-manifest record and the merge diagnostic are archived but are not model
+   components: they are not fetched (reported as ``not_fetched``).
+2. Decide what the stage is (``stage.read_own_record``): absent or empty (fetch), this tool's copy of
+   the same source (resume, or already staged), this tool's copy of another source (replace: only the
+   files its record names are removed), or foreign (refused, untouched). Files of an own copy are
+   re-hashed and kept when they match; objects still to download are HEAD-checked. All of this is
+   read-only: a refusal or failure here leaves the stage byte-identical.
+3. Write ``.staged.json`` with ``complete: false`` naming every file of the new inventory (ownership
+   is claimed before the first byte lands), download each payload through a process-unique ``.part``
+   (hashed while written, one pass), check size and sha256, rename into place; then the manifest;
+   then the record again with ``complete: true``, last.
+
+A complete copy of the same source (same URI, declaration digest and inventory) is trusted on its
+record and its file sizes, as publish trusts a matching receipt: nothing is read or written. Two
+fetches of one source into one stage are safe (same bytes, atomic renames, no shared temporaries);
+fetches of *different* sources into one stage at the same moment are not serialised (no lock).
+
+Ranged resume: a ``.part`` left by a killed fetch (same host, dead pid) continues from the end of its
+contiguous data (``stage.resumable_prefix``). Per-range digests do not exist, so the prefix cannot be
+proven on its own: its bytes are re-read into the hasher and the *whole-file* digest is checked at the
+end, like any download. If that check fails the part is discarded and the file downloaded once more
+from byte 0; only a mismatch of that whole download is an error (the part is removed).
+
+Legacy archives (no declaration) are readable only for ``file`` components whose digest comes from the
+manifest or the object's ``sha256`` metadata; a DCP component without a declaration is refused (a
+listing cannot prove every shard is present), and so is a file with no digest anywhere.
+
+Modules: this one reads the archive and orders the steps; ``stage.py`` owns the local directory
+(ownership, leftover parts, removal of own files); ``download.py`` moves and verifies the bytes.
+
+Test points (``testhooks``): ``fetch:after-record``, ``fetch:mid-file:<path>`` (after the first range of
+a file that has more), ``fetch:after-file`` and ``fetch:after-file:<path>``, ``fetch:before-manifest``,
+``fetch:before-complete``. A pause point pauses only the thread that reaches it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from .. import testhooks
+from ..artifact import ITER_DIR_RE
+from ..digest import FileDigest, hash_files, sha256_bytes
+from ..errors import InvalidRecord, NotFound, Refused, UnsafePath, UsageError, VerificationFailed
+from ..records import declaration as declaration_record
+from ..records import manifest as manifest_record
+from ..records import staging as staging_record
+from ..records.inventory import FileEntry, sorted_entries
+from ..store import Credentials, StoreURI, load_credentials, open_store, parse_store_uri
+from ..store.base import ObjectStore
+from . import stage
+from .download import download_files
+from .keys import object_key
+from .verify import check_remote_inventory
+
+log = logging.getLogger(__name__)
+
+STATUSES = ("fetched", "resumed", "already-staged", "replaced")
+
+
+@dataclass(frozen=True)
+class FetchPlan:
+    """What the remote records say to fetch, validated; nothing local was looked at yet."""
+
+    source: StoreURI
+    prefix: str
+    iteration: int
+    manifest_bytes: bytes
+    declaration_sha256: str | None  # None: a legacy archive without a declaration
+    payloads: tuple[FileEntry, ...]
+    not_fetched: tuple[str, ...]
+
+    @property
+    def inventory(self) -> tuple[FileEntry, ...]:
+        """Every file the staged copy holds: the payloads and the manifest, sorted by path."""
+        manifest = FileEntry(manifest_record.FILENAME, len(self.manifest_bytes), sha256_bytes(self.manifest_bytes))
+        return sorted_entries((*self.payloads, manifest))
+
+    def where(self, rel: str) -> str:
+        return str(self.source.child(rel)) if self.source.scheme != "file" else f"{self.source}/{rel}"
+
+
+@dataclass
+class FetchResult:
+    status: str  # one of STATUSES
+    path: Path  # STAGE/iter_N
+    plan: FetchPlan
+    downloaded: list[str] = field(default_factory=list)
+    downloaded_bytes: int = 0
+    reused: list[str] = field(default_factory=list)
+    resumed: list[dict] = field(default_factory=list)  # [{"path", "offset"}] ranged resumes
+    removed: list[str] = field(default_factory=list)
+    left_beside: list[str] = field(default_factory=list)
+
+    @property
+    def inventory(self) -> tuple[FileEntry, ...]:
+        return self.plan.inventory
+
+    def to_report(self) -> dict:
+        inventory = self.inventory
+        return {
+            "status": self.status,
+            "path": str(self.path),
+            "source_uri": str(self.plan.source),
+            "iteration": self.plan.iteration,
+            "declaration_sha256": self.plan.declaration_sha256,
+            "legacy": self.plan.declaration_sha256 is None,
+            "inventory": [e.to_dict() for e in inventory],
+            "total_bytes": sum(e.size for e in inventory),
+            "downloaded": self.downloaded,
+            "downloaded_bytes": self.downloaded_bytes,
+            "reused": self.reused,
+            "resumed": self.resumed,
+            "removed": self.removed,
+            "left_beside": self.left_beside,
+            "not_fetched": list(self.plan.not_fetched),
+        }
+
+
+# --------------------------------------------------------------------------------------------- source
+
+
+def _parse_source(artifact_uri: str | StoreURI) -> tuple[StoreURI, str]:
+    if isinstance(artifact_uri, StoreURI):
+        uri = artifact_uri
+    else:
+        try:
+            uri = parse_store_uri(artifact_uri, what="artifact URI")
+        except InvalidRecord as exc:
+            raise UsageError(exc.message, remedy=exc.remedy) from None
+    name = PurePosixPath(uri.bucket if uri.scheme == "file" else uri.key).name
+    if not ITER_DIR_RE.match(name):
+        raise UsageError(f"artifact URI {uri} does not end in iter_<N>",
+                         remedy="pass the artifact's own prefix, .../checkpoint_artifacts/iter_N")
+    return uri, name
+
+
+def _prefix_in(store: ObjectStore, uri: StoreURI) -> str:
+    """The key prefix of ``uri`` in a store the caller opened; refuse a store of another bucket."""
+    dest = store.destination
+    if uri.scheme == "file" and dest.scheme == "file":
+        root = dest.endpoint.rstrip("/")
+        if uri.bucket == root:
+            return ""
+        if uri.bucket.startswith(root + "/"):
+            return uri.bucket[len(root) + 1:]
+    elif (dest.scheme, dest.bucket) == (uri.scheme, uri.bucket):
+        return uri.key
+    raise UsageError(f"the store passed in ({dest.scheme}://{dest.bucket or dest.endpoint}) does not hold {uri}",
+                     remedy="pass the store of the URI's bucket, or no store")
+
+
+def _open_source(artifact_uri, store, credentials) -> tuple[ObjectStore, StoreURI, str, str]:
+    uri, name = _parse_source(artifact_uri)
+    if store is not None:
+        return store, uri, _prefix_in(store, uri), name
+    if uri.scheme == "file":
+        return open_store(uri), uri, "", name
+    if credentials is not None and not isinstance(credentials, Credentials):
+        credentials = load_credentials(credentials)
+    return open_store(uri, credentials), uri, uri.key, name
+
+
+# --------------------------------------------------------------------------------------------- plan
+
+
+def _get_record(store: ObjectStore, prefix: str, filename: str) -> bytes | None:
+    try:
+        return store.get_bytes(object_key(prefix, filename))
+    except NotFound:
+        return None
+
+
+def read_plan(store: ObjectStore, prefix: str, source: StoreURI, *, iteration: int | None = None) -> FetchPlan:
+    """Read and validate the declaration and the manifest under ``prefix``; decide what to fetch."""
+    decl_bytes = _get_record(store, prefix, declaration_record.FILENAME)
+    declaration = None
+    if decl_bytes is not None:
+        declaration = declaration_record.parse_declaration(
+            decl_bytes, what=f"{declaration_record.FILENAME} at {source}")
+    manifest_bytes = _get_record(store, prefix, manifest_record.FILENAME)
+    if manifest_bytes is None:
+        if declaration is None:
+            raise NotFound(f"no artifact at {source}: neither {manifest_record.FILENAME} nor "
+                           f"{declaration_record.FILENAME} exists there",
+                           remedy="check --artifact-uri (…/checkpoint_artifacts/iter_N) and the endpoint in the credentials")
+        raise NotFound(f"{source} has a declaration but no {manifest_record.FILENAME}: its publication did not finish",
+                       remedy="rerun `ckptflow publish` for this artifact from its local copy, then fetch again")
+    manifest = manifest_record.parse_manifest(manifest_bytes, what=f"{manifest_record.FILENAME} at {source}")
+    if iteration is not None and manifest.iteration != iteration:
+        raise InvalidRecord(f"{manifest_record.FILENAME} at {source} records iteration {manifest.iteration}, "
+                            f"not the {iteration} of its prefix", remedy="the archive is misplaced or corrupt; check the URI")
+    if declaration is not None:
+        payloads, not_fetched = _declared_payloads(declaration, manifest, manifest_bytes, source)
+        decl_sha = sha256_bytes(decl_bytes)
+    else:
+        payloads, not_fetched, decl_sha = _legacy_payloads(store, prefix, manifest, source), (), None
+    for entry in payloads:
+        name = PurePosixPath(entry.path).name
+        if entry.path == staging_record.FILENAME or stage.is_part_name(name):
+            raise UnsafePath(f"{manifest_record.FILENAME} at {source} names the file {entry.path!r}, which "
+                             "collides with fetch's own record or temporaries", remedy="the archive is corrupt or hostile")
+    return FetchPlan(source, prefix, manifest.iteration, manifest_bytes, decl_sha, tuple(payloads), tuple(not_fetched))
+
+
+def _declared_payloads(declaration, manifest, manifest_bytes: bytes, source: StoreURI):
+    what = f"{declaration_record.FILENAME} at {source}"
+    got = sha256_bytes(manifest_bytes)
+    if got != declaration.manifest_sha256:
+        raise VerificationFailed(f"{manifest_record.FILENAME} at {source} hashes to {got}, but {what} binds "
+                                 f"{declaration.manifest_sha256}", remedy="the archive is damaged; republish it from a local copy")
+    if declaration.iteration != manifest.iteration:
+        raise InvalidRecord(f"{what} is for iteration {declaration.iteration}, the manifest for {manifest.iteration}",
+                            remedy="the archive is damaged; republish it from a local copy")
+    declared = {e.path: e for e in declaration.files}
+    payloads = []
+    for entry in manifest.physical_files():
+        listed = declared.get(entry.path)
+        if listed is None:
+            raise InvalidRecord(f"{what} does not list {entry.path}, a file of the manifest's components",
+                                remedy="the archive is damaged; republish it from a local copy")
+        if listed.size != entry.size or (entry.sha256 is not None and listed.sha256 != entry.sha256):
+            raise InvalidRecord(f"{what} lists {entry.path} as {listed.size} bytes sha256 {listed.sha256}, the manifest as "
+                                f"{entry.size} bytes sha256 {entry.sha256}", remedy="the archive is damaged; republish it")
+        payloads.append(listed)
+    chosen = {e.path for e in payloads} | {manifest_record.FILENAME}
+    return payloads, sorted(p for p in declared if p not in chosen)
+
+
+def _legacy_payloads(store: ObjectStore, prefix: str, manifest, source: StoreURI) -> list[FileEntry]:
+    dcp = sorted(n for n, c in manifest.components.items() if isinstance(c, manifest_record.DcpComponent))
+    if dcp:
+        raise Refused(f"{source} has no {declaration_record.FILENAME} and component {dcp[0]!r} is a DCP directory: "
+                      "a listing cannot prove that every shard is present",
+                      remedy="republish the artifact from its local copy with `ckptflow publish` (it writes a declaration)")
+    payloads = []
+    for entry in manifest.physical_files():
+        info = store.head(object_key(prefix, entry.path))
+        where = f"{source}/{entry.path}"
+        if info is None:
+            raise NotFound(f"{where} is listed by the manifest but missing from the store",
+                           remedy="the archive is incomplete; restore the object or republish the artifact")
+        if info.size != entry.size:
+            raise VerificationFailed(f"{where} has {info.size} bytes, the manifest says {entry.size}",
+                                     remedy="the archive is damaged; republish the artifact")
+        if entry.sha256 and info.sha256 and entry.sha256 != info.sha256:
+            raise VerificationFailed(f"{where}: the manifest's sha256 {entry.sha256} contradicts the object's "
+                                     f"metadata {info.sha256}", remedy="the archive is damaged; republish the artifact")
+        digest = entry.sha256 or info.sha256
+        if digest is None:
+            raise Refused(f"{where} has no digest in the manifest nor in the object's metadata, and {source} has no "
+                          f"{declaration_record.FILENAME}: its bytes cannot be verified",
+                          remedy="republish the artifact from its local copy with `ckptflow publish`")
+        payloads.append(FileEntry(entry.path, entry.size, digest))
+    return payloads
+
+
+def _require_remote(store: ObjectStore, plan: FetchPlan, todo: list[FileEntry]) -> None:
+    """HEAD every object still to download: missing or contradicting ones fail now, by name."""
+    for state in check_remote_inventory(store, plan.prefix, todo):
+        if state.state == "missing":
+            raise NotFound(f"{plan.where(state.path)} is declared by the archive but missing from the store",
+                           remedy="the archive is incomplete (not a smaller artifact); restore the object or republish "
+                           "the artifact from its local copy")
+        if state.state == "changed":
+            raise VerificationFailed(f"{plan.where(state.path)} does not match the archive's declaration ({state.detail})",
+                                     remedy="the archived object was replaced or damaged; restore it or republish")
+
+
+# --------------------------------------------------------------------------------------------- fetch
+
+
+def fetch_artifact(
+    artifact_uri: str | StoreURI,
+    dst: Path | str,
+    *,
+    store: ObjectStore | None = None,
+    credentials: Credentials | str | os.PathLike | None = None,
+    progress: bool | None = None,
+) -> FetchResult:
+    """Fetch the artifact at ``artifact_uri`` into ``dst/iter_N``; see the module docstring for the order.
+
+    ``store`` (optional) is an open store of the URI's bucket (for ``file://``: of a directory holding
+    it); otherwise one is opened from the URI with ``credentials`` (a ``Credentials`` or a file path).
+    ``progress``: None shows bars when stderr is a terminal (or ``CKPTFLOW_PROGRESS=1``).
+    """
+    store, uri, prefix, name = _open_source(artifact_uri, store, credentials)
+    staged = Path(os.path.abspath(dst)) / name
+    plan = read_plan(store, prefix, uri, iteration=int(ITER_DIR_RE.match(name).group(1)))
+    inventory = plan.inventory
+    record = stage.read_own_record(staged)
+    same = record is not None and (record.source_uri, record.declaration_sha256, record.files) == (
+        str(uri), plan.declaration_sha256, inventory)
+    result = FetchResult("fetched", staged, plan)
+    if same and record.complete and stage.files_in_place(staged, inventory) and \
+            (staged / manifest_record.FILENAME).read_bytes() == plan.manifest_bytes:
+        result.status = "already-staged"
+        result.left_beside = stage.unowned_files(staged, {e.path for e in inventory})
+        return result
+
+    old = record.files if record is not None and not same else ()
+    stage.check_room(staged, [e.path for e in inventory], {e.path for e in (inventory if same else old)})
+    stage.check_removable(staged, old)
+    present = [e.path for e in plan.payloads if same and os.path.lexists(staged / e.path)]
+    digests = hash_files(staged, present, progress=progress, desc="fetch re-verify") if present else {}
+    by_path = {e.path: e for e in plan.payloads}
+    result.reused = [p for p in present if digests[p] == FileDigest(by_path[p].size, by_path[p].sha256)]
+    todo = [e for e in plan.payloads if e.path not in result.reused]
+    _require_remote(store, plan, todo)
+
+    # First write. Everything above only read.
+    if record is not None and not same:
+        result.status, result.removed = "replaced", stage.remove_recorded_files(staged, old)
+    elif same:
+        result.status = "resumed"
+    staged.mkdir(parents=True, exist_ok=True)
+    claim = staging_record.StagingRecord(str(uri), plan.declaration_sha256, inventory, complete=False)
+    staging_record.write_staging(staged, claim)
+    testhooks.reached("fetch:after-record")
+    for rel in present:
+        if rel not in result.reused:
+            log.warning("%s does not match the archive; downloading it again", staged / rel)
+            os.unlink(staged / rel)  # owned: named in this tool's record for this very source
+    result.downloaded_bytes, result.resumed = download_files(
+        store, plan.prefix, staged, todo, where=plan.where, progress=progress)
+    result.downloaded = sorted(e.path for e in todo)
+    testhooks.reached("fetch:before-manifest")
+    stage.write_via_part(staged / manifest_record.FILENAME, plan.manifest_bytes)
+    testhooks.reached("fetch:before-complete")
+    staging_record.write_staging(
+        staged, staging_record.StagingRecord(claim.source_uri, claim.declaration_sha256, inventory, complete=True))
+    result.left_beside = stage.unowned_files(staged, {e.path for e in inventory})
+    return result

@@ -1,0 +1,64 @@
+"""``ckptflow materialize``: build the Hugging Face teacher directory of an artifact; see ``materialize.py``."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Any
+
+from ..errors import UsageError
+from . import _credentials
+
+_SIZE_RE = re.compile(r"^\s*([0-9]+)\s*([KMGT]i?B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def register(sub) -> None:
+    s = sub.add_parser("materialize", help="build the Hugging Face model directory (OPD teacher) of an artifact")
+    src = s.add_mutually_exclusive_group(required=True)
+    src.add_argument("--ckpt-dir", metavar="DIR", help="a local artifact (checkpoint_artifacts/iter_N of a trainer or merge)")
+    src.add_argument("--artifact-uri", metavar="URI",
+                     help="an archived artifact: s3://B/.../checkpoint_artifacts/iter_N (also gs://, file://); "
+                     "fetched only when a build is needed")
+    s.add_argument("--base", required=True, metavar="HF_DIR", help="the Hugging Face base directory (config, index, sidecars)")
+    s.add_argument("--out", required=True, metavar="DIR", help="the teacher directory; built beside it and renamed into place")
+    s.add_argument("--expect-tensors", type=int, default=0, metavar="N", help="exact tensor count required (default 0: any)")
+    # 800 = conversion.DEFAULT_MIN_TENSORS (not imported here: that would load torch for --help)
+    s.add_argument("--min-tensors", type=int, default=800, metavar="N", help="tensor floor, checked before any build (default 800)")
+    s.add_argument("--no-verify", action="store_true",
+                   help="skip only the bitwise tensor probes; index, key coverage, config and sidecar checks still run")
+    s.add_argument("--force", action="store_true",
+                   help="rebuild even over a completed output of another source, base, options or conversion version "
+                   "(never over a directory ckptflow did not build)")
+    s.add_argument("--stage-dir", metavar="DIR", help="where an archived artifact is fetched (default <out>.stage)")
+    s.add_argument("--keep-staged", action="store_true", help="keep the fetched artifact this run staged")
+    s.add_argument("--credentials", help="credentials JSON; default $CKPTFLOW_CREDENTIALS (unused for file://)")
+    s.add_argument("--max-shard-size", default="5GB", metavar="BYTES",
+                   help="largest tensor data per shard: bytes, or with KB/MB/GB/KiB/MiB/GiB (default 5GB); part of the identity")
+    s.set_defaults(func=run)
+
+
+def parse_size(text: str) -> int:
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise UsageError(f"--max-shard-size {text!r} is not a size", remedy="write bytes, e.g. 5000000000 or 5GB or 4GiB")
+    value = int(m.group(1)) * _UNITS[(m.group(2) or "").lower()]
+    if value <= 0:
+        raise UsageError(f"--max-shard-size must be positive, got {text!r}")
+    return value
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from ..materialize import materialize
+
+    credentials = None
+    if args.artifact_uri is not None and not args.artifact_uri.startswith("file://"):
+        credentials = _credentials(args.credentials)
+    result = materialize(
+        base=args.base, out=args.out, ckpt_dir=args.ckpt_dir, artifact_uri=args.artifact_uri,
+        expect_tensors=args.expect_tensors, min_tensors=args.min_tensors, verify_tensors=not args.no_verify,
+        force=args.force, stage_dir=args.stage_dir, keep_staged=args.keep_staged,
+        max_shard_bytes=parse_size(args.max_shard_size), credentials=credentials,
+    )
+    return result.to_report()

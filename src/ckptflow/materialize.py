@@ -1,0 +1,317 @@
+"""``materialize``: build the Hugging Face teacher directory of a checkpoint artifact, staged and identified.
+
+Order of work (each step only after the previous one succeeded; nothing is written before step 5, except
+that step 3 renames back an output a killed swap left aside)::
+
+    1. source identity   --ckpt-dir: the local native manifest's ``model`` file component (size, sha256;
+                         a manifest without a digest -> the file is hashed); --artifact-uri: the remote
+                         native manifest alone (one small GET), no payload
+    2. base identity     sha256 of config.json and of the weight index (or of a lone shard's header)
+    3. decision          on <out> (see below); a crash-orphaned previous tree is renamed back first
+    4. preflight         the base is read and validated, the tensor floor / count checked (torch-free)
+    5. payload           archive: ``archive.reader.fetch_artifact`` into the stage (default <out>.stage),
+                         verified by content hash; local: model.pt re-hashed against the manifest
+    6. staged build      convert into <out>.tmp.<host>.<pid>.<token> beside <out>, verify_output,
+                         hash the shards, write ``.materialized`` inside the staged tree (commit record)
+    7. publish           <out> absent or empty: rename; otherwise swap: <out> -> <out>.previous.<...>,
+                         staged tree -> <out>, then the previous tree is removed (marker first)
+    8. cleanup           the stage paths this invocation created (unless keep_staged)
+
+Decision on <out> (identity = conversion version + source sha256/size + base config/index sha256 +
+identity options; the source URI and the base path are recorded but are not identity):
+
+* absent or an empty directory -> build;
+* ``.materialized`` of the same identity, intact -> **skipped**. Intact means: the marker parses, every
+  shard it lists is a regular file of the recorded size, the index names exactly those shards and the
+  marker's tensor count, and config.json and every sidecar are byte-identical to the base's. Shards are
+  *not* re-hashed on skip: that would read the whole model (tens of GB) on every workflow run; the full
+  check (``verify_output``, shard digests) runs on every build: rebuild with ``force`` or use a fresh <out>;
+* same identity but not intact (a shard missing or resized, a sidecar changed) -> rebuilt (swap);
+* another identity, another conversion version, an older marker protocol or an unreadable marker ->
+  **refused** naming both identities, unless ``force`` (then rebuilt, swap);
+* ``force`` and the same identity -> rebuilt (how an output built with --no-verify gets verified);
+* anything else (a non-empty directory without our marker, a file, a symlink) is foreign -> refused,
+  with or without ``force``: this tool never deletes bytes it did not write.
+
+A refusal writes nothing: <out> stays byte-identical. A failure before the swap removes only the staged
+tree; <out> stays byte-identical. ``flock`` is not trusted (Lustre/GPFS/NFS): correctness comes from the
+unique staged names and renames. Two concurrent requests for one <out> both build; the second rename
+finds <out> taken and re-decides (same identity -> skipped, else refused). Leftovers of killed runs
+(this host, dead pid) are removed by the next run that builds (a superseded previous tree also by a
+skip); an orphaned previous tree (killed between the two
+renames of a swap, <out> absent) is renamed back to <out> before any decision.
+
+Test points (``testhooks``): ``materialize:after-fetch``, ``materialize:after-convert``,
+``materialize:after-marker``, ``materialize:before-swap``, ``materialize:mid-swap`` (old output aside,
+new one not yet in), ``materialize:after-swap`` (before the old tree is removed).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import __version__, testhooks
+from .conversion import (
+    CONVERSION_VERSION,
+    DEFAULT_MIN_TENSORS,
+    VerificationSummary,
+    convert_checkpoint,
+    verify_output,
+)
+from .conversion import shards as hf_shards
+from .conversion import sidecars as hf_sidecars
+from .conversion.source import read_base
+from .digest import hash_files, sha256_bytes, sha256_file
+from .errors import NotFound, Refused, UsageError, VerificationFailed
+from .fsutil import fsync_dir
+from .materialize_output import (
+    Decision,
+    Identity,
+    decide,
+    publish,
+    remove_dead_leftovers,
+    restore_orphaned,
+    staged_tree,
+)
+from .materialize_source import ModelSource, resolve_source
+from .records.inventory import FileEntry
+from .records.materialized import BaseModelIdentity, Materialized, write_materialized
+
+log = logging.getLogger("ckptflow.materialize")
+
+STATUSES = ("built", "skipped")
+
+
+@dataclass
+class MaterializeResult:
+    status: str  # one of STATUSES
+    reason: str
+    out: Path
+    source: ModelSource
+    identity: Identity
+    record: Materialized
+    verification: VerificationSummary | None = None
+    replaced: Identity | None = None
+    fetch: dict | None = None
+    staging: dict | None = None
+    restored: str | None = None
+    removed_leftovers: list[str] = field(default_factory=list)
+
+    def to_report(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "reason": self.reason,
+            "out": str(self.out),
+            "source": self.source.to_report(),
+            "base": self.identity.base.to_dict(),
+            "conversion_version": self.identity.conversion_version,
+            "options": dict(self.identity.options),
+            "tensor_count": self.record.tensor_count,
+            "shards": [e.to_dict() for e in self.record.shards],
+            "verification": self.verification.to_dict() if self.verification is not None else None,
+            "replaced_identity": self.replaced.to_dict() if self.replaced is not None else None,
+            "fetch": self.fetch,
+            "staging": self.staging,
+            "restored": self.restored,
+            "removed_leftovers": self.removed_leftovers,
+            "tool_version": __version__,
+        }
+
+
+# --------------------------------------------------------------------------------------------- identity
+
+
+def base_identity(base_dir: Path) -> BaseModelIdentity:
+    """Digests of the base's config.json and weight index (a lone ``model.safetensors``: its header)."""
+    config = base_dir / hf_sidecars.CONFIG_NAME
+    if not config.is_file():
+        raise NotFound(f"base {base_dir} has no {hf_sidecars.CONFIG_NAME}", path=str(config),
+                       remedy="point --base at a Hugging Face model directory")
+    index = base_dir / hf_shards.INDEX_NAME
+    if index.is_file():
+        index_sha = sha256_file(index).sha256
+    elif (base_dir / hf_shards.SINGLE_NAME).is_file():
+        index_sha = sha256_bytes(_header_bytes(base_dir / hf_shards.SINGLE_NAME))
+    else:
+        raise NotFound(f"base {base_dir} has neither {hf_shards.INDEX_NAME} nor {hf_shards.SINGLE_NAME}",
+                       path=str(base_dir), remedy="point --base at a Hugging Face model directory with safetensors weights")
+    return BaseModelIdentity(str(base_dir), sha256_file(config).sha256, index_sha)
+
+
+def _header_bytes(path: Path) -> bytes:
+    with open(path, "rb") as fh:
+        prefix = fh.read(8)
+        n = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else -1
+        if not 0 <= n <= hf_shards.MAX_HEADER_BYTES:
+            raise VerificationFailed(f"base shard {path} has no valid safetensors header", path=str(path),
+                                     remedy="fix or re-download the base")
+        return prefix + fh.read(n)
+
+
+# --------------------------------------------------------------------------------------------- entry
+
+
+def materialize(
+    *,
+    base: Path | str,
+    out: Path | str,
+    ckpt_dir: Path | str | None = None,
+    artifact_uri: str | None = None,
+    expect_tensors: int = 0,
+    min_tensors: int = DEFAULT_MIN_TENSORS,
+    verify_tensors: bool = True,
+    force: bool = False,
+    stage_dir: Path | str | None = None,
+    keep_staged: bool = False,
+    max_shard_bytes: int = hf_shards.DEFAULT_MAX_SHARD_BYTES,
+    store=None,
+    credentials=None,
+    progress: bool | None = None,
+) -> MaterializeResult:
+    """Build (or reuse) the HF directory ``out`` for one artifact's model.pt and ``base``; see the module doc.
+
+    Exactly one of ``ckpt_dir`` and ``artifact_uri``. ``store`` (optional) is an open store of the URI's
+    bucket; otherwise one is opened with ``credentials`` (a ``Credentials`` or a file path).
+    ``verify_tensors=False`` (--no-verify) skips only the bitwise tensor probes of ``verify_output``.
+    """
+    base_dir, out = Path(os.path.abspath(base)), Path(os.path.abspath(out))
+    stage = _check_arguments(base_dir, out, ckpt_dir, artifact_uri, expect_tensors, min_tensors, stage_dir,
+                             keep_staged, max_shard_bytes)
+    source = resolve_source(ckpt_dir=ckpt_dir, artifact_uri=artifact_uri, store=store, credentials=credentials)
+    wanted = Identity(CONVERSION_VERSION, source.identity, base_identity(base_dir), {"max_shard_bytes": max_shard_bytes})
+    restored = restore_orphaned(out)
+    decision = decide(out, wanted, base_dir, force=force)
+    if decision.action == "skip":
+        return _finish_skip(out, source, wanted, decision, restored)
+
+    _preflight(base_dir, expect_tensors, min_tensors)
+    removed = remove_dead_leftovers(out, include_staged=True)
+    staging: dict | None = None
+    fetched: dict | None = None
+    created_stage: Path | None = None
+    try:
+        if source.kind == "artifact-uri":
+            assert stage is not None
+            created_stage = _first_missing(stage / source.artifact_name)
+            model_pt, fetched, staging = _fetch(source, stage, created_stage is not None, progress)
+        else:
+            model_pt = source.verified_local_path(progress=progress)
+        result = _build(out, model_pt, base_dir, wanted, decision, expect_tensors=expect_tensors,
+                        min_tensors=min_tensors, verify_tensors=verify_tensors, max_shard_bytes=max_shard_bytes,
+                        progress=progress)
+    finally:
+        if created_stage is not None and not keep_staged:
+            shutil.rmtree(created_stage, ignore_errors=True)
+            if staging is not None:
+                staging["kept"] = False
+    record, summary, status, reason = result
+    if status == "skipped":  # a concurrent request published the same identity first
+        return MaterializeResult("skipped", reason, out, source, wanted, record, None, None, fetched, staging,
+                                 restored, removed)
+    return MaterializeResult(status, reason, out, source, wanted, record, summary,
+                             Identity.of(decision.previous) if decision.previous is not None else None,
+                             fetched, staging, restored, removed + remove_dead_leftovers(out, include_staged=False))
+
+
+def _check_arguments(base_dir, out, ckpt_dir, artifact_uri, expect_tensors, min_tensors, stage_dir, keep_staged,
+                     max_shard_bytes) -> Path | None:
+    if (ckpt_dir is None) == (artifact_uri is None):
+        raise UsageError("pass exactly one of --ckpt-dir and --artifact-uri")
+    if ckpt_dir is not None and (stage_dir is not None or keep_staged):
+        raise UsageError("--stage-dir and --keep-staged apply to --artifact-uri only",
+                         remedy="drop them, or materialize from the archive with --artifact-uri")
+    for name, value in (("--expect-tensors", expect_tensors), ("--min-tensors", min_tensors)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise UsageError(f"{name} must be an integer >= 0, got {value!r}")
+    if isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int) or max_shard_bytes <= 0:
+        raise UsageError(f"--max-shard-size must be a positive number of bytes, got {max_shard_bytes!r}")
+    if out == Path(out.anchor):
+        raise UsageError("--out is the file-system root", remedy="name a directory for the teacher")
+    if _overlaps(out, base_dir):
+        raise UsageError(f"--out {out} and --base {base_dir} overlap", remedy="write the teacher outside the base")
+    if ckpt_dir is not None and _overlaps(out, Path(os.path.abspath(ckpt_dir))):
+        raise UsageError(f"--out {out} and --ckpt-dir {ckpt_dir} overlap", remedy="write the teacher elsewhere")
+    if artifact_uri is None:
+        return None
+    stage = Path(os.path.abspath(stage_dir)) if stage_dir is not None else out.with_name(out.name + ".stage")
+    if _overlaps(out, stage) or _overlaps(base_dir, stage):
+        raise UsageError(f"--stage-dir {stage} overlaps --out or --base", remedy="stage beside the output, not in it")
+    return stage
+
+
+def _overlaps(a: Path, b: Path) -> bool:
+    return a == b or a.is_relative_to(b) or b.is_relative_to(a)
+
+
+def _finish_skip(out: Path, source: ModelSource, wanted: Identity, decision: Decision, restored) -> MaterializeResult:
+    removed = remove_dead_leftovers(out, include_staged=False)
+    return MaterializeResult("skipped", decision.reason, out, source, wanted, decision.previous,
+                             restored=restored, removed_leftovers=removed)
+
+
+def _preflight(base_dir: Path, expect_tensors: int, min_tensors: int) -> None:
+    """Torch-free checks of the base before anything is fetched or written (the export has its tensors)."""
+    base = read_base(base_dir)
+    count = len(base.index.weight_map)
+    if count < min_tensors:
+        raise Refused(f"base {base_dir} has {count} tensors, fewer than the floor of {min_tensors} (--min-tensors)",
+                      path=str(base_dir), remedy="check that the base is the full model, or lower --min-tensors")
+    if expect_tensors > 0 and count != expect_tensors:
+        raise Refused(f"base {base_dir} has {count} tensors, --expect-tensors says {expect_tensors}",
+                      path=str(base_dir), remedy="check the base, or fix --expect-tensors")
+
+
+def _fetch(source: ModelSource, stage: Path, created: bool, progress) -> tuple[Path, dict, dict]:
+    from .archive.reader import fetch_artifact
+    from .records.manifest import parse_manifest
+
+    result = fetch_artifact(source.uri, stage, store=source.store, progress=progress)
+    testhooks.reached("materialize:after-fetch")
+    model = parse_manifest(result.plan.manifest_bytes, what=f"manifest fetched from {source.location}").components.get("model")
+    if model is None or (model.path, model.size, getattr(model, "sha256", None)) != (
+            source.model_path, source.identity.size, source.manifest_sha256):
+        raise VerificationFailed(f"the manifest at {source.location} changed while this request ran",
+                                 remedy="rerun the command; an archived manifest is immutable, so check the archive")
+    fetched = {"status": result.status, "path": str(result.path), "downloaded": result.downloaded,
+               "downloaded_bytes": result.downloaded_bytes}
+    staging = {"path": str(result.path), "created": created, "kept": True}
+    return result.path / source.model_path, fetched, staging
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The topmost ancestor of ``path`` (itself included) that does not exist: what a fetch would create."""
+    missing = None
+    for p in (path, *path.parents):
+        if os.path.lexists(p):
+            break
+        missing = p
+    return missing
+
+
+def _build(out: Path, model_pt: Path, base_dir: Path, wanted: Identity, decision: Decision, *, expect_tensors: int,
+           min_tensors: int, verify_tensors: bool, max_shard_bytes: int, progress):
+    with staged_tree(out) as tmp:
+        conversion = convert_checkpoint(model_pt, base_dir, tmp, max_shard_bytes=max_shard_bytes, progress=progress)
+        testhooks.reached("materialize:after-convert")
+        summary = verify_output(tmp, base_dir, model_pt if verify_tensors else None, expect_tensors=expect_tensors,
+                                min_tensors=min_tensors, verify_tensors=verify_tensors)
+        digests = hash_files(tmp, [s.name for s in conversion.shards], progress=progress, desc="materialize sha256")
+        record = Materialized(
+            conversion_version=wanted.conversion_version, source=wanted.source, base=wanted.base,
+            options=wanted.options, shards=tuple(FileEntry(p, d.size, d.sha256) for p, d in digests.items()),
+            tensor_count=conversion.tensor_count,
+        )
+        write_materialized(tmp, record)
+        fsync_dir(tmp)
+        testhooks.reached("materialize:after-marker")
+        testhooks.reached("materialize:before-swap")
+        outcome = publish(tmp, out, wanted, replace=decision.replace)
+    if outcome is not None:  # lost a race to a request of the same identity; ours was discarded
+        return outcome, None, "skipped", "a concurrent request published the same identity first"
+    return record, summary, "built", decision.reason

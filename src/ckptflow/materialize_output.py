@@ -1,0 +1,317 @@
+"""The output side of ``materialize``: the identity of a build, what is at <out>, and the staged swap.
+
+Sibling names beside ``<out>`` (same directory, so every rename stays on one file system)::
+
+    teacher/                                  the output; complete iff it holds .materialized
+    teacher.tmp.<host>.<pid>.<token>/         a staged build (this process's own, never shared)
+    teacher.previous.<host>.<pid>.<token>/    the replaced output during a swap, removed right after
+
+The names carry host and pid because ``flock`` is silently a no-op on some Lustre/GPFS/NFS mounts: no two
+processes can pick the same staged name, and each step that publishes is one ``rename``. A sibling whose
+writer is gone (this host, dead pid) is a leftover of a killed run: a staged tree is removed by the next
+build; a previous tree is renamed back to <out> when <out> is absent (the kill fell between the swap's
+two renames) and removed once <out> is complete again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import re
+import secrets
+import shutil
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import testhooks
+from .conversion import shards as hf_shards
+from .conversion import sidecars as hf_sidecars
+from .errors import CkptflowError, ConflictError, InvalidRecord, NotFound, Refused
+from .fsutil import fsync_dir
+from .records import materialized as marker
+from .records._record import LegacyRecord
+from .records.materialized import BaseModelIdentity, Materialized, SourceIdentity
+
+log = logging.getLogger("ckptflow.materialize")
+
+_active: set[Path] = set()  # staged trees this process is building now (several calls may share a process)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What decides whether an existing output may be reused (``base.path`` and ``source.uri`` are not part of it)."""
+
+    conversion_version: str
+    source: SourceIdentity
+    base: BaseModelIdentity
+    options: dict[str, Any]
+
+    @classmethod
+    def of(cls, record: Materialized) -> Identity:
+        return cls(record.conversion_version, record.source, record.base, dict(record.options))
+
+    def describe(self) -> str:
+        opts = ", ".join(f"{k}={v}" for k, v in sorted(self.options.items()))
+        index = self.base.index_sha256[:12] if self.base.index_sha256 else "none"
+        where = f" from {self.source.uri}" if self.source.uri else ""
+        return (f"[source sha256 {self.source.sha256[:12]} ({self.source.size} bytes{where}), base {self.base.path} "
+                f"(config {self.base.config_sha256[:12]}, index {index}), options {{{opts}}}, "
+                f"conversion {self.conversion_version}]")
+
+    def differences(self, other: Identity) -> list[str]:
+        diffs = []
+        if self.conversion_version != other.conversion_version:
+            diffs.append(f"conversion version {self.conversion_version} -> {other.conversion_version}")
+        if (self.source.sha256, self.source.size) != (other.source.sha256, other.source.size):
+            diffs.append("source model.pt")
+        if self.base.config_sha256 != other.base.config_sha256:
+            diffs.append("base config.json")
+        if self.base.index_sha256 != other.base.index_sha256:
+            diffs.append("base weight index")
+        for name in sorted(set(self.options) | set(other.options)):
+            if self.options.get(name) != other.options.get(name):
+                diffs.append(f"option {name} {self.options.get(name)} -> {other.options.get(name)}")
+        return diffs
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"conversion_version": self.conversion_version, "source": self.source.to_dict(),
+                "base": self.base.to_dict(), "options": dict(self.options)}
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # "skip" or "build"
+    reason: str
+    replace: bool = False  # <out> holds a tree that the build swaps out
+    previous: Materialized | None = None
+
+
+# --------------------------------------------------------------------------------------------- decide
+
+
+def decide(out: Path, wanted: Identity, base_dir: Path, *, force: bool) -> Decision:
+    """Skip, build, or raise ``Refused`` (nothing touched); see ``materialize``'s module doc for the table."""
+    if not os.path.lexists(out):
+        return Decision("build", "no previous output")
+    if out.is_symlink() or not out.is_dir():
+        raise Refused(f"--out {out} exists and is not a directory (a file or a symlink)", path=str(out),
+                      remedy="move it away or choose another --out; ckptflow never deletes what it did not write")
+    path = marker.path_in(out)
+    if not os.path.lexists(path):
+        with os.scandir(out) as entries:
+            empty = next(entries, None) is None
+        if empty:
+            return Decision("build", "empty output directory")
+        raise Refused(f"{out} holds files but no {marker.FILENAME}: it was not built by ckptflow materialize",
+                      path=str(out), remedy="move it away or choose another --out; ckptflow never deletes what it "
+                      "did not write (--force does not change that)")
+    try:
+        if path.is_symlink():
+            raise InvalidRecord(f"{path} is a symlink")
+        old = marker.read_materialized(path)
+    except LegacyRecord as exc:
+        if not force:
+            raise Refused(f"{out} was built by an older materializer ({exc.message}); this request is "
+                          f"{wanted.describe()}", path=str(out),
+                          remedy="rerun with --force to rebuild it with this conversion, or choose another --out") from None
+        return Decision("build", "forced: replaces the output of an older materializer", True)
+    except InvalidRecord as exc:
+        if not force:
+            raise Refused(f"{out}: its {marker.FILENAME} cannot be read ({exc})", path=str(path),
+                          remedy="inspect it; rerun with --force to rebuild over it, or choose another --out") from None
+        return Decision("build", "forced: replaces an output with an unreadable marker", True)
+    have = Identity.of(old)
+    diffs = have.differences(wanted)
+    if diffs:
+        if not force:
+            older = " (outputs of another conversion version must be rebuilt)" if have.conversion_version != \
+                wanted.conversion_version else ""
+            raise Refused(f"{out} holds the completed build {have.describe()}; this request is {wanted.describe()}; "
+                          f"they differ in: {', '.join(diffs)}{older}", path=str(out),
+                          remedy="rerun with --force to replace it, or choose another --out")
+        return Decision("build", f"forced: replaces a build that differs in {', '.join(diffs)}", True, old)
+    if force:
+        return Decision("build", "forced: rebuilds the same request", True, old)
+    damage = damage_of(out, old, base_dir)
+    if damage:
+        return Decision("build", f"rebuilt: {damage}", True, old)
+    return Decision("skip", "the same request's output is complete and intact (marker, shard sizes, index, "
+                    "config and sidecars; shards are not re-hashed)", False, old)
+
+
+def damage_of(out: Path, record: Materialized, base_dir: Path) -> str | None:
+    """Why a marked output is not intact, or None. Cheap: sizes and small files, no shard is read."""
+    for entry in record.shards:
+        path = out / entry.path
+        if path.is_symlink() or not path.is_file():
+            return f"shard {entry.path} is missing"
+        if path.stat().st_size != entry.size:
+            return f"shard {entry.path} has {path.stat().st_size} bytes, the marker says {entry.size}"
+    try:
+        index = hf_shards.read_index(out, what="output")
+    except CkptflowError as exc:
+        return f"its index is unreadable ({exc.message})"
+    if index.path.name != hf_shards.INDEX_NAME:
+        return f"{hf_shards.INDEX_NAME} is missing"
+    if index.shards() != sorted(e.path for e in record.shards) or len(index.weight_map) != record.tensor_count:
+        return f"{hf_shards.INDEX_NAME} does not list the marker's shards and tensor count"
+    try:
+        files = hf_sidecars.list_sidecars(base_dir).files
+        hf_sidecars.check_identical(base_dir, out, files)
+    except CkptflowError as exc:
+        return exc.message
+    return None
+
+
+# --------------------------------------------------------------------------------------------- siblings
+
+
+def _host() -> str:
+    return socket.gethostname().split(".")[0] or "host"
+
+
+def _sibling(out: Path, kind: str) -> Path:
+    return out.with_name(f"{out.name}.{kind}.{_host()}.{os.getpid()}.{secrets.token_hex(4)}")
+
+
+def _dead_siblings(out: Path, kind: str) -> list[Path]:
+    """``kind`` siblings of ``out`` whose writer is gone (this host, dead pid, or this process but idle)."""
+    pattern = re.compile(rf"^{re.escape(out.name)}\.{kind}\.(?P<host>[^./]+)\.(?P<pid>[0-9]+)\.[0-9a-f]{{8}}$")
+    found = []
+    try:
+        with os.scandir(out.parent) as it:
+            entries = list(it)
+    except FileNotFoundError:
+        return []
+    for entry in entries:
+        m = pattern.match(entry.name)
+        if not m or m["host"] != _host() or not entry.is_dir(follow_symlinks=False):
+            continue
+        path = Path(entry.path)
+        if _writer_gone(int(m["pid"])) and path not in _active:
+            found.append(path)
+    return sorted(found)
+
+
+def _writer_gone(pid: int) -> bool:
+    if pid == os.getpid():
+        return True  # ours and not active: an earlier call of this process left it
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _has_marker(tree: Path) -> bool:
+    try:
+        marker.read_materialized(tree)
+    except (InvalidRecord, NotFound, OSError):
+        return False
+    return True
+
+
+def restore_orphaned(out: Path) -> str | None:
+    """<out> absent but a killed swap's previous tree is complete: rename it back. Returns its old path."""
+    if os.path.lexists(out):
+        return None
+    for aside in sorted(_dead_siblings(out, "previous"), key=lambda p: p.stat().st_mtime, reverse=True):
+        if _has_marker(aside):
+            os.rename(aside, out)
+            fsync_dir(out.parent)
+            log.warning("restored %s from %s, left by a killed swap", out, aside)
+            return str(aside)
+    return None
+
+
+def remove_dead_leftovers(out: Path, *, include_staged: bool) -> list[str]:
+    """Remove staged trees (``include_staged``) and, once <out> is complete, previous trees of killed runs."""
+    removed = []
+    if include_staged:
+        for tmp in _dead_siblings(out, "tmp"):
+            shutil.rmtree(tmp)
+            removed.append(str(tmp))
+    if _has_marker(out):
+        for aside in _dead_siblings(out, "previous"):
+            _remove_tree(aside)
+            removed.append(str(aside))
+    for path in removed:
+        log.info("removed %s, left by a killed materialize", path)
+    return removed
+
+
+def _remove_tree(tree: Path) -> None:
+    # The marker goes first: a tree half removed must never look complete (restore_orphaned reads it).
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(marker.path_in(tree))
+    fsync_dir(tree)
+    shutil.rmtree(tree)
+
+
+# --------------------------------------------------------------------------------------------- stage + swap
+
+
+@contextlib.contextmanager
+def staged_tree(out: Path) -> Iterator[Path]:
+    """A fresh, process-unique directory beside ``out``; removed on exit unless it was published."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _sibling(out, "tmp")
+    os.mkdir(tmp)
+    _active.add(tmp)
+    try:
+        yield tmp
+    finally:
+        _active.discard(tmp)
+        if os.path.lexists(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def publish(tmp: Path, out: Path, wanted: Identity, *, replace: bool) -> Materialized | None:
+    """Put the complete staged tree at <out>. Returns None, or the record of a concurrent build of the same
+    identity that took <out> first (then ``tmp`` is left for ``staged_tree`` to remove)."""
+    if not replace:
+        try:
+            os.rename(tmp, out)  # onto an absent path or an empty directory only: never over content
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            return _taken_meanwhile(out, wanted)
+        fsync_dir(out.parent)
+        return None
+    aside = _sibling(out, "previous")
+    os.rename(out, aside)
+    fsync_dir(out.parent)
+    testhooks.reached("materialize:mid-swap")
+    try:
+        os.rename(tmp, out)
+    except OSError as exc:
+        try:
+            os.rename(aside, out)
+        except OSError:
+            raise ConflictError(f"{out} was created by another process during the swap ({exc.strerror})",
+                                path=str(out), remedy=f"the previous output is kept at {aside}; inspect both") from None
+        raise
+    fsync_dir(out.parent)
+    testhooks.reached("materialize:after-swap")
+    _remove_tree(aside)
+    return None
+
+
+def _taken_meanwhile(out: Path, wanted: Identity) -> Materialized:
+    try:
+        other = marker.read_materialized(out)
+    except (InvalidRecord, NotFound):
+        raise ConflictError(f"{out} was filled by another process while this request built",
+                            path=str(out), remedy="inspect it; rerun the command to decide again") from None
+    have = Identity.of(other)
+    if have.differences(wanted):
+        raise Refused(f"{out} was published meanwhile by another request {have.describe()}; this request is "
+                      f"{wanted.describe()}", path=str(out), remedy="rerun with --force to replace it, or choose another --out")
+    return other

@@ -1,0 +1,106 @@
+"""Helpers for the materialize tests: tiny real artifacts built once per session, tree snapshots, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import tiny_models as tm
+from ckptflow.artifact import ComponentSpec, seal_artifact
+
+REPO = Path(__file__).resolve().parents[2]
+# Tiny bases hold a few dozen tensors: the default floor of 800 would refuse them.
+MIN = 1
+SHARD_CAP = 100_000  # several shards per tiny export
+# What every in-process call passes unless a test says otherwise.
+DEFAULTS = {"min_tensors": MIN, "max_shard_bytes": SHARD_CAP, "progress": False}
+
+
+class Models:
+    """Tiny bases and sealed artifacts (``checkpoint_artifacts/iter_000300`` with model.pt), each built once.
+
+    ``artifact(kind, seed)``: the base's weights perturbed with ``seed``, so two seeds are two sources of
+    the same shapes. Everything here is shared and read-only by convention: tests copy what they damage.
+    """
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._bases: dict[str, Path] = {}
+        self._states: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
+        self._artifacts: dict[tuple[str, int], Path] = {}
+
+    def base(self, kind: str = "qwen3") -> Path:
+        if kind not in self._bases:
+            self._bases[kind] = tm.build_tiny_base(kind, self.root / "bases" / kind)
+        return self._bases[kind]
+
+    def state_dict(self, kind: str = "qwen3", seed: int = 1) -> dict[str, torch.Tensor]:
+        if (kind, seed) not in self._states:
+            self._states[kind, seed] = tm.perturbed(tm.in_memory_state_dict(self.base(kind)), scale=0.02, seed=seed)
+        return self._states[kind, seed]
+
+    def artifact(self, kind: str = "qwen3", seed: int = 1) -> Path:
+        if (kind, seed) not in self._artifacts:
+            art = self.root / "runs" / f"{kind}-{seed}" / "checkpoint_artifacts" / "iter_000300"
+            tm.save_consolidated(self.state_dict(kind, seed), art / "model.pt")
+            seal_artifact(art, 300, [ComponentSpec("model", "model.pt")], progress=False)
+            self._artifacts[kind, seed] = art
+        return self._artifacts[kind, seed]
+
+
+def copy_tree(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def tree_state(root: Path) -> dict[str, tuple]:
+    """Every entry under ``root``: files by content and mtime, directories by mtime, links by target."""
+    out: dict[str, tuple] = {}
+    if not os.path.lexists(root):
+        return out
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        st = path.lstat()
+        if path.is_symlink():
+            out[rel] = ("link", os.readlink(path))
+        elif path.is_dir():
+            out[rel] = ("dir", st.st_mtime_ns)
+        else:
+            out[rel] = ("file", path.read_bytes(), st.st_mtime_ns, st.st_ino)
+    return out
+
+
+def siblings(out: Path) -> list[str]:
+    """Entries beside ``out`` whose name starts with ``out``'s (staged, previous, stage directories)."""
+    return sorted(p.name for p in out.parent.iterdir() if p.name.startswith(out.name + "."))
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "CKPTFLOW_PROGRESS": "0", **extra}
+
+
+def cli_args(source: Path | str, base: Path, out: Path, *more: str) -> list[str]:
+    flag = "--artifact-uri" if "://" in str(source) else "--ckpt-dir"
+    return ["materialize", flag, str(source), "--base", str(base), "--out", str(out),
+            "--min-tensors", str(MIN), "--max-shard-size", str(SHARD_CAP), *more]
+
+
+def run_cli(args: list[str], *, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """The real ``python -m ckptflow``; stdout must be exactly one JSON report (parsed into ``.report``)."""
+    proc = subprocess.run([sys.executable, "-m", "ckptflow", *args], capture_output=True, text=True,
+                          env=env or cli_env(), timeout=timeout, cwd=REPO)
+    proc.report = json.loads(proc.stdout) if proc.stdout.strip() else None  # type: ignore[attr-defined]
+    if proc.report is not None:
+        assert proc.stdout.count("\n") == 1, proc.stdout
+    return proc
+
+
+def start_cli(args: list[str], *, env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "ckptflow", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)

@@ -1,0 +1,145 @@
+"""An archived source: the skip decision reads the remote manifest only; payloads are fetched only to build."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from materialize_helpers import DEFAULTS, cli_args, copy_tree, run_cli, siblings, tree_state
+
+from ckptflow.archive.publisher import publish_artifact
+from ckptflow.errors import NotFound, Refused
+from ckptflow.materialize import materialize
+from ckptflow.records import materialized as marker
+from ckptflow.records._json import validate
+from ckptflow.store import LocalStore, load_credentials
+from ckptflow.store.s3 import S3Store
+
+UPLOAD_PREFIX = "proj/group/run1/20261129T000000Z/checkpoints"
+ARTIFACT_PREFIX = "proj/group/run1/20261129T000000Z/checkpoint_artifacts/iter_000300"
+
+
+class GetCounter:
+    """Counts S3 GetObject calls per key on a real store's botocore client."""
+
+    def __init__(self, store: S3Store):
+        self.keys: list[str] = []
+        store._client.meta.events.register("before-parameter-build.s3.GetObject", self._seen)
+
+    def _seen(self, params, **kwargs):
+        self.keys.append(params["Key"])
+
+    def count(self, suffix: str) -> int:
+        return sum(1 for k in self.keys if k.endswith(suffix))
+
+
+def published_copy(models, tmp_path, store, seed: int = 1) -> None:
+    """Publish a copy of the tiny artifact, then delete the local copy: only the archive has it."""
+    art = copy_tree(models.artifact("qwen3", seed), tmp_path / f"local{seed}" / "checkpoint_artifacts" / "iter_000300")
+    publish_artifact(art, store, UPLOAD_PREFIX, progress=False)
+    shutil.rmtree(tmp_path / f"local{seed}")
+
+
+@pytest.fixture
+def sw(seaweedfs_bucket, seaweedfs_credentials_path) -> S3Store:
+    return S3Store(seaweedfs_bucket, load_credentials(seaweedfs_credentials_path))
+
+
+@pytest.mark.seaweedfs
+def test_archive_source_builds_then_skips_without_a_payload_get(models, tmp_path, sw, seaweedfs_bucket):
+    published_copy(models, tmp_path, sw)
+    uri = f"s3://{seaweedfs_bucket}/{ARTIFACT_PREFIX}"
+    out = tmp_path / "teacher"
+    gets = GetCounter(sw)
+
+    built = materialize(artifact_uri=uri, base=models.base(), out=out, store=sw, **DEFAULTS)
+    report = built.to_report()
+    validate(report, "report_materialize", what="materialize report")
+    assert report["status"] == "built" and report["fetch"]["downloaded"] == ["model.pt"]
+    assert report["staging"] == {"path": str(tmp_path / "teacher.stage" / "iter_000300"), "created": True, "kept": False}
+    assert gets.count("/model.pt") >= 1
+    assert siblings(out) == []  # the stage this run created is gone
+    record = marker.read_materialized(out)
+    assert record.source.uri == uri
+
+    gets.keys.clear()
+    skipped = materialize(artifact_uri=uri, base=models.base(), out=out, store=sw, **DEFAULTS)
+    assert skipped.status == "skipped"
+    assert gets.count("/model.pt") == 0  # the skip made no payload GET …
+    assert gets.keys == [f"{ARTIFACT_PREFIX}/.posttrain-checkpoint-artifact.json"]  # … only the manifest's
+    assert siblings(out) == []  # and staged nothing
+
+
+@pytest.mark.seaweedfs
+def test_cli_materializes_from_seaweedfs_with_credentials(models, tmp_path, sw, seaweedfs_bucket,
+                                                          seaweedfs_credentials_path):
+    published_copy(models, tmp_path, sw)
+    out = tmp_path / "teacher"
+    uri = f"s3://{seaweedfs_bucket}/{ARTIFACT_PREFIX}"
+    proc = run_cli(cli_args(uri, models.base(), out, "--credentials", str(seaweedfs_credentials_path), "--keep-staged"))
+    assert proc.returncode == 0, proc.stderr
+    validate(proc.report, "report_materialize", what="materialize report")
+    assert proc.report["status"] == "built" and proc.report["source"]["uri"] == uri
+    assert proc.report["staging"]["kept"] is True and siblings(out) == ["teacher.stage"]
+    # A request with other identity options is refused on the marker alone, nothing fetched or touched.
+    before = tree_state(out)
+    proc = run_cli(cli_args(uri, models.base(), out, "--credentials", str(seaweedfs_credentials_path),
+                            "--max-shard-size", "1MB"))
+    assert proc.returncode == 1 and proc.report["status"] == "refused"
+    assert "option max_shard_bytes" in proc.report["error"]["message"]
+    assert tree_state(out) == before
+
+
+def file_archive(models, tmp_path, seed: int = 1) -> str:
+    (tmp_path / "archive").mkdir(exist_ok=True)
+    store = LocalStore(tmp_path / "archive")
+    published_copy(models, tmp_path, store, seed)
+    return f"file://{tmp_path / 'archive' / ARTIFACT_PREFIX}"
+
+
+def test_local_and_archived_copies_of_one_model_are_the_same_identity(models, tmp_path):
+    uri = file_archive(models, tmp_path)
+    out = tmp_path / "teacher"
+    assert materialize(ckpt_dir=models.artifact(), base=models.base(), out=out, **DEFAULTS).status == "built"
+    result = materialize(artifact_uri=uri, base=models.base(), out=out, **DEFAULTS)
+    assert result.status == "skipped"  # the URI is recorded, not part of the identity
+    assert not (tmp_path / "teacher.stage").exists()
+
+
+def test_existing_stage_is_reused_and_kept(models, tmp_path):
+    uri = file_archive(models, tmp_path)
+    stage = tmp_path / "stage"
+    (stage / "keep-me").mkdir(parents=True)
+    out = tmp_path / "teacher"
+    result = materialize(artifact_uri=uri, base=models.base(), out=out, stage_dir=stage, **DEFAULTS)
+    assert result.staging == {"path": str(stage / "iter_000300"), "created": True, "kept": False}
+    assert sorted(p.name for p in stage.iterdir()) == ["keep-me"]  # only what this run created went
+
+    shutil.rmtree(out)
+    from ckptflow.archive.reader import fetch_artifact
+
+    fetch_artifact(uri, stage)  # someone fetched it before: not this invocation's to remove
+    result = materialize(artifact_uri=uri, base=models.base(), out=out, stage_dir=stage, **DEFAULTS)
+    assert result.fetch["status"] == "already-staged" and result.fetch["downloaded"] == []
+    assert result.staging == {"path": str(stage / "iter_000300"), "created": False, "kept": True}
+    assert (stage / "iter_000300" / "model.pt").is_file()
+
+
+def test_archive_without_a_manifest_is_named(models, tmp_path):
+    (tmp_path / "archive" / "iter_000300").mkdir(parents=True)
+    with pytest.raises(NotFound, match="no committed artifact"):
+        materialize(artifact_uri=f"file://{tmp_path / 'archive' / 'iter_000300'}", base=models.base(),
+                    out=tmp_path / "teacher", **DEFAULTS)
+    assert not (tmp_path / "teacher.stage").exists()
+
+
+def test_archived_other_source_is_refused_without_fetching(models, tmp_path):
+    out = tmp_path / "teacher"
+    materialize(ckpt_dir=models.artifact(), base=models.base(), out=out, **DEFAULTS)
+    uri = file_archive(models, tmp_path, seed=2)
+    before = tree_state(out)
+    with pytest.raises(Refused, match=r"source model\.pt"):
+        materialize(artifact_uri=uri, base=models.base(), out=out, **DEFAULTS)
+    assert tree_state(out) == before
+    assert siblings(out) == []
+

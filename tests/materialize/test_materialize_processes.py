@@ -1,0 +1,103 @@
+"""Real processes: kill -9 at named points then rerun; two requests racing for one --out."""
+
+from __future__ import annotations
+
+import pytest
+from materialize_helpers import DEFAULTS, cli_args, cli_env, run_cli, siblings, start_cli, tree_state
+
+from ckptflow.digest import sha256_file
+from ckptflow.errors import Refused
+from ckptflow.materialize import materialize
+from ckptflow.records import materialized as marker
+
+
+def sha_of(models, seed: int) -> str:
+    return sha256_file(models.artifact("qwen3", seed) / "model.pt").sha256
+
+
+def rerun(models, out, seed: int, **kw):
+    return materialize(ckpt_dir=models.artifact("qwen3", seed), base=models.base(), out=out, **{**DEFAULTS, **kw})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["after-convert", "before-swap", "mid-swap", "after-swap"])
+def test_kill_during_a_forced_replacement_never_loses_the_old_output(models, tmp_path, point):
+    out = tmp_path / "teacher"
+    rerun(models, out, seed=1)
+    old = tree_state(out)
+    proc = run_cli(cli_args(models.artifact("qwen3", 2), models.base(), out, "--force"),
+                   env=cli_env(CKPTFLOW_TEST_KILL_AT=f"materialize:{point}"))
+    assert proc.returncode == -9, proc.stderr
+
+    if point == "mid-swap":  # <out> is absent: the old tree waits beside it, complete
+        assert not out.exists()
+        (aside,) = [out.parent / n for n in siblings(out) if n.startswith("teacher.previous.")]
+        assert tree_state(aside) == old
+    elif point == "after-swap":  # the new tree is in; the old one not yet removed
+        assert marker.read_materialized(out).source.sha256 == sha_of(models, 2)
+        (aside,) = [str(out.parent / n) for n in siblings(out) if n.startswith("teacher.previous.")]
+        skipped = rerun(models, out, seed=2)  # the same request skips, and drops the superseded tree
+        assert skipped.status == "skipped" and skipped.removed_leftovers == [aside]
+    else:
+        assert tree_state(out) == old
+    if point != "after-swap":
+        # A rerun that is refused still gets the old output back, byte for byte, and changes nothing else.
+        with pytest.raises(Refused, match=r"source model\.pt"):
+            rerun(models, out, seed=2)
+        assert tree_state(out) == old
+
+    result = rerun(models, out, seed=2, force=True)
+    assert result.status == "built"
+    assert marker.read_materialized(out).source.sha256 == sha_of(models, 2)
+    assert siblings(out) == []  # the killed run's staged and previous trees are gone
+    assert rerun(models, out, seed=2).status == "skipped"
+
+
+@pytest.mark.slow
+def test_kill_before_the_first_publication_then_the_same_command_completes(models, tmp_path):
+    out = tmp_path / "teacher"
+    args = cli_args(models.artifact("qwen3", 1), models.base(), out)
+    proc = run_cli(args, env=cli_env(CKPTFLOW_TEST_KILL_AT="materialize:after-marker"))
+    assert proc.returncode == -9
+    assert not out.exists() and [n.split(".")[1] for n in siblings(out)] == ["tmp"]
+    proc = run_cli(args)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.report["status"] == "built" and len(proc.report["removed_leftovers"]) == 1
+    assert siblings(out) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("same", [True, False])
+def test_racing_requests_for_one_out_never_overwrite_each_other(models, tmp_path, same):
+    out = tmp_path / "teacher"
+    flag = tmp_path / "paused"
+    slow = start_cli(cli_args(models.artifact("qwen3", 1 if same else 2), models.base(), out),
+                     env=cli_env(CKPTFLOW_TEST_PAUSE_AT="materialize:before-swap", CKPTFLOW_TEST_PAUSE_FILE=str(flag)))
+    try:
+        _wait_for(flag, slow)
+        assert rerun(models, out, seed=1).status == "built"  # the other request publishes first
+        winner = tree_state(out)
+        flag.unlink()
+        stdout, stderr = slow.communicate(timeout=300)
+    finally:
+        if slow.poll() is None:
+            slow.kill()
+            slow.wait()
+    if same:
+        assert slow.returncode == 0, stderr
+        assert '"status": "skipped"' in stdout and "concurrent request" in stdout
+    else:
+        assert slow.returncode == 1 and "published meanwhile" in stderr
+    assert tree_state(out) == winner
+    assert siblings(out) == []  # the loser removed its own staged tree
+
+
+def _wait_for(flag, proc, timeout: float = 120) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not flag.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"process exited ({proc.returncode}) before pausing: {proc.stderr.read()}")
+        assert time.monotonic() < deadline, "process did not reach its pause point"
+        time.sleep(0.05)
