@@ -1,11 +1,17 @@
-"""Shared pieces of the transfer benchmarks: random payload files and a raw boto3 peer client."""
+"""Shared pieces of the transfer benchmarks: payloads, a sealed artifact, a raw boto3 peer, child runs."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 import boto3
+
+from ckptflow.artifact import ComponentSpec, seal_artifact
 
 MiB = 1024 * 1024
 
@@ -30,3 +36,49 @@ def raw_client(creds, config):
         region_name=creds.region_name or "us-east-1",
         config=config,
     )
+
+
+def make_artifact(root: Path, model_mib: int, shard_mib: int, shards: int) -> Path:
+    art = root / "run" / "checkpoint_artifacts" / "iter_000001"
+    (art / "optim").mkdir(parents=True)
+    write_random(art / "model.pt", model_mib * MiB)
+    (art / "optim" / ".metadata").write_bytes(os.urandom(4096))
+    for i in range(shards):
+        write_random(art / "optim" / f"__{i}_0.distcp", shard_mib * MiB)
+    seal_artifact(art, 1, [ComponentSpec("model", "model.pt"), ComponentSpec("optim", "optim")], progress=False)
+    return art
+
+
+def hwm_kib(pid: int) -> int:
+    """The process's own peak RSS so far (``VmHWM``; 0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return 0
+
+
+def run_child(args: list[str]) -> tuple[float, int, str]:
+    """Run ``python args...``; its wall time, its own peak RSS in KiB and its stdout.
+
+    The peak is ``VmHWM`` read every 20 ms until the child exits: the ``ru_maxrss`` that ``wait4`` or
+    ``RUSAGE_CHILDREN`` report starts from the *parent's* RSS at fork (Linux carries the high-water mark
+    across exec), which would report this script's own memory instead of the child's.
+    """
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, *args], stdout=out, stderr=err,
+                                env={**os.environ, "CKPTFLOW_PROGRESS": "0"})
+        peak = 0
+        while proc.poll() is None:
+            peak = max(peak, hwm_kib(proc.pid))
+            time.sleep(0.02)
+        elapsed = time.perf_counter() - t
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode != 0:
+            raise SystemExit(f"{args[:3]} failed: {err.read()}")
+        return elapsed, peak, out.read()

@@ -16,21 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
 from boto3.s3.transfer import TransferConfig
 
-from benchlib import MiB, raw_client, write_random
+from benchlib import MiB, make_artifact, raw_client, run_child
 from ckptflow.archive.publisher import publish_artifact
-from ckptflow.artifact import ComponentSpec, seal_artifact
 from ckptflow.records import declaration as declaration_record
 from ckptflow.store import base
 from ckptflow.store.credentials import load_credentials
@@ -39,52 +35,6 @@ from ckptflow.store.transfer import DEFAULT_RANGE_SIZE
 
 UPLOAD_PREFIX = "bench/run/20260101T000000Z/checkpoints"
 ARTIFACT_PREFIX = "bench/run/20260101T000000Z/checkpoint_artifacts/iter_000001"
-
-
-def _make_artifact(root: Path, model_mib: int, shard_mib: int, shards: int) -> Path:
-    art = root / "run" / "checkpoint_artifacts" / "iter_000001"
-    (art / "optim").mkdir(parents=True)
-    write_random(art / "model.pt", model_mib * MiB)
-    (art / "optim" / ".metadata").write_bytes(os.urandom(4096))
-    for i in range(shards):
-        write_random(art / "optim" / f"__{i}_0.distcp", shard_mib * MiB)
-    seal_artifact(art, 1, [ComponentSpec("model", "model.pt"), ComponentSpec("optim", "optim")], progress=False)
-    return art
-
-
-def _hwm_kib(pid: int) -> int:
-    """The process's own peak RSS so far (``VmHWM``; 0 once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except (FileNotFoundError, ProcessLookupError):
-        pass
-    return 0
-
-
-def _child(args: list[str]) -> tuple[float, int, str]:
-    """Run ``python args...``; its wall time, its own peak RSS in KiB and its stdout.
-
-    The peak is ``VmHWM`` read every 20 ms until the child exits: the ``ru_maxrss`` that ``wait4`` or
-    ``RUSAGE_CHILDREN`` report starts from the *parent's* RSS at fork (Linux carries the high-water mark
-    across exec), which would report this script's own memory instead of the child's.
-    """
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        t = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, *args], stdout=out, stderr=err,
-                                env={**os.environ, "CKPTFLOW_PROGRESS": "0"})
-        peak = 0
-        while proc.poll() is None:
-            peak = max(peak, _hwm_kib(proc.pid))
-            time.sleep(0.02)
-        elapsed = time.perf_counter() - t
-        out.seek(0)
-        err.seek(0)
-        if proc.returncode != 0:
-            raise SystemExit(f"{args[:3]} failed: {err.read()}")
-        return elapsed, peak, out.read()
 
 
 def _raw_child(args: argparse.Namespace) -> int:
@@ -126,7 +76,7 @@ def main() -> int:
     ck_t: list[float] = []
     peaks: dict[str, int] = {"raw": 0, "ckptflow": 0}
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
-        art = _make_artifact(Path(tmp), args.model_mib, args.shard_mib, args.shards)
+        art = make_artifact(Path(tmp), args.model_mib, args.shard_mib, args.shards)
         publish_artifact(art, store, UPLOAD_PREFIX, progress=False)
         shutil.rmtree(art.parent.parent)  # only the archive remains: page cache holds no source copy
         declared = declaration_record.parse_declaration(store.get_bytes(f"{ARTIFACT_PREFIX}/.posttrain-archive.json"))
@@ -136,14 +86,14 @@ def main() -> int:
         paths = json.dumps([e.path for e in sorted(files, key=lambda e: -e.size)])
         for run in range(args.runs):
             out = Path(tmp) / f"raw-{run}"
-            elapsed, peak, _ = _child([__file__, "--raw-child", "--credentials", args.credentials, "--bucket", bucket,
+            elapsed, peak, _ = run_child([__file__, "--raw-child", "--credentials", args.credentials, "--bucket", bucket,
                                        "--paths", paths, "--out", str(out)])
             raw_t.append(elapsed)
             peaks["raw"] = max(peaks["raw"], peak)
             shutil.rmtree(out)
 
             stage = Path(tmp) / f"stage-{run}"
-            elapsed, peak, stdout = _child(["-m", "ckptflow", "fetch", "--artifact-uri", uri, "--dst", str(stage),
+            elapsed, peak, stdout = run_child(["-m", "ckptflow", "fetch", "--artifact-uri", uri, "--dst", str(stage),
                                             "--credentials", args.credentials])
             report = json.loads(stdout)
             assert report["status"] == "fetched" and report["downloaded_bytes"] == total, report

@@ -9,11 +9,14 @@ Then, for ``avg`` and ``tv`` (lam 1.0), each tool runs in its own process:
 * mergekit (with ``--mergekit-python``, a separate venv): ``linear`` / ``task_arithmetic`` with
   ``dtype: float32, out_dtype: bfloat16``.
 
-Each process's wall time, peak RSS (``VmHWM``, mapped file pages included) and peak anonymous RSS
+Each process's wall time (median of ``--runs``; the machine may be shared, so CPU seconds are given too), peak RSS (``VmHWM``, mapped file pages included) and peak anonymous RSS
 (``RssAnon``), both sampled every 5 ms, are printed with the ratios to ckptflow, and every tool's output
 tensors are compared bit for bit with ckptflow's. Prints one JSON object on stdout.
 
-    python bench/merge.py [--size-gib 1.0] [--mergekit-python /tmp/mk/bin/python] [--workdir DIR]
+    python bench/merge.py [--size-gib 1.0] [--runs 3] [--mergekit-python /tmp/mk/bin/python] [--workdir DIR]
+
+mergekit lives in its own venv; it installs only with torch pinned in the same command:
+``python -m venv /tmp/mk && /tmp/mk/bin/pip install torch==2.13.0 mergekit``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -116,7 +121,8 @@ def _write_hf(sd: dict[str, torch.Tensor], directory: Path) -> None:
 
 
 def measure(cmd: list[str], env: dict | None = None) -> dict:
-    """Run ``cmd``; wall time, ru_maxrss of that child, and sampled peak RssAnon."""
+    """Run ``cmd``: wall time and peak VmHWM / RssAnon of that process (sampled every 5 ms)."""
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "CKPTFLOW_PROGRESS": "0", **(env or {})})
@@ -138,16 +144,16 @@ def measure(cmd: list[str], env: dict | None = None) -> dict:
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    out_bytes, err_bytes = proc.stdout.read(), proc.stderr.read()
-    _, status, _ = os.wait4(proc.pid, 0)
+    _, err_bytes = proc.communicate()
     wall = time.perf_counter() - start
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the child was reaped by communicate()
+    cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
     done.set()
     sampler.join()
-    proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise SystemExit(f"{cmd[:4]} failed ({proc.returncode}): {err_bytes.decode()[-2000:]}")
-    return {"wall_s": round(wall, 2), "peak_rss_mib": round(peak["VmHWM:"] / MiB),
-            "peak_rss_anon_mib": round(peak["RssAnon:"] / MiB), "stdout": out_bytes.decode()}
+    return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "peak_rss_mib": round(peak["VmHWM:"] / MiB),
+            "peak_rss_anon_mib": round(peak["RssAnon:"] / MiB)}
 
 
 def _mergekit_config(mode: str, base: Path, dirs: list[Path]) -> str:
@@ -171,47 +177,72 @@ def compare(reference: dict[str, torch.Tensor], other: dict[str, torch.Tensor]) 
     )
 
 
+def _tools(mode: str, runs_dir: Path, base: Path, pts: list[Path], dirs: list[Path], mergekit: str | None):
+    """(name, command, env, output reader) for each tool; each run writes into a fresh directory."""
+    out = runs_dir / "ckptflow" / "iter_000001" / "model.pt"
+    cmd = [sys.executable, "-m", "ckptflow", "merge", "--mode", mode, "--experts", ",".join(map(str, pts)),
+           "--out", str(out)]
+    if mode == "tv":
+        cmd += ["--base", str(base), "--lam", "1.0"]
+    plain = runs_dir / "baseline.pt"
+    tools = [
+        ("ckptflow", cmd, None, lambda: torch.load(out, map_location="cpu", mmap=True, weights_only=True)["net"]),
+        ("torch_load_baseline", [sys.executable, "-c", BASELINE, mode, str(plain), str(base), *map(str, pts)], None,
+         lambda: torch.load(plain, map_location="cpu", mmap=True, weights_only=True)["net"]),
+    ]
+    if mergekit:
+        cfg = runs_dir / "mergekit.yml"
+        mk_out = runs_dir / "mergekit"
+        tools.append(("mergekit", [mergekit, "-m", "mergekit.scripts.run_yaml", str(cfg), str(mk_out)],
+                      {"CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"}, lambda: _read_hf(mk_out)))
+        cfg.parent.mkdir(parents=True, exist_ok=True)
+        cfg.write_text(_mergekit_config(mode, base, dirs))
+    return tools
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-gib", type=float, default=1.0, help="approximate size of the model (default 1.0)")
     ap.add_argument("--workdir", default=None, help="inputs are kept here between runs (default: a temp dir)")
     ap.add_argument("--mergekit-python", default=None, help="python of a venv with mergekit installed")
     ap.add_argument("--modes", default="avg,tv")
+    ap.add_argument("--runs", type=int, default=3, help="interleaved runs per tool; the median time is reported")
     args = ap.parse_args()
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="ckptflow-bench-merge-"))
     work.mkdir(parents=True, exist_ok=True)
     base, pts, dirs = build_inputs(work, args.size_gib)
-    results: dict = {"model_bytes": pts[0].stat().st_size, "experts": 3, "modes": {}}
+    results: dict = {"model_bytes": pts[0].stat().st_size, "experts": 3, "runs": args.runs, "modes": {}}
     for mode in args.modes.split(","):
         runs_dir = work / f"runs-{mode}"
-        shutil.rmtree(runs_dir, ignore_errors=True)
-        out = runs_dir / "ckptflow" / "iter_000001" / "model.pt"
-        cmd = [sys.executable, "-m", "ckptflow", "merge", "--mode", mode, "--experts", ",".join(map(str, pts)),
-               "--out", str(out)]
-        if mode == "tv":
-            cmd += ["--base", str(base), "--lam", "1.0"]
-        row = {"ckptflow": measure(cmd)}
-        row["ckptflow"].pop("stdout")
-        reference = torch.load(out, map_location="cpu", mmap=True, weights_only=True)["net"]
-
-        plain = runs_dir / "baseline.pt"
-        row["torch_load_baseline"] = measure([sys.executable, "-c", BASELINE, mode, str(plain), str(base), *map(str, pts)])
-        row["torch_load_baseline"]["identical"] = compare(reference, torch.load(plain, mmap=True, weights_only=True)["net"])
-        if args.mergekit_python:
-            cfg = runs_dir / "mergekit.yml"
-            cfg.write_text(_mergekit_config(mode, base, dirs))
-            mk_out = runs_dir / "mergekit"
-            row["mergekit"] = measure([args.mergekit_python, "-m", "mergekit.scripts.run_yaml", str(cfg), str(mk_out)],
-                                      env={"CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"})
-            row["mergekit"]["identical"] = compare(reference, _read_hf(mk_out))
+        samples: dict[str, list[dict]] = {}
+        identical: dict[str, bool] = {}
+        for _ in range(args.runs):  # tools interleaved, so machine noise hits all of them alike
+            shutil.rmtree(runs_dir, ignore_errors=True)
+            tools = _tools(mode, runs_dir, base, pts, dirs, args.mergekit_python)
+            outputs = {}
+            for name, cmd, env, read in tools:
+                samples.setdefault(name, []).append(measure(cmd, env))
+                outputs[name] = read()
+            for name, merged in outputs.items():
+                identical[name] = identical.get(name, True) and compare(outputs["ckptflow"], merged)
+        row = {
+            name: {
+                "wall_s": statistics.median(r["wall_s"] for r in rs),
+                "cpu_s": statistics.median(r["cpu_s"] for r in rs),
+                "peak_rss_mib": max(r["peak_rss_mib"] for r in rs),
+                "peak_rss_anon_mib": max(r["peak_rss_anon_mib"] for r in rs),
+                "identical_to_ckptflow": identical[name],
+            }
+            for name, rs in samples.items()
+        }
+        ours = row["ckptflow"]
         for name, r in row.items():
-            r.pop("stdout", None)
             if name != "ckptflow":
-                r["ckptflow_time_ratio"] = round(row["ckptflow"]["wall_s"] / r["wall_s"], 3)
-                r["ckptflow_peak_rss_ratio"] = round(row["ckptflow"]["peak_rss_mib"] / max(1, r["peak_rss_mib"]), 3)
-                r["ckptflow_peak_rss_anon_ratio"] = round(
-                    row["ckptflow"]["peak_rss_anon_mib"] / max(1, r["peak_rss_anon_mib"]), 3)
+                r["ckptflow_time_ratio"] = round(ours["wall_s"] / r["wall_s"], 3)
+                r["ckptflow_cpu_ratio"] = round(ours["cpu_s"] / r["cpu_s"], 3)
+                r["ckptflow_peak_rss_ratio"] = round(ours["peak_rss_mib"] / max(1, r["peak_rss_mib"]), 3)
+                r["ckptflow_peak_rss_anon_ratio"] = round(ours["peak_rss_anon_mib"] / max(1, r["peak_rss_anon_mib"]), 3)
         results["modes"][mode] = row
         shutil.rmtree(runs_dir, ignore_errors=True)
     print(json.dumps(results, indent=2, sort_keys=True))

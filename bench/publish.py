@@ -2,8 +2,8 @@
 
 The artifact: a 1.5 GiB ``model.pt`` and 8 DCP shards (2 GiB in all). ckptflow's run includes
 everything publication does — hashing every file, the create-once declaration, uploads with sha256
-metadata, HEAD verification, the manifest commit and the receipt — in a child process whose peak RSS
-is reported. The peer uploads the same files with ``upload_file`` at the same concurrency (8) and
+metadata, HEAD verification, the manifest commit and the receipt — in a child process whose own
+peak RSS (VmHWM, sampled) is reported. The peer uploads the same files with ``upload_file`` at the same concurrency (8) and
 part size, no hashing. Runs are interleaved, medians printed as JSON. Targets: time ratio ≤ 1.15,
 publish peak RSS < 300 MiB.
 
@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,37 +23,16 @@ from pathlib import Path
 
 from boto3.s3.transfer import TransferConfig
 
-from benchlib import MiB, raw_client, write_random
-from ckptflow.artifact import ComponentSpec, seal_artifact
+from benchlib import MiB, make_artifact, raw_client, run_child
 from ckptflow.store import base
 from ckptflow.store.credentials import load_credentials
 from ckptflow.store.s3 import S3Store
 
 
-def _make_artifact(root: Path, model_mib: int, shard_mib: int, shards: int) -> Path:
-    art = root / "run" / "checkpoint_artifacts" / "iter_000001"
-    (art / "optim").mkdir(parents=True)
-    write_random(art / "model.pt", model_mib * MiB)
-    (art / "optim" / ".metadata").write_bytes(os.urandom(4096))
-    for i in range(shards):
-        write_random(art / "optim" / f"__{i}_0.distcp", shard_mib * MiB)
-    seal_artifact(art, 1, [ComponentSpec("model", "model.pt"), ComponentSpec("optim", "optim")], progress=False)
-    return art
-
-
 def _publish_child(art: Path, bucket: str, creds: str, prefix: str) -> tuple[float, int]:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    t = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "ckptflow", "publish", "--artifact-dir", str(art), "--upload-prefix", prefix,
-         "--bucket", bucket, "--credentials", creds],
-        capture_output=True, text=True, env={**os.environ, "CKPTFLOW_PROGRESS": "0"},
-    )
-    elapsed = time.perf_counter() - t
-    if proc.returncode != 0:
-        raise SystemExit(f"publish failed: {proc.stderr}")
-    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return elapsed, max(peak_kib, before)
+    elapsed, peak_kib, _ = run_child(["-m", "ckptflow", "publish", "--artifact-dir", str(art), "--upload-prefix", prefix,
+                                      "--bucket", bucket, "--credentials", creds])
+    return elapsed, peak_kib
 
 
 def main() -> int:
@@ -83,7 +59,7 @@ def main() -> int:
     ck_t: list[float] = []
     peak_kib = 0
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
-        art = _make_artifact(Path(tmp), args.model_mib, args.shard_mib, args.shards)
+        art = make_artifact(Path(tmp), args.model_mib, args.shard_mib, args.shards)
         files = [p for p in sorted(art.rglob("*")) if p.is_file() and p.name != "optim.pt"]
         total = sum(p.stat().st_size for p in files)
         for run in range(args.runs):
