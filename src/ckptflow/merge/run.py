@@ -1,0 +1,292 @@
+"""``merge_experts``: the library entry point of ``ckptflow merge``.
+
+Order of work (each step only after the previous one succeeded)::
+
+    check arguments -> read base identity -> hash experts -> decide (skip / build / refuse)
+    -> open experts (mmap) and base, normalise layouts, refuse mismatches    (nothing written so far)
+    -> write model.pt into a unique temporary beside it, one tensor at a time, fsync, verify
+    -> remove the previous record, manifest and diagnostics this build replaces
+    -> rename the temporary to model.pt -> diagnostics -> native manifest -> .merge-complete.json
+
+A kill at any point leaves the old committed output, or a directory without ``.merge-complete.json``
+that the same command rebuilds. Temporaries of dead processes on this host are removed on the next build.
+When no merge record is there, the decision cannot depend on the request, so the experts are hashed in
+a background thread while the merge runs; ``_check_unchanged`` proves the files hashed are the files
+merged (same inode, size and mtime before hashing and after the write).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import socket
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import __version__, testhooks
+from ..artifact import iteration_from_dir
+from ..digest import FileDigest, default_workers, sha256_file
+from ..errors import NotFound, Refused, UnsafePath, UsageError, VerificationFailed
+from ..fsutil import atomic_write_bytes, fsync_dir, unique_temp_path
+from ..progress import ByteProgress
+from ..records import manifest as manifest_record
+from ..records import merge_record
+from ..records._json import encode_json
+from ..records.inventory import FileEntry
+from ..records.merge_record import BaseIdentity, Expert, MergeRecord, MergeRequest
+from .build import plan_merge, write_merged
+from .identity import MODEL_NAME, PRODUCER, Decision, decide, decide_without_record
+from .methods import METHODS
+from .reader import BaseModel
+
+log = logging.getLogger("ckptflow.merge")
+# 1 MiB reads hash as fast as 8 MiB ones; larger freed buffers make glibc keep heap memory (see methods.Workspace).
+HASH_CHUNK = 1 << 20
+_TEMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<host>[^.]+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.tmp$")
+
+
+@dataclass
+class MergeResult:
+    status: str  # "built" or "skipped"
+    reason: str
+    artifact_dir: Path
+    out: Path
+    request: MergeRequest
+    identity: str
+    replaced_identity: str | None
+    model: FileEntry
+    diag: Path | None
+    base_dir: Path | None = None
+    layout: str | None = None
+    inputs_normalised: bool = False
+    tensors: int | None = None
+    removed_temporaries: list[str] = field(default_factory=list)
+
+
+def merge_experts(
+    mode: str,
+    experts: Sequence[str | Path],
+    out: str | Path,
+    *,
+    base: str | Path | None = None,
+    lam: float | None = None,
+    iteration: int | None = None,
+    diag: str | Path | None = None,
+    force: bool = False,
+    progress: bool | None = None,
+) -> MergeResult:
+    """Merge ``experts`` into ``out`` (``<...>/iter_N/model.pt``) and commit the artifact.
+
+    ``mode`` is ``"avg"`` (uniform average; no base) or ``"tv"`` (``base + lam * sum(expert - base)``,
+    ``lam`` defaulting to 1.0, ``base`` a Hugging Face directory). Returns what was done; raises
+    ``UsageError`` for inconsistent arguments and ``Refused`` when the request must not run.
+    """
+    out, experts_abs, base_dir, lam, diag_path = _check_arguments(mode, experts, out, base, lam, diag)
+    artifact_dir = out.parent
+    dir_iteration = iteration_from_dir(artifact_dir)
+    if iteration is not None and iteration != dir_iteration:
+        raise Refused(f"--iteration {iteration} does not match the output directory {artifact_dir.name}",
+                      remedy=f"pass --iteration {dir_iteration}, or write to the iter_{iteration} directory")
+    if artifact_dir.is_symlink() or (artifact_dir.exists() and not artifact_dir.is_dir()):
+        raise UnsafePath(f"output directory {artifact_dir} is a symlink or not a directory", remedy="pass a real iter_* directory")
+    if out.is_symlink() or out.is_dir():
+        raise UnsafePath(f"{out} is a symlink or a directory", remedy="remove it; the merge writes a regular model.pt")
+    diag_rel = _relative_inside(diag_path, artifact_dir) if diag_path is not None else None
+
+    base_model = BaseModel(base_dir) if base_dir is not None else None
+    before = {p: _file_state(p) for p in experts_abs}
+
+    def make_request(digests: dict[Path, FileDigest]) -> MergeRequest:
+        return MergeRequest(
+            mode=mode,
+            experts=tuple(Expert(str(p), digests[p].size, digests[p].sha256) for p in experts_abs),
+            base=BaseIdentity(base_model.config_sha256, base_model.index_sha256) if base_model else None,
+            lam=lam,
+            iteration=dir_iteration,
+        )
+
+    decision = decide_without_record(artifact_dir, force=force)
+    hashing = None
+    if decision is None:  # a completed merge is there: compare identities before anything else
+        request = make_request(_hash_experts(experts_abs, progress))
+        decision = decide(artifact_dir, request, diag=diag_path, diag_rel=diag_rel, force=force)
+        if decision.action == "skip":
+            model = next(e for e in decision.previous.outputs if e.path == MODEL_NAME)
+            log.info("merge %s: %s", request.identity()[:12], decision.reason)
+            return MergeResult("skipped", decision.reason, artifact_dir, out, request, request.identity(),
+                               None, model, diag_path, base_dir)
+    else:  # nothing to compare with: hash the experts while the merge runs
+        hashing, stop = ThreadPoolExecutor(max_workers=1, thread_name_prefix="merge-sha256"), threading.Event()
+        pending = hashing.submit(_hash_experts, experts_abs, progress, stop)
+
+    try:
+        plan = plan_merge(mode, lam, experts_abs, base_model, diag=diag_path is not None)
+        artifact_dir.mkdir(parents=True, exist_ok=True)
+        removed = _remove_dead_temporaries(artifact_dir, {MODEL_NAME, manifest_record.FILENAME,
+                                                          merge_record.FILENAME, *([diag_rel] if diag_rel else [])})
+        tmp = unique_temp_path(out)
+        try:
+            model_digest, diag_doc = write_merged(plan, tmp, progress=progress)
+            if hashing is not None:
+                request = make_request(pending.result())
+            _check_unchanged(before)
+            testhooks.reached("merge:after-model-write")
+            _commit(artifact_dir, out, tmp, request, model_digest, decision, diag_path, diag_rel, diag_doc)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+    finally:
+        if hashing is not None:
+            stop.set()  # a refused or failed build does not wait for the hashes
+            hashing.shutdown(wait=True)
+    identity = request.identity()
+    model = FileEntry(MODEL_NAME, model_digest.size, model_digest.sha256)
+    return MergeResult("built", decision.reason, artifact_dir, out, request, identity, decision.previous_identity,
+                       model, diag_path, base_dir, layout=plan.layout, inputs_normalised=plan.normalised,
+                       tensors=len(plan.outputs), removed_temporaries=removed)
+
+
+def _check_arguments(mode, experts, out, base, lam, diag):
+    if mode not in METHODS:
+        raise UsageError(f"--mode {mode!r} is not one of {sorted(METHODS)}")
+    method = METHODS[mode]
+    experts = [e for e in experts if str(e)]
+    if not experts:
+        raise UsageError("no experts given", remedy="pass --experts A,B,...")
+    if mode == "avg" and len(experts) < 2:
+        raise UsageError("--mode avg needs at least two experts", remedy="pass --experts A,B[,...]")
+    if method.needs_base and base is None:
+        raise UsageError(f"--mode {mode} needs --base", remedy="pass the Hugging Face base directory the experts came from")
+    if not method.needs_base:
+        for flag, value in (("--base", base), ("--lam", lam), ("--diag", diag)):
+            if value is not None:
+                raise UsageError(f"{flag} applies to --mode tv only", remedy=f"drop {flag} for --mode {mode}")
+    else:
+        lam = 1.0 if lam is None else float(lam)
+        if not math.isfinite(lam):
+            raise UsageError(f"--lam {lam} is not a finite number")
+    out = Path(os.path.abspath(out))
+    if out.name != MODEL_NAME:
+        raise UsageError(f"--out {out} must name a file model.pt", remedy="pass --out <...>/iter_N/model.pt")
+    iteration_from_dir(out.parent)
+    experts_abs = [Path(os.path.abspath(e)) for e in experts]
+    for path in experts_abs:
+        if path == out:
+            raise UsageError(f"expert {path} is the output itself", remedy="write the merge to another iter_* directory")
+        if not path.is_file():
+            raise NotFound(f"expert {path} does not exist or is not a file", remedy="check the --experts list")
+    base_dir = Path(os.path.abspath(base)) if base is not None else None
+    diag_path = Path(os.path.abspath(diag)) if diag is not None else None
+    if diag_path is not None and (diag_path == out or diag_path.name in (manifest_record.FILENAME, merge_record.FILENAME)):
+        raise UsageError(f"--diag {diag_path} would overwrite a file the merge owns", remedy="choose another path")
+    return out, experts_abs, base_dir, lam, diag_path
+
+
+def _relative_inside(path: Path, directory: Path) -> str | None:
+    try:
+        return path.relative_to(directory).as_posix()
+    except ValueError:
+        return None
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _hash_experts(paths: list[Path], progress: bool | None, stop: threading.Event | None = None) -> dict[Path, FileDigest]:
+    unique = sorted(set(paths))
+    with ByteProgress(sum(p.stat().st_size for p in unique), "merge: sha256 experts", progress) as bar:
+        def on_bytes(n: int) -> None:
+            if stop is not None and stop.is_set():
+                raise _Stopped
+            bar.update(n)
+
+        def one(p: Path) -> tuple[Path, FileDigest]:
+            return p, sha256_file(p, chunk_size=HASH_CHUNK, on_bytes=on_bytes)
+
+        with ThreadPoolExecutor(max_workers=max(1, min(default_workers(), len(unique)))) as pool:
+            return dict(pool.map(one, unique))
+
+
+def _file_state(path: Path) -> tuple[int, int, int, int]:
+    st = path.stat()
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _check_unchanged(before: dict[Path, tuple[int, int, int, int]]) -> None:
+    """The experts merged are the files hashed: same inode, size and mtime as before hashing."""
+    for path, state in before.items():
+        if _file_state(path) != state:
+            raise VerificationFailed(f"expert {path} changed while it was hashed and merged",
+                                     remedy="rerun the merge once the expert is no longer being written")
+
+
+def _remove_dead_temporaries(artifact_dir: Path, names: set[str]) -> list[str]:
+    """Temporaries this tool left when it was killed: same host, process gone. Others are kept."""
+    host = socket.gethostname().split(".")[0] or "host"
+    removed = []
+    for entry in os.scandir(artifact_dir):
+        m = _TEMP_RE.match(entry.name)
+        if not m or m["name"] not in names or m["host"] != host or not entry.is_file(follow_symlinks=False):
+            continue
+        if _pid_alive(int(m["pid"])):
+            continue
+        os.unlink(entry.path)
+        removed.append(entry.name)
+        log.info("removed %s left by a killed merge", entry.path)
+    return sorted(removed)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _commit(artifact_dir: Path, out: Path, tmp: Path, request: MergeRequest, model: FileDigest,
+            decision: Decision, diag: Path | None, diag_rel: str | None, diag_doc: dict | None) -> None:
+    """Replace the previous output by the verified temporary and commit, record last."""
+    record_path = merge_record.path_in(artifact_dir)
+    manifest_path = manifest_record.path_in(artifact_dir)
+    # From here the directory is uncommitted: a kill leaves something the same command rebuilds.
+    for path in (record_path, manifest_path):
+        if path.exists() or path.is_symlink():
+            path.unlink()
+    old_diag = decision.previous.diag if decision.previous is not None else None
+    if old_diag is not None and old_diag != diag_rel and (artifact_dir / old_diag).is_file():
+        (artifact_dir / old_diag).unlink()  # written by the merge being replaced, named by its record
+    fsync_dir(artifact_dir)
+    testhooks.reached("merge:after-record-removed")
+    os.replace(tmp, out)
+    fsync_dir(artifact_dir)
+    testhooks.reached("merge:after-model-rename")
+    outputs = [FileEntry(MODEL_NAME, model.size, model.sha256)]
+    if diag is not None:
+        data = encode_json(diag_doc)
+        diag.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(diag, data)
+        if diag_rel is not None:
+            outputs.append(FileEntry(diag_rel, len(data), sha256_file(diag).sha256))
+    manifest = manifest_record.Manifest.from_dict({
+        "schema": manifest_record.SCHEMA,
+        "iteration": request.iteration,
+        "components": {"model": {"format": "file", "path": MODEL_NAME, "size": model.size, "sha256": model.sha256}},
+        "producer": {"tool": PRODUCER, "version": __version__},
+    })
+    manifest_record.write_manifest(artifact_dir, manifest)
+    testhooks.reached("merge:after-manifest")
+    merge_record.write_merge_record(
+        artifact_dir, MergeRecord(tool_version=__version__, request=request, outputs=tuple(outputs), diag=diag_rel)
+    )
+

@@ -1,0 +1,63 @@
+"""kill -9 at any point of a merge leaves the old committed output or a state the same command rebuilds."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from merge_helpers import assert_bits_equal, avg_oracle, load_net, run_cli, tv_oracle
+
+from ckptflow.digest import sha256_file
+from ckptflow.records import merge_record
+
+POINTS = [
+    "merge:mid-model-write",
+    "merge:after-model-write",
+    "merge:after-record-removed",
+    "merge:after-model-rename",
+    "merge:after-manifest",
+]
+
+
+def _merge(args, kill_at=None):
+    env = {"CKPTFLOW_TEST_KILL_AT": kill_at} if kill_at else {}
+    return run_cli("merge", *args, env=env)
+
+
+def _avg_args(moe, out, experts=None):
+    return ["--mode", "avg", "--experts", ",".join(map(str, experts or moe.paths())), "--out", str(out)]
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_killed_first_merge_is_completed_by_the_same_command(moe, out, point):
+    killed = _merge(_avg_args(moe, out), kill_at=point)
+    assert killed.returncode == -signal.SIGKILL
+    assert not (out.parent / merge_record.FILENAME).exists()  # never "done" after a kill
+    rerun = _merge(_avg_args(moe, out))
+    assert rerun.returncode == 0, rerun.stderr
+    assert rerun.report["status"] == "built"
+    assert_bits_equal(load_net(out), avg_oracle(moe.mem))
+    leftovers = [p.name for p in out.parent.iterdir() if p.name.endswith(".tmp")]
+    assert leftovers == []
+    if point in ("merge:mid-model-write", "merge:after-model-write"):
+        assert rerun.report["removed_temporaries"]
+    assert _merge(_avg_args(moe, out)).report["status"] == "skipped"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", POINTS)
+def test_killed_forced_replacement_leaves_the_old_merge_or_a_rebuildable_one(moe, out, point):
+    assert _merge(_avg_args(moe, out)).returncode == 0
+    old_record = merge_record.read_merge_record(out.parent)
+    tv = ["--mode", "tv", "--base", str(moe.base), "--experts", ",".join(map(str, moe.paths())), "--out", str(out)]
+    assert _merge([*tv, "--force"], kill_at=point).returncode == -signal.SIGKILL
+    record_path = out.parent / merge_record.FILENAME
+    if record_path.exists():  # the old committed merge, intact
+        assert merge_record.read_merge_record(out.parent) == old_record
+        assert sha256_file(out).sha256 == next(o.sha256 for o in old_record.outputs if o.path == "model.pt")
+        assert _merge(tv).report["status"] == "refused"  # still needs --force
+        rerun = _merge([*tv, "--force"])
+    else:  # uncommitted: the plain command rebuilds
+        rerun = _merge(tv)
+    assert rerun.returncode == 0, rerun.stderr
+    assert_bits_equal(load_net(out), tv_oracle(moe.base_mem, moe.mem, 1.0))
