@@ -2,8 +2,8 @@
 
 (a) raw boto3 ``upload_file`` / ``download_file`` with default transfer settings (no hashing);
 (b) ckptflow: SHA-256 of the file, ``put_file`` with ``sha256`` metadata, HEAD check of size + metadata;
-    ``download_file`` with the digest computed in order while ranges arrive, then compared — once with
-    the default fsync before returning (raw boto3 does not flush), once with ``CKPTFLOW_FSYNC=0``.
+    ``download_file`` with the digest computed in order while ranges arrive, then compared. Neither side
+    flushes to disk here (fetch's staging does, before it commits a file: see bench/fetch.py).
 Runs are interleaved (raw, ckptflow, raw, ckptflow, …) so drift on a noisy machine hits both sides;
 the median of ``--runs`` is reported. Prints one JSON object on stdout; targets are ratios ≥ 0.85.
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -45,7 +44,7 @@ def main() -> int:
     raw = raw_client(creds, store.boto_config)
     size = args.size_mib * MiB
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
-    times: dict[str, list[float]] = {"raw_up": [], "ck_up": [], "raw_down": [], "ck_down": [], "ck_down_nofsync": []}
+    times: dict[str, list[float]] = {"raw_up": [], "ck_up": [], "raw_down": [], "ck_down": []}
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         src = Path(tmp) / "payload.bin"
         write_random(src, size)
@@ -73,14 +72,6 @@ def main() -> int:
             assert got == digest, "downloaded bytes do not match the uploaded digest"
             times["ck_down"].append(time.perf_counter() - t)
             dst.unlink()
-
-            os.environ["CKPTFLOW_FSYNC"] = "0"  # scratch staging mode: no flush to disk before returning
-            t = time.perf_counter()
-            got = store.download_file(key_ck, dst)
-            times["ck_down_nofsync"].append(time.perf_counter() - t)
-            del os.environ["CKPTFLOW_FSYNC"]
-            assert got == digest
-            dst.unlink()
             for k in (key_raw, key_ck):
                 store.delete(k)
             print(f"run {run + 1}/{args.runs} done", file=sys.stderr)
@@ -94,7 +85,6 @@ def main() -> int:
         "throughput_mib_s": {k: round(v, 1) for k, v in mbps.items()},
         "ratio_upload_ckptflow_vs_raw": round(mbps["ck_up"] / mbps["raw_up"], 3),
         "ratio_download_ckptflow_vs_raw": round(mbps["ck_down"] / mbps["raw_down"], 3),
-        "ratio_download_ckptflow_nofsync_vs_raw": round(mbps["ck_down_nofsync"] / mbps["raw_down"], 3),
         "target_ratio": 0.85,
     }
     print(json.dumps(report, indent=2, sort_keys=True))

@@ -23,6 +23,7 @@ from pathlib import Path
 from .. import testhooks
 from ..digest import FileDigest
 from ..errors import VerificationFailed
+from ..fsutil import fsync_file, payload_fsync_enabled
 from ..progress import ByteProgress
 from ..records.inventory import FileEntry
 from ..store.base import ObjectStore
@@ -94,6 +95,8 @@ def download_files(store: ObjectStore, prefix: str, staged: Path, todo: list[Fil
                         f"{where(entry.path)} downloaded as {got.size} bytes sha256 {got.sha256}, but the archive "
                         f"declares {entry.size} bytes sha256 {entry.sha256}; the partial download was removed",
                         remedy="the archived object is damaged or was replaced; restore it or republish the artifact")
+                if payload_fsync_enabled():
+                    fsync_file(part)  # durable before the rename commits it (CKPTFLOW_FSYNC=0 skips)
                 os.replace(part, final)
             except VerificationFailed:
                 part.unlink(missing_ok=True)

@@ -43,17 +43,6 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def payload_fsync_enabled() -> bool:
-    """Whether downloaded payloads are fsynced before they count as verified (default: yes).
-
-    The flush costs the time the disk needs to absorb the bytes (on the loopback benchmark it doubled
-    the wall time of a download), and it is what makes a copy marked complete survive a power loss.
-    ``CKPTFLOW_FSYNC=0`` skips it for scratch staging that can be fetched again. Records are always
-    fsynced.
-    """
-    return os.environ.get("CKPTFLOW_FSYNC", "1").strip().lower() not in ("0", "false", "no", "off")
-
-
 def split_ranges(start: int, end: int, range_size: int) -> list[tuple[int, int]]:
     """``(offset, length)`` pieces covering ``[start, end)``; empty when ``start == end``."""
     if range_size <= 0:
@@ -175,7 +164,8 @@ def download_ranges(dest: Path, *, size: int, fetch_range: Callable[[int, int], 
     """Fill bytes ``[start, size)`` of ``dest`` from ``fetch_range`` and return the whole file's digest.
 
     ``dest`` is created if absent (a symlink is refused, never followed) and truncated to ``start``
-    (bytes past the verified prefix are rewritten), then fsynced. ``hasher`` must already hold bytes ``[0, start)``; without one they are
+    (bytes past the verified prefix are rewritten). It is not fsynced: callers that commit the file
+    (fetch staging) flush it before the rename that makes it count. ``hasher`` must already hold bytes ``[0, start)``; without one they are
     re-read from ``dest``. ``source`` names the object in errors.
     """
     dest = Path(dest)
@@ -222,8 +212,6 @@ def download_ranges(dest: Path, *, size: int, fetch_range: Callable[[int, int], 
 
             ordered_map(split_ranges(start, size, range_size), work, consume, concurrency=concurrency,
                         name="download")
-        if payload_fsync_enabled():
-            os.fsync(fd)
     finally:
         os.close(fd)
     return FileDigest(size=size, sha256=hasher.hexdigest())
