@@ -25,6 +25,23 @@ def unique_temp_path(path: Path, suffix: str = ".tmp") -> Path:
     return path.with_name(f".{path.name}.{host}.{os.getpid()}.{token}{suffix}")
 
 
+def writer_gone(pid: int) -> bool:
+    """Whether the process that named a temporary (``unique_temp_path`` embeds its pid) no longer runs.
+
+    This process counts as gone: a temporary it left behind in an earlier call is not in use. Only
+    meaningful on the host that wrote the name; callers compare the host part first.
+    """
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 def fsync_dir(directory: Path) -> None:
     """Make a rename or create inside ``directory`` durable (best effort where unsupported)."""
     try:

@@ -32,7 +32,7 @@ from . import testhooks
 from .conversion import shards as hf_shards
 from .conversion import sidecars as hf_sidecars
 from .errors import CkptflowError, ConflictError, InvalidRecord, NotFound, Refused
-from .fsutil import fsync_dir
+from .fsutil import fsync_dir, writer_gone
 from .records import materialized as marker
 from .records._record import LegacyRecord
 from .records.materialized import BaseModelIdentity, Materialized, SourceIdentity
@@ -193,21 +193,9 @@ def _dead_siblings(out: Path, kind: str) -> list[Path]:
         if not m or m["host"] != _host() or not entry.is_dir(follow_symlinks=False):
             continue
         path = Path(entry.path)
-        if _writer_gone(int(m["pid"])) and path not in _active:
+        if writer_gone(int(m["pid"])) and path not in _active:
             found.append(path)
     return sorted(found)
-
-
-def _writer_gone(pid: int) -> bool:
-    if pid == os.getpid():
-        return True  # ours and not active: an earlier call of this process left it
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
 
 
 def _has_marker(tree: Path) -> bool:

@@ -27,7 +27,7 @@ from pathlib import Path, PurePosixPath
 
 from ..digest import CHUNK_SIZE
 from ..errors import ConflictError, InvalidRecord, Refused, UnsafePath
-from ..fsutil import fsync_dir, resolve_inside, unique_temp_path
+from ..fsutil import fsync_dir, resolve_inside, unique_temp_path, writer_gone
 from ..records import staging as staging_record
 from ..records.inventory import FileEntry
 
@@ -66,18 +66,6 @@ def release(part: Path) -> None:
         _active.discard(part)
 
 
-def _writer_gone(pid: int) -> bool:
-    if pid == os.getpid():
-        return True  # ours, and not in _active: an earlier call of this process left it
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
 def leftover_parts(final: Path) -> list[Path]:
     """Parts of ``final`` whose writer is gone: this host, a dead pid (or ours, no longer active).
 
@@ -96,7 +84,7 @@ def leftover_parts(final: Path) -> list[Path]:
         if not m or m["name"] != final.name or m["host"] != host or not entry.is_file(follow_symlinks=False):
             continue
         path = Path(entry.path)
-        if path not in active and _writer_gone(int(m["pid"])):
+        if path not in active and writer_gone(int(m["pid"])):
             out.append(path)
     return sorted(out)
 
