@@ -101,13 +101,15 @@ print(json.dumps({"wall_s": wall, "peak_rss_anon": max(peak[0], status("RssAnon"
 """
 
 
-def prepare(workdir: Path, kind: str) -> tuple[Path, Path]:
-    base, model_pt = workdir / f"{kind}-base", workdir / f"{kind}-model.pt"
-    stamp = workdir / f"{kind}.ready"
+def prepare(workdir: Path, kind: str, layers: int | None = None) -> tuple[Path, Path]:
+    name = f"{kind}-{layers}l" if layers else kind
+    base, model_pt = workdir / f"{name}-base", workdir / f"{name}-model.pt"
+    stamp = workdir / f"{name}.ready"
     if not stamp.exists():
         shutil.rmtree(base, ignore_errors=True)
         t0 = time.perf_counter()
-        tm.build_tiny_base(kind, base, overrides=SIZES[kind])
+        overrides = dict(SIZES[kind], **({"num_hidden_layers": layers} if layers else {}))
+        tm.build_tiny_base(kind, base, overrides=overrides)
         state = tm.perturbed(tm.in_memory_state_dict(base), scale=0.01, seed=7)
         tm.save_consolidated(state, model_pt)
         del state
@@ -137,13 +139,14 @@ def run(mode: str, model_pt: Path, base: Path, out: Path) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kind", choices=sorted(SIZES), default="qwen3")
+    ap.add_argument("--layers", type=int, default=None, help="override num_hidden_layers to scale the model")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--workdir", default=str(ROOT / ".ckptflow" / "bench-materialize"))
     args = ap.parse_args()
 
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    base, model_pt = prepare(workdir, args.kind)
+    base, model_pt = prepare(workdir, args.kind, args.layers)
     warm(model_pt)
     modes = ("baseline", "ckptflow", "ckptflow_nofsync")
     results: dict[str, list[dict]] = {m: [] for m in (*modes, "floor")}
