@@ -1,8 +1,9 @@
 """The fetch ownership record ``.staged.json``: which files in a staging directory this tool wrote.
 
-Fetch writes it with ``complete: false`` before the first download and rewrites it as each file is
-verified; ``complete: true`` is written last, after every file matched the declaration. Cleanup only
-ever deletes files listed here::
+Fetch writes it with ``complete: false`` before the first download, listing every file it is about to
+own (the whole inventory, claimed up front); ``complete: true`` is written last, after every file
+matched the declaration and the local manifest is in place. Cleanup only ever deletes files listed
+here::
 
     stage/iter_0000300/
     ├── model.pt
