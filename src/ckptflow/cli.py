@@ -19,7 +19,7 @@ from typing import Any
 
 from . import __version__
 from .commands import ReportedFailure
-from .errors import CkptflowError, Refused, UsageError
+from .errors import CkptflowError, ConflictError, Refused, UsageError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     except CkptflowError as exc:
         if debug:
             traceback.print_exc()
-        status = "refused" if isinstance(exc, Refused) else "failed"
+        status = "refused" if isinstance(exc, Refused | ConflictError) else "failed"
         sys.stderr.write(f"ckptflow {args.verb}: {status}: {exc}\n")
         _emit(_error_report(status, exc))
         return EXIT_FAILED

@@ -216,3 +216,17 @@ def test_preserved_legacy_bytes_are_never_overwritten(tmp_path, sw_store):
     with pytest.raises(ConflictError, match="never overwrites"):
         publish_artifact(art, sw_store, UPLOAD_PREFIX, progress=False)
     assert (art / ".posttrain-checkpoint-artifact.legacy.json").read_bytes() == b'{"iteration": 299, "model": "model.pt"}'
+
+
+def test_conflicting_committed_prefix_is_refused_without_any_write(artifact, sw_store, tmp_path):
+    """A destination committed by another artifact (here without a declaration) is never modified."""
+    other = make_artifact(tmp_path / "other-run", seed=5)
+    key = f"{ARTIFACT_PREFIX}/{manifest_record.FILENAME}"
+    other_manifest = manifest_record.path_in(other).read_bytes()
+    sw_store.put_bytes_create_once(key, other_manifest, sha256=hashlib.sha256(other_manifest).hexdigest())
+    from ckptflow.errors import ConflictError
+
+    with pytest.raises(ConflictError, match="another destination"):
+        publish_artifact(artifact, sw_store, UPLOAD_PREFIX, progress=False)
+    assert keys(sw_store) == [manifest_record.FILENAME]
+    assert not receipt_record.path_in(artifact).exists()

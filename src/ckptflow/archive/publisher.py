@@ -273,8 +273,15 @@ def publish_artifact(
         result.status = "skipped"
     elif store.head(object_key(prefix, manifest_record.FILENAME)) is not None:
         result.status = "adopted"
-        _create_or_match_declaration(store, prefix, inv)  # refuses a different committed inventory
-        _commit_manifest(store, prefix, inv)
+        # A committed archive: compare before writing anything, so a conflicting prefix is refused
+        # untouched. With a declaration, that comparison names both declaration digests; a legacy
+        # prefix without one is compared on its manifest before a declaration is added.
+        if store.head(object_key(prefix, declaration_record.FILENAME)) is not None:
+            _create_or_match_declaration(store, prefix, inv)
+            _commit_manifest(store, prefix, inv)
+        else:
+            _commit_manifest(store, prefix, inv)
+            _create_or_match_declaration(store, prefix, inv)
     else:
         _create_or_match_declaration(store, prefix, inv)
         testhooks.reached("publish:after-declaration")
