@@ -82,3 +82,13 @@ def run_child(args: list[str]) -> tuple[float, int, str]:
         if proc.returncode != 0:
             raise SystemExit(f"{args[:3]} failed: {err.read()}")
         return elapsed, peak, out.read()
+
+
+def add_artifact_args(ap) -> None:
+    """The options both artifact benchmarks take: the server, the artifact's shape, runs, a work dir."""
+    ap.add_argument("--credentials", required=True)
+    ap.add_argument("--model-mib", type=int, default=1536)
+    ap.add_argument("--shard-mib", type=int, default=64)
+    ap.add_argument("--shards", type=int, default=8)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--workdir", default=".ckptflow/bench")

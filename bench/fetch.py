@@ -26,7 +26,7 @@ from pathlib import Path
 
 from boto3.s3.transfer import TransferConfig
 
-from benchlib import MiB, make_artifact, raw_client, run_child
+from benchlib import MiB, add_artifact_args, make_artifact, raw_client, run_child
 from ckptflow.archive.publisher import publish_artifact
 from ckptflow.records import declaration as declaration_record
 from ckptflow.store import base
@@ -54,12 +54,7 @@ def _raw_child(args: argparse.Namespace) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--credentials", required=True)
-    ap.add_argument("--model-mib", type=int, default=1536)
-    ap.add_argument("--shard-mib", type=int, default=64)
-    ap.add_argument("--shards", type=int, default=8)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--workdir", default=".ckptflow/bench")
+    add_artifact_args(ap)
     ap.add_argument("--raw-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--bucket", help=argparse.SUPPRESS)
     ap.add_argument("--paths", help=argparse.SUPPRESS)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from boto3.s3.transfer import TransferConfig
 
-from benchlib import MiB, make_artifact, raw_client, run_child
+from benchlib import MiB, add_artifact_args, make_artifact, raw_client, run_child
 from ckptflow.store import base
 from ckptflow.store.credentials import load_credentials
 from ckptflow.store.s3 import S3Store
@@ -37,12 +37,7 @@ def _publish_child(art: Path, bucket: str, creds: str, prefix: str) -> tuple[flo
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--credentials", required=True)
-    ap.add_argument("--model-mib", type=int, default=1536)
-    ap.add_argument("--shard-mib", type=int, default=64)
-    ap.add_argument("--shards", type=int, default=8)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--workdir", default=".ckptflow/bench")
+    add_artifact_args(ap)
     args = ap.parse_args()
 
     creds = load_credentials(args.credentials)
