@@ -22,10 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .archive.keys import ARTIFACTS_DIR
-from .archive.publisher import remove_payload_files
-from .archive.verify import check_destination, check_remote_inventory
+from .archive.publisher import present_payload, rehash_against, remove_payload_files
+from .archive.verify import check_destination, check_remote_inventory, describe_failures
 from .artifact import ITER_DIR_RE
-from .digest import hash_files
 from .errors import CkptflowError
 from .fsutil import walk_files
 from .records import manifest as manifest_record
@@ -107,20 +106,18 @@ def _plan_one(artifact_dir: Path, store_for, progress: bool | None) -> tuple[lis
     extra = [p for p in present if p not in recorded]
     if extra:
         raise _Keep(f"files not covered by the receipt: {extra[:5]}; they would be lost — publish a new artifact instead")
-    payload = [e.path for e in manifest.physical_files() if (artifact_dir / e.path).exists()]
+    payload = present_payload(artifact_dir, manifest)
     if not payload:
         return [], 0
-    local = hash_files(artifact_dir, payload, progress=progress, desc="prune sha256")
-    changed = [p for p, d in local.items() if (d.size, d.sha256) != (recorded[p].size, recorded[p].sha256)]
+    local, changed = rehash_against(artifact_dir, payload, recorded, progress=progress)
     if changed:
         raise _Keep(f"local bytes changed since publication: {changed[:5]}")
     states = check_remote_inventory(store, receipt.destination.prefix, receipt.files)
     bad = [s for s in states if s.state != "ok"]
     if bad:
-        details = "; ".join(f"{s.key}: {s.state} {s.detail}".strip() for s in bad[:5])
         # Same digest, other size: the store is inconsistent, not merely incomplete.
         lying = any(s.state == "changed" and s.detail.startswith("size") and _claims_digest(store, s, recorded) for s in bad)
-        raise _Keep(f"remote copy not verified: {details}", error=lying)
+        raise _Keep(f"remote copy not verified: {describe_failures(states)}", error=lying)
     return payload, sum(d.size for d in local.values())
 
 

@@ -42,17 +42,9 @@ def verify_step(artifact_dir: str, credentials: str | None, report_path: str) ->
     from .archive.verify import verify_artifact
 
     result = verify_artifact(Path(artifact_dir), store_factory(credentials))
-    report = {
-        "status": "verified" if result.ok else "failed",
-        "artifact_dir": str(artifact_dir),
-        "destination": result.receipt.destination.to_dict(),
-        "read_data": False,
-        "objects": [o.to_dict() for o in result.objects],
-    }
     if not result.ok:
-        bad = [f"{o.key} ({o.state})" for o in result.objects if o.state != "ok"]
-        raise VerificationFailed(f"remote copy of {artifact_dir} does not match its receipt: {bad[:5]}",
-                                 remedy="keep the local copy and republish it to a new destination")
+        raise VerificationFailed(result.failure_line())
+    report = result.to_report()
     _write_report(report_path, report)
     return report
 

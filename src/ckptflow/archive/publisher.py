@@ -318,12 +318,11 @@ def delete_verified_payloads(
     The manifest, the receipt and every record stay. Raises (deleting nothing) if any check fails.
     """
     by_path = {e.path: e for e in recorded}
-    payload = [e.path for e in manifest.physical_files() if (artifact_dir / e.path).exists()]
+    payload = present_payload(artifact_dir, manifest)
     missing = [p for p in payload if p not in by_path]
     if missing:
         raise Refused(f"{artifact_dir}: {missing[:5]} are not covered by the receipt", remedy="republish the artifact")
-    local = hash_files(artifact_dir, payload, progress=progress, desc="re-check sha256")
-    changed = [p for p, d in local.items() if (d.size, d.sha256) != (by_path[p].size, by_path[p].sha256)]
+    _, changed = rehash_against(artifact_dir, payload, by_path, progress=progress)
     if changed:
         raise Refused(
             f"{artifact_dir}: local bytes of {changed[:5]} differ from the archived copy; nothing deleted",
@@ -331,6 +330,20 @@ def delete_verified_payloads(
         )
     require_all_ok(check_remote_inventory(store, prefix, [by_path[p] for p in payload]), f"{store.destination.bucket}/{prefix}")
     return payload, remove_payload_files(artifact_dir, payload)
+
+
+def present_payload(artifact_dir: Path, manifest: manifest_record.Manifest) -> list[str]:
+    """The manifest's payload files still on disk (an earlier prune may have removed them)."""
+    return [e.path for e in manifest.physical_files() if (artifact_dir / e.path).exists()]
+
+
+def rehash_against(
+    artifact_dir: Path, payload: list[str], recorded: dict[str, FileEntry], *, progress: bool | None = None
+) -> tuple[dict[str, FileDigest], list[str]]:
+    """Hash ``payload`` again; return the digests and the paths whose size or digest left ``recorded``."""
+    local = hash_files(artifact_dir, payload, progress=progress, desc="re-check sha256")
+    changed = [p for p, d in local.items() if (d.size, d.sha256) != (recorded[p].size, recorded[p].sha256)]
+    return local, changed
 
 
 def remove_payload_files(artifact_dir: Path, payload: list[str]) -> int:

@@ -81,13 +81,17 @@ def check_declaration(store: ObjectStore, prefix: str, expected_sha256: str) -> 
     return ObjectState(declaration_record.FILENAME, key, "ok")
 
 
-def require_all_ok(states: list[ObjectState], where: str) -> None:
+def describe_failures(states: list[ObjectState], limit: int = 5) -> str:
+    """The objects that are not ok, as one line: ``key: state (detail); …`` and how many more."""
     bad = [s for s in states if s.state != "ok"]
-    if bad:
-        shown = "; ".join(f"{s.key}: {s.state}{' (' + s.detail + ')' if s.detail else ''}" for s in bad[:5])
-        more = f" (+{len(bad) - 5} more)" if len(bad) > 5 else ""
+    shown = "; ".join(f"{s.key}: {s.state}{' (' + s.detail + ')' if s.detail else ''}" for s in bad[:limit])
+    return shown + (f" (+{len(bad) - limit} more)" if len(bad) > limit else "")
+
+
+def require_all_ok(states: list[ObjectState], where: str) -> None:
+    if any(s.state != "ok" for s in states):
         raise VerificationFailed(
-            f"remote copy at {where} does not match its inventory: {shown}{more}",
+            f"remote copy at {where} does not match its inventory: {describe_failures(states)}",
             remedy="the archive is damaged; keep the local copy and republish to a new destination",
         )
 
@@ -109,10 +113,27 @@ class VerifyResult:
     artifact_dir: Path
     receipt: receipt_record.Receipt
     objects: list[ObjectState]
+    read_data: bool = False
 
     @property
     def ok(self) -> bool:
         return all(o.state == "ok" for o in self.objects)
+
+    def to_report(self) -> dict:
+        """The ``verify`` report (schemas/report_verify.schema.json), for the CLI and the workflow alike."""
+        return {
+            "status": "verified" if self.ok else "failed",
+            "artifact_dir": str(self.artifact_dir),
+            "destination": self.receipt.destination.to_dict(),
+            "read_data": self.read_data,
+            "objects": [o.to_dict() for o in self.objects],
+        }
+
+    def failure_line(self) -> str:
+        return (
+            f"remote copy of {self.artifact_dir} does not match its receipt: {describe_failures(self.objects)}; "
+            "keep the local copy and republish it to a new destination"
+        )
 
 
 def verify_artifact(artifact_dir: Path | str, store_for, *, read_data: bool = False) -> VerifyResult:
@@ -131,4 +152,4 @@ def verify_artifact(artifact_dir: Path | str, store_for, *, read_data: bool = Fa
     prefix = receipt.destination.prefix
     states = [check_declaration(store, prefix, receipt.declaration_sha256)]
     states += check_remote_inventory(store, prefix, receipt.files, read_data=read_data)
-    return VerifyResult(artifact_dir=artifact_dir, receipt=receipt, objects=states)
+    return VerifyResult(artifact_dir=artifact_dir, receipt=receipt, objects=states, read_data=read_data)

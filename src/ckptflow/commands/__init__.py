@@ -27,9 +27,10 @@ def env_default(name: str) -> str | None:
 
 
 def _credentials(arg: str | None):
-    from ..store.credentials import load_credentials
+    """``--credentials``, else ``$CKPTFLOW_CREDENTIALS``, loaded; None when neither is set."""
+    from ..store.credentials import load_credentials, resolve_credentials_path
 
-    path = arg or env_default("CKPTFLOW_CREDENTIALS")
+    path = resolve_credentials_path(arg)
     return load_credentials(path) if path else None
 
 

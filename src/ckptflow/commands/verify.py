@@ -21,19 +21,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from ..archive.verify import verify_artifact
 
     result = verify_artifact(Path(args.artifact_dir), store_factory(args.credentials), read_data=args.read_data)
-    report = {
-        "status": "verified" if result.ok else "failed",
-        "artifact_dir": str(result.artifact_dir),
-        "destination": result.receipt.destination.to_dict(),
-        "read_data": args.read_data,
-        "objects": [o.to_dict() for o in result.objects],
-    }
+    report = result.to_report()
     if not result.ok:
-        bad = [f"{o.key} ({o.state})" for o in result.objects if o.state != "ok"]
-        raise ReportedFailure(
-            report,
-            f"remote copy of {result.artifact_dir} does not match its receipt: {', '.join(bad[:5])}"
-            + (f" (+{len(bad) - 5} more)" if len(bad) > 5 else "")
-            + "; keep the local copy and republish it to a new destination",
-        )
+        raise ReportedFailure(report, result.failure_line())
     return report
