@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from moto import mock_aws
 
 import servers  # tests/servers.py: pytest puts this directory on sys.path for the root conftest
 from ckptflow.store import Credentials, S3Store
+from moto_bodies import mock_aws_bytes_bodies
 
 NOT_RUNNING = "test servers are not running; run `make test` or `python tests/servers.py up`"
 
@@ -87,7 +87,7 @@ def moto_s3(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "moto-testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "moto-testing-secret")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    with mock_aws():
+    with mock_aws_bytes_bodies():
         target = S3Target("ckptflow-moto", Credentials("moto-testing", "moto-testing-secret", None, "us-east-1"))
         S3Store(target.bucket, target.credentials).ensure_bucket()
         yield target

@@ -16,6 +16,7 @@ from ckptflow.digest import sha256_file
 from ckptflow.store.base import ObjectStore
 from ckptflow.store.credentials import Credentials
 from ckptflow.store.gcs import DEFAULT_GCS_ENDPOINT, GCSStore
+from moto_bodies import mock_aws_bytes_bodies
 
 BUCKET = "gcs-interop-bucket"
 SECRET = "interop/secret+not-shown"
@@ -23,11 +24,10 @@ SECRET = "interop/secret+not-shown"
 
 @pytest.fixture
 def store(monkeypatch):
-    moto = pytest.importorskip("moto")
     for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("MOTO_S3_CUSTOM_ENDPOINTS", DEFAULT_GCS_ENDPOINT)
-    with moto.mock_aws():
+    with mock_aws_bytes_bodies():
         creds = Credentials(aws_access_key_id="GOOG1INTEROP", aws_secret_access_key=SECRET)
         s = GCSStore(BUCKET, creds, multipart_threshold=6 * 1024 * 1024, part_size=5 * 1024 * 1024)
         s.ensure_bucket()  # delegated to the S3-interop part

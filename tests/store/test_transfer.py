@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import threading
 import time
 from pathlib import Path
@@ -12,6 +14,9 @@ import pytest
 from ckptflow.errors import UnsafePath, VerificationFailed
 from ckptflow.store.transfer import (
     MAX_PARTS,
+    BufferCache,
+    MiB,
+    TransientRead,
     download_ranges,
     ordered_map,
     part_size_for,
@@ -81,9 +86,20 @@ def test_part_size_grows_only_when_the_file_needs_more_than_the_part_limit() -> 
     assert grown % mib == 0 and -(-big // grown) <= MAX_PARTS
 
 
+def _bytes_source(data: bytes):
+    """``open_range`` over ``data`` (an in-memory file)."""
+    def open_range(offset: int, length: int):
+        return contextlib.nullcontext(io.BytesIO(data[offset:offset + length]))
+    return open_range
+
+
+def _short_source(offset: int, length: int):
+    return contextlib.nullcontext(io.BytesIO(b"x" * (length - 1)))
+
+
 def test_download_refuses_a_source_shorter_than_promised(tmp_path: Path) -> None:
     with pytest.raises(VerificationFailed, match="shorter"):
-        download_ranges(tmp_path / "out", size=100, fetch_range=lambda off, n: b"x" * (n - 1), range_size=30)
+        download_ranges(tmp_path / "out", size=100, open_range=_short_source, range_size=30)
 
 
 def test_upload_hashes_the_bytes_it_sent_in_file_order(tmp_path: Path) -> None:
@@ -94,7 +110,7 @@ def test_upload_hashes_the_bytes_it_sent_in_file_order(tmp_path: Path) -> None:
 
     def send(number: int, part: bytes) -> str:
         time.sleep(0.001 * (10 - number % 10))
-        received[number] = part
+        received[number] = bytes(part)  # the buffer is reused once send returns
         return f"etag-{number}"
 
     etags, sha = upload_parts(src, size=len(data), part_size=10_000, upload_part=send, concurrency=4)
@@ -108,5 +124,57 @@ def test_download_never_writes_through_a_symlink(tmp_path: Path) -> None:
     victim.write_bytes(b"precious")
     (tmp_path / "out").symlink_to(victim)
     with pytest.raises(UnsafePath):
-        download_ranges(tmp_path / "out", size=3, fetch_range=lambda off, n: b"x" * n)
+        download_ranges(tmp_path / "out", size=3, open_range=_bytes_source(b"xyz"))
     assert victim.read_bytes() == b"precious"
+
+
+def test_ranges_finishing_out_of_order_give_the_file_and_its_digest(tmp_path: Path) -> None:
+    data = bytes(range(256)) * 400  # 102400 bytes, 11 ranges of 10000
+
+    class Slow(io.BytesIO):
+        def readinto(self, view):  # later ranges answer first, a few bytes at a time
+            time.sleep(0.0005 * (11 - self.index))
+            return super().readinto(view[:777])
+
+    def open_range(offset: int, length: int):
+        reader = Slow(data[offset:offset + length])
+        reader.index = offset // 10_000
+        return contextlib.nullcontext(reader)
+
+    got = download_ranges(tmp_path / "out", size=len(data), open_range=open_range, range_size=10_000, concurrency=4)
+    assert (tmp_path / "out").read_bytes() == data
+    assert got.sha256 == hashlib.sha256(data).hexdigest() and got.size == len(data)
+
+
+def test_a_range_whose_body_breaks_off_is_fetched_again(tmp_path: Path) -> None:
+    data = bytes(range(256)) * 100
+    opened: list[int] = []
+
+    class Breaking(io.BytesIO):
+        def readinto(self, view):
+            n = super().readinto(view[:100])
+            if self.tell() > 300:
+                raise TransientRead("connection reset", remedy="retry")
+            return n
+
+    def open_range(offset: int, length: int):
+        opened.append(offset)
+        body = data[offset:offset + length]
+        return contextlib.nullcontext(Breaking(body) if opened.count(offset) == 1 and offset == 5000 else io.BytesIO(body))
+
+    got = download_ranges(tmp_path / "out", size=len(data), open_range=open_range, range_size=5000, concurrency=2)
+    assert opened.count(5000) == 2 and opened.count(0) == 1
+    assert (tmp_path / "out").read_bytes() == data and got.sha256 == hashlib.sha256(data).hexdigest()
+
+
+def test_buffers_are_reused_within_a_session_and_released_after() -> None:
+    cache = BufferCache(max_bytes=4 * MiB)
+    with cache.session():
+        first = cache.take(3 * MiB)
+        assert len(first) == 3 * MiB
+        cache.give(first)
+        assert cache.take(3 * MiB) is first  # reused, not reallocated
+        cache.give(first)
+        cache.give(bytearray(12345))  # odd sizes are not kept
+        assert cache._free_bytes == 3 * MiB
+    assert cache._free_bytes == 0 and cache.take(3 * MiB) is not first  # the last session dropped them

@@ -106,7 +106,13 @@ def download_files(store: ObjectStore, prefix: str, staged: Path, todo: list[Fil
 
         range_size = _range_size(store)
         try:
-            for job in jobs:
+            import os as _os
+            if _os.environ.get("XP2"):
+                store.concurrency = 4
+                _run_concurrently(one, [j for j in jobs if j[0].size - j[3] > range_size], workers=2)
+                store.concurrency = 8
+            else:
+              for job in jobs:
                 if job[0].size - job[3] > range_size:
                     one(job)
             _run_concurrently(one, [j for j in jobs if j[0].size - j[3] <= range_size])
@@ -119,11 +125,11 @@ def download_files(store: ObjectStore, prefix: str, staged: Path, todo: list[Fil
     return bar.done, resumed
 
 
-def _run_concurrently(fn, items: list) -> None:
+def _run_concurrently(fn, items: list, workers=SMALL_FILE_WORKERS) -> None:
     """``fn`` over ``items`` on a pool; on the first failure, cancel what has not started and raise it."""
     if not items:
         return
-    with ThreadPoolExecutor(max_workers=min(SMALL_FILE_WORKERS, len(items)), thread_name_prefix="fetch") as pool:
+    with ThreadPoolExecutor(max_workers=min(workers, len(items)), thread_name_prefix="fetch") as pool:
         futures = [pool.submit(fn, item) for item in items]
         wait(futures, return_when=FIRST_EXCEPTION)
         for fut in futures:

@@ -47,7 +47,7 @@ from ..fsutil import atomic_write_bytes, create_exclusive_bytes, fsync_dir, reso
 from ..progress import ByteProgress
 from ..records._json import encode_json, read_json_object
 from . import base
-from .transfer import DEFAULT_RANGE_SIZE, download_ranges
+from .transfer import DEFAULT_RANGE_SIZE, FileRange, download_ranges
 from .uri import validate_key, validate_prefix
 
 META_DIR = ".ckptflow-meta"
@@ -191,7 +191,7 @@ class LocalStore:
         src = os.open(path, os.O_RDONLY)
         try:
             copied = download_ranges(
-                tmp, size=size, fetch_range=lambda offset, length: os.pread(src, length, offset),
+                tmp, size=size, open_range=FileRange.opener(src),
                 concurrency=self.concurrency, range_size=self.range_size, progress=progress, source=str(path))
             if copied.sha256 != digest.sha256:
                 raise VerificationFailed(
@@ -220,7 +220,7 @@ class LocalStore:
             return download_ranges(
                 Path(dest), size=size, start=start, hasher=hasher, progress=progress, concurrency=self.concurrency,
                 range_size=self.range_size, source=str(obj),
-                fetch_range=lambda offset, length: os.pread(fd, length, offset))
+                open_range=FileRange.opener(fd))
         finally:
             os.close(fd)
 

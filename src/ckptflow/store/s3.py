@@ -41,6 +41,7 @@ from .credentials import ENV_VAR, Credentials, endpoint_authority
 from .transfer import (
     DEFAULT_RANGE_SIZE,
     MIN_PART_SIZE,
+    TransientRead,
     download_ranges,
     part_size_for,
     retry_call,
@@ -60,8 +61,19 @@ class _ConditionalConflict(StoreError):
     """409 ConditionalRequestConflict: a concurrent conditional write is in progress; retried."""
 
 
-class _TransientRead(StoreError):
-    """A response body broke off mid-stream; the range is fetched again."""
+class _BodyReader:
+    """``readinto`` on a GetObject body (read straight into the caller's buffer); a body that breaks off
+    (connection reset, timeout, fewer bytes than its Content-Length) raises ``TransientRead``."""
+
+    def __init__(self, body, where: str):
+        self._body, self._where = body, where
+
+    def readinto(self, view: memoryview) -> int:
+        try:
+            return self._body.readinto(view)
+        except _STREAM_ERRORS as exc:
+            raise TransientRead(f"GET {self._where}: body broke off ({type(exc).__name__})",
+                                remedy="retry") from None
 
 
 def _code(exc: ClientError) -> str:
@@ -316,27 +328,29 @@ class S3Store:
                 self._client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
             raise
 
-    def _fetch_range(self, key: str, offset: int, length: int) -> bytes:
-        def once() -> bytes:
-            try:
-                resp = self._client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={offset}-{offset + length - 1}")
-            except ClientError as exc:
-                if _code(exc) == "InvalidRange":
-                    raise VerificationFailed(f"{self._where(key)} has no bytes at offset {offset}",
-                                             remedy="the object is shorter than its recorded size") from None
-                raise self._error(exc, "GET", key) from None
-            except BotoCoreError as exc:
-                raise self._error(exc, "GET", key) from None
-            body = resp["Body"]
-            try:
-                return body.read()
-            except _STREAM_ERRORS as exc:
-                raise _TransientRead(f"GET {self._where(key)}: body broke off ({type(exc).__name__})",
-                                     remedy="retry") from None
-            finally:
-                body.close()
-
-        return retry_call(once, retry_on=(_TransientRead,), attempts=4)
+    @contextlib.contextmanager
+    def _open_range(self, key: str, offset: int, length: int):
+        """A reader of bytes ``[offset, offset + length)`` of ``key``; a body that breaks off raises
+        ``TransientRead`` (the caller fetches the range again)."""
+        try:
+            resp = self._client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={offset}-{offset + length - 1}")
+        except ClientError as exc:
+            if _code(exc) == "InvalidRange":
+                raise VerificationFailed(f"{self._where(key)} has no bytes at offset {offset}",
+                                         remedy="the object is shorter than its recorded size") from None
+            raise self._error(exc, "GET", key) from None
+        except BotoCoreError as exc:
+            raise self._error(exc, "GET", key) from None
+        body = resp["Body"]
+        try:
+            sent = resp.get("ContentLength")
+            if sent is not None and sent != length:
+                raise VerificationFailed(
+                    f"{self._where(key)} answered {sent} bytes for the range at {offset}, expected {length}",
+                    remedy="the object's size differs from the archive's record; check it")
+            yield _BodyReader(body, self._where(key))
+        finally:
+            body.close()
 
     def download_file(self, key: str, dest: Path, *, size: int | None = None, start: int = 0, hasher=None,
                       progress: ByteProgress | None = None) -> FileDigest:
@@ -349,7 +363,7 @@ class S3Store:
         return download_ranges(
             Path(dest), size=size, start=start, hasher=hasher, progress=progress, concurrency=self.concurrency,
             range_size=self.download_range_size, source=self._where(key),
-            fetch_range=lambda offset, length: self._fetch_range(key, offset, length),
+            open_range=lambda offset, length: self._open_range(key, offset, length),
         )
 
     def get_bytes(self, key: str, *, max_bytes: int = 64 * 1024 * 1024) -> bytes:

@@ -3,18 +3,25 @@
 Both directions run byte ranges on a thread pool and hand each finished range to the calling thread in
 *file order*, where it is hashed. A range that finishes early waits in memory until the ranges before
 it are hashed; at most ``concurrency`` ranges are in flight and ``2 × concurrency`` in flight or
-waiting, so memory stays below ``2 × concurrency × range size`` while the file is read or written
+waiting, so memory stays below about ``2 × concurrency × range size`` while the file is read or written
 exactly once:
 
-- ``download_ranges`` writes the ranges sequentially in file order while a second thread hashes them,
-  and returns the ``FileDigest`` of the whole file (a verified prefix is accounted for by a pre-fed
-  hasher).
-- ``upload_parts`` reads each part with ``os.pread`` and returns the parts' results plus the sha256 of
-  the bytes actually sent, so a file that changed after it was hashed is caught before the upload is
-  committed.
+- ``download_ranges``: each worker streams its range into a buffer in small pieces and writes every
+  piece to the file at once, while the bytes are still in the CPU cache; the finished buffer goes to a
+  hashing thread in file order. It returns the ``FileDigest`` of the whole file (a verified prefix is
+  accounted for by a pre-fed hasher). A killed download leaves holes, which ``archive.stage`` accounts
+  for when it resumes.
+- ``upload_parts`` reads each part into a buffer with ``os.preadv`` and returns the parts' results plus
+  the sha256 of the bytes actually sent, so a file that changed after it was hashed is caught before
+  the upload is committed.
+
+Buffers are reused (``BufferCache``): a fresh multi-MiB allocation per range is an ``mmap`` that is
+page-faulted and zeroed on first touch and unmapped (a TLB shoot-down across threads) when freed,
+which costs more CPU than hashing the range.
 
 Progress is counted when a range has been written or a part acknowledged, so retries never count twice.
-The backends supply only ``fetch_range(offset, length) -> bytes`` and ``upload_part(number, data)``.
+Backends supply ``open_range(offset, length)`` (a context manager yielding an object with
+``readinto``) and ``upload_part(number, data)``.
 """
 
 from __future__ import annotations
@@ -28,16 +35,20 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ..digest import CHUNK_SIZE, FileDigest
-from ..errors import UnsafePath, VerificationFailed
+from ..errors import StoreError, UnsafePath, VerificationFailed
 from ..progress import ByteProgress
 
 DEFAULT_RANGE_SIZE = 8 * 1024 * 1024
 MIN_PART_SIZE = 5 * 1024 * 1024  # S3's minimum for every part but the last
 MAX_PARTS = 10_000
+# A worker writes what it received in pieces of this size, while they are still in the CPU cache.
+IO_PIECE = 256 * 1024
+MiB = 1024 * 1024
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -107,11 +118,75 @@ def ordered_map(items: Sequence[T], work: Callable[[T], R], consume: Callable[[T
             raise
 
 
+class TransientRead(StoreError):
+    """A range's body broke off mid-stream; the whole range is fetched again."""
+
+
+class RangeReader(Protocol):
+    def readinto(self, view: memoryview, /) -> int: ...
+
+
+class BufferCache:
+    """Reusable byte buffers for ranges and parts, kept while a transfer session is open.
+
+    ``take(n)`` returns a ``bytearray`` of at least ``n`` bytes (sizes are rounded up to whole MiB, so
+    few distinct sizes exist); ``give`` hands it back. Given-back buffers are kept (up to
+    ``max_bytes`` in all) only while at least one ``session()`` is open, and dropped when the last one
+    closes, so a long-lived process (a trainer) holds no transfer memory between publications.
+    """
+
+    def __init__(self, max_bytes: int = 160 * MiB):
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._free: dict[int, list[bytearray]] = {}
+        self._free_bytes = 0
+        self._sessions = 0
+
+    @staticmethod
+    def _size(n: int) -> int:
+        return max(MiB, -(-n // MiB) * MiB)
+
+    def take(self, n: int) -> bytearray:
+        size = self._size(n)
+        with self._lock:
+            free = self._free.get(size)
+            if free:
+                self._free_bytes -= size
+                return free.pop()
+        return bytearray(size)
+
+    def give(self, buf: bytearray) -> None:
+        if len(buf) % MiB:
+            return  # an odd-sized last part: not worth keeping
+        with self._lock:
+            if self._sessions and self._free_bytes + len(buf) <= self.max_bytes:
+                self._free.setdefault(len(buf), []).append(buf)
+                self._free_bytes += len(buf)
+
+    @contextlib.contextmanager
+    def session(self):
+        """Keep given-back buffers for reuse until the last open session closes."""
+        with self._lock:
+            self._sessions += 1
+        try:
+            yield self
+        finally:
+            with self._lock:
+                self._sessions -= 1
+                if not self._sessions:
+                    self._free.clear()
+                    self._free_bytes = 0
+
+
+BUFFERS = BufferCache()
+
+
 class _OrderedHasher:
     """Feed ``hasher`` from a background thread, in the order ``update`` was called.
 
-    At most two chunks wait in the queue, so memory stays bounded; an exception in the caller stops
-    the thread without waiting for the queue to drain.
+    At most two chunks wait in the queue, so memory stays bounded; ``done`` (if given) is called once a
+    chunk is hashed, to recycle its buffer. An exception in the caller stops the thread without waiting
+    for the queue to drain.
     """
 
     _STOP = object()
@@ -126,10 +201,13 @@ class _OrderedHasher:
             item = self._queue.get()
             if item is self._STOP:
                 return
-            self._hasher.update(item)
+            data, done = item
+            self._hasher.update(data)
+            if done is not None:
+                done()
 
-    def update(self, data: bytes) -> None:
-        self._queue.put(data)
+    def update(self, data, done: Callable[[], None] | None = None) -> None:
+        self._queue.put((data, done))
 
     def __enter__(self) -> _OrderedHasher:
         self._thread.start()
@@ -158,15 +236,42 @@ def _hash_prefix(fd: int, length: int, dest: Path) -> Any:
     return h
 
 
-def download_ranges(dest: Path, *, size: int, fetch_range: Callable[[int, int], bytes], start: int = 0,
-                    hasher=None, concurrency: int = 8, range_size: int = DEFAULT_RANGE_SIZE,
-                    progress: ByteProgress | None = None, source: str = "object") -> FileDigest:
-    """Fill bytes ``[start, size)`` of ``dest`` from ``fetch_range`` and return the whole file's digest.
+def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    written = 0
+    while written < len(view):
+        written += os.pwrite(fd, view[written:], offset + written)
 
-    ``dest`` is created if absent (a symlink is refused, never followed) and truncated to ``start``
-    (bytes past the verified prefix are rewritten). It is not fsynced: callers that commit the file
-    (fetch staging) flush it before the rename that makes it count. ``hasher`` must already hold bytes ``[0, start)``; without one they are
-    re-read from ``dest``. ``source`` names the object in errors.
+
+class FileRange:
+    """``open_range`` for a local file descriptor: ``readinto`` with ``os.preadv`` from ``offset``."""
+
+    def __init__(self, fd: int, offset: int, length: int):
+        self._fd, self._pos, self._end = fd, offset, offset + length
+
+    def readinto(self, view: memoryview) -> int:
+        want = min(len(view), self._end - self._pos)
+        if want <= 0:
+            return 0
+        n = os.preadv(self._fd, [view[:want]], self._pos)
+        self._pos += n
+        return n
+
+    @classmethod
+    def opener(cls, fd: int) -> Callable[[int, int], AbstractContextManager[RangeReader]]:
+        return lambda offset, length: contextlib.nullcontext(cls(fd, offset, length))
+
+
+def download_ranges(dest: Path, *, size: int, open_range: Callable[[int, int], AbstractContextManager[RangeReader]],
+                    start: int = 0, hasher=None, concurrency: int = 8, range_size: int = DEFAULT_RANGE_SIZE,
+                    progress: ByteProgress | None = None, source: str = "object") -> FileDigest:
+    """Fill bytes ``[start, size)`` of ``dest`` from ``open_range`` and return the whole file's digest.
+
+    ``open_range(offset, length)`` yields a reader of exactly that span; a reader that raises
+    ``TransientRead`` has its range fetched again (up to four attempts), one that ends early fails the
+    download naming ``source``. ``dest`` is created if absent (a symlink is refused, never followed)
+    and truncated to ``start`` (bytes past the verified prefix are rewritten). It is not fsynced:
+    callers that commit the file (fetch staging) flush it before the rename that makes it count.
+    ``hasher`` must already hold bytes ``[0, start)``; without one they are re-read from ``dest``.
     """
     dest = Path(dest)
     if not 0 <= start <= size:
@@ -187,28 +292,37 @@ def download_ranges(dest: Path, *, size: int, fetch_range: Callable[[int, int], 
             hasher = _hash_prefix(fd, start, dest) if start else hashlib.sha256()
         os.ftruncate(fd, start)
 
-        def work(rng: tuple[int, int]) -> bytes:
-            offset, length = rng
-            data = fetch_range(offset, length)
-            if len(data) != length:
+        def fill(offset: int, view: memoryview) -> None:
+            filled = 0
+            with open_range(offset, len(view)) as reader:
+                while filled < len(view):
+                    n = reader.readinto(view[filled:filled + IO_PIECE])
+                    if not n:
+                        break
+                    _pwrite_all(fd, view[filled:filled + n], offset + filled)
+                    filled += n
+            if filled != len(view):
                 raise VerificationFailed(
-                    f"{source} returned {len(data)} bytes for the range at {offset}, expected {length}",
-                    remedy="the source is shorter than its recorded size; check it",
-                )
-            return data
+                    f"{source} returned {filled} bytes for the range at {offset}, expected {len(view)}",
+                    remedy="the source is shorter than its recorded size; check it")
 
-        # Ranges arrive in file order: they are written sequentially here (much faster than workers
-        # writing into one file at once) while a second thread hashes them, so hashing and writing
-        # overlap and no byte is read twice.
-        with _OrderedHasher(hasher) as background:
-            def consume(rng: tuple[int, int], data: bytes) -> None:
-                background.update(data)
-                view = memoryview(data)
-                offset, written = rng[0], 0
-                while written < len(data):
-                    written += os.pwrite(fd, view[written:], offset + written)
+        def work(rng: tuple[int, int]) -> bytearray:
+            offset, length = rng
+            buf = BUFFERS.take(length)
+            try:
+                retry_call(lambda: fill(offset, memoryview(buf)[:length]), retry_on=(TransientRead,))
+            except BaseException:
+                BUFFERS.give(buf)
+                raise
+            return buf
+
+        # Workers write their pieces straight away (at their own offsets); the finished ranges reach the
+        # hashing thread in file order, so writing and hashing overlap and no byte is read back.
+        with BUFFERS.session(), _OrderedHasher(hasher) as background:
+            def consume(rng: tuple[int, int], buf: bytearray) -> None:
+                background.update(memoryview(buf)[:rng[1]], lambda: BUFFERS.give(buf))
                 if progress is not None:
-                    progress.update(len(data))
+                    progress.update(rng[1])
 
             ordered_map(split_ranges(start, size, range_size), work, consume, concurrency=concurrency,
                         name="download")
@@ -217,35 +331,48 @@ def download_ranges(dest: Path, *, size: int, fetch_range: Callable[[int, int], 
     return FileDigest(size=size, sha256=hasher.hexdigest())
 
 
-def upload_parts(path: Path, *, size: int, part_size: int, upload_part: Callable[[int, bytes], R],
+def upload_parts(path: Path, *, size: int, part_size: int, upload_part: Callable[[int, bytearray], R],
                  concurrency: int = 8, progress: ByteProgress | None = None) -> tuple[list[R], str]:
     """Send ``path`` as numbered parts (1..N) concurrently; return the results in order and the sha256.
 
-    Each part is read with ``os.pread`` inside its worker; ``upload_part(number, data)`` returns what
-    the commit step needs (an ETag). A file shorter than ``size`` fails the upload.
+    Each part is read into a reused buffer inside its worker; ``upload_part(number, data)`` returns what
+    the commit step needs (an ETag) and must not keep ``data`` after it returns (the buffer is reused).
+    A file shorter than ``size`` fails the upload.
     """
     parts = [(i + 1, off, length) for i, (off, length) in enumerate(split_ranges(0, size, part_size))]
     results: list[R] = []
     h = hashlib.sha256()
     fd = os.open(path, os.O_RDONLY)
     try:
-        def work(part: tuple[int, int, int]) -> tuple[bytes, R]:
+        def work(part: tuple[int, int, int]) -> tuple[bytearray, R]:
             number, offset, length = part
-            data = os.pread(fd, length, offset)
-            if len(data) != length:
-                raise VerificationFailed(
-                    f"{path} is shorter than the {size} bytes that were hashed",
-                    remedy="the file changed after it was hashed; hash it again", path=str(path),
-                )
-            return data, upload_part(number, data)
+            # A body must be exactly the part (botocore sends a bytearray whole): a short last part
+            # gets a buffer of its own size.
+            data = BUFFERS.take(length) if length % MiB == 0 else bytearray(length)
+            try:
+                view = memoryview(data)[:length]
+                got = 0
+                while got < length:
+                    n = os.preadv(fd, [view[got:]], offset + got)
+                    if not n:
+                        raise VerificationFailed(
+                            f"{path} is shorter than the {size} bytes that were hashed",
+                            remedy="the file changed after it was hashed; hash it again", path=str(path))
+                    got += n
+                return data, upload_part(number, data)
+            except BaseException:
+                BUFFERS.give(data)
+                raise
 
-        def consume(part: tuple[int, int, int], out: tuple[bytes, R]) -> None:
+        def consume(part: tuple[int, int, int], out: tuple[bytearray, R]) -> None:
             h.update(out[0])
+            BUFFERS.give(out[0])
             results.append(out[1])
             if progress is not None:
-                progress.update(len(out[0]))
+                progress.update(part[2])
 
-        ordered_map(parts, work, consume, concurrency=concurrency, name="upload")
+        with BUFFERS.session():
+            ordered_map(parts, work, consume, concurrency=concurrency, name="upload")
     finally:
         with contextlib.suppress(OSError):
             os.close(fd)
