@@ -104,21 +104,42 @@ def add_merge_record(artifact: Path, diag: str = "diag.json") -> None:
 
 
 class CountingStore:
-    """A real store that records every ``download_file`` call as ``(key, start, size)``; all else passes through."""
+    """A real store that records what is downloaded; all else passes through.
+
+    ``downloads`` holds ``(key, start, end)`` for every range opened and every whole ``download_file``
+    call (the ranges such a call opens inside the store are not counted twice).
+    """
 
     def __init__(self, inner):
         self._inner = inner
-        self.downloads: list[tuple[str, int, int | None]] = []
+        self.downloads: list[tuple[str, int, int]] = []
+        self.whole_calls: list[tuple[str, int, int | None]] = []
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
+    def open_range(self, key, offset, length):
+        self.downloads.append((key, offset, offset + length))
+        return self._inner.open_range(key, offset, length)
+
     def download_file(self, key, dest, *, size=None, start=0, hasher=None, progress=None):
-        self.downloads.append((key, start, size))
-        return self._inner.download_file(key, dest, size=size, start=start, hasher=hasher, progress=progress)
+        got = self._inner.download_file(key, dest, size=size, start=start, hasher=hasher, progress=progress)
+        self.whole_calls.append((key, start, size))
+        self.downloads.append((key, start, got.size))
+        return got
 
     def downloaded_keys(self) -> list[str]:
-        return sorted(key for key, _, _ in self.downloads)
+        return sorted({key for key, _, _ in self.downloads})
+
+    def spans(self, key_suffix: str) -> list[tuple[int, int]]:
+        """The byte spans downloaded of the object whose key ends with ``key_suffix``, merged, in order."""
+        out: list[list[int]] = []
+        for _, start, end in sorted(d for d in self.downloads if d[0].endswith(key_suffix)):
+            if out and start <= out[-1][1]:
+                out[-1][1] = max(out[-1][1], end)
+            else:
+                out.append([start, end])
+        return [(a, b) for a, b in out]
 
     def downloaded_bytes(self) -> int:
-        return sum((size or 0) - start for _, start, size in self.downloads)
+        return sum(end - start for _, start, end in self.downloads)

@@ -16,7 +16,9 @@ from ckptflow.store.transfer import (
     MAX_PARTS,
     BufferCache,
     MiB,
+    RangedFile,
     TransientRead,
+    download_batch,
     download_ranges,
     ordered_map,
     part_size_for,
@@ -178,3 +180,42 @@ def test_buffers_are_reused_within_a_session_and_released_after() -> None:
         cache.give(bytearray(12345))  # odd sizes are not kept
         assert cache._free_bytes == 3 * MiB
     assert cache._free_bytes == 0 and cache.take(3 * MiB) is not first  # the last session dropped them
+
+
+def test_a_batch_streams_files_back_to_back_and_commits_each_in_order(tmp_path: Path) -> None:
+    blobs = [bytes(range(256)) * 300, b"", b"small", bytes(reversed(range(256))) * 90]
+    finished: list[tuple[int, str]] = []
+    files = [RangedFile(tmp_path / f"f{i}", len(b), _bytes_source(b)) for i, b in enumerate(blobs)]
+    got = download_batch(files, concurrency=3, range_size=10_000,
+                         finish=lambda i, digest: finished.append((i, digest.sha256)))
+    for i, blob in enumerate(blobs):
+        assert (tmp_path / f"f{i}").read_bytes() == blob  # the empty one is created too
+        assert got[i].size == len(blob) and got[i].sha256 == hashlib.sha256(blob).hexdigest()
+    assert finished == [(i, hashlib.sha256(b).hexdigest()) for i, b in enumerate(blobs)]
+
+
+def test_a_failing_commit_stops_the_batch_and_is_raised(tmp_path: Path) -> None:
+    blobs = [bytes([i]) * 30_000 for i in range(6)]
+    files = [RangedFile(tmp_path / f"f{i}", len(b), _bytes_source(b)) for i, b in enumerate(blobs)]
+
+    def finish(i: int, digest) -> None:
+        if i == 0:
+            raise VerificationFailed("f0 does not match", remedy="none")
+
+    with pytest.raises(VerificationFailed, match="f0 does not match"):
+        download_batch(files, concurrency=2, range_size=10_000, finish=finish)
+
+
+def test_a_batch_resumes_a_file_from_its_start_with_the_prefix_hashed_from_disk(tmp_path: Path) -> None:
+    data = bytes(range(256)) * 200
+    dest = tmp_path / "part"
+    dest.write_bytes(data[:12_000] + b"stale bytes past the prefix")
+    opened: list[int] = []
+
+    def open_range(offset: int, length: int):
+        opened.append(offset)
+        return contextlib.nullcontext(io.BytesIO(data[offset:offset + length]))
+
+    [got] = download_batch([RangedFile(dest, len(data), open_range, start=12_000)], range_size=10_000)
+    assert min(opened) == 12_000 and dest.read_bytes() == data
+    assert got.sha256 == hashlib.sha256(data).hexdigest()

@@ -1,15 +1,16 @@
 """Download declared files into a staging directory: through ``.part`` temporaries, hashed while written.
 
-Each file is written by ``store.download_file`` into a process-unique part (``stage.claim_part``),
-hashed in order as its ranges arrive (one pass, no re-read), compared with the declared size and
-sha256, and only then renamed into place. A part left by a killed fetch is continued from its
+Each file is written into a process-unique part (``stage.claim_part``), hashed in order as its
+ranges arrive (one pass, no re-read), compared with the declared size and sha256, flushed, and only
+then renamed into place. A part left by a killed fetch is continued from its
 re-verified prefix; the whole-file digest decides (see ``reader``'s docstring for why a prefix cannot
 be proven on its own): a mismatch after a resume costs one whole download, a mismatch of a whole
 download is an error naming the object, and its part is removed.
 
-Concurrency follows the publisher: a file larger than one range is fetched alone, its ranges in
-parallel (the store bounds memory to its range window); smaller files go several at a time, since
-each is one request. One byte-accurate bar on stderr counts bytes as they are written.
+All files form one stream of ranges (``transfer.download_batch``), largest file first: the store's
+concurrency is kept busy across file boundaries, memory stays bounded by one range window, and a
+file is checked, flushed and renamed on a thread of its own while later files download. One
+byte-accurate bar on stderr counts bytes as they are written.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from functools import partial
 from pathlib import Path
 
 from .. import testhooks
@@ -26,14 +27,12 @@ from ..errors import VerificationFailed
 from ..fsutil import fsync_file, payload_fsync_enabled
 from ..progress import ByteProgress
 from ..records.inventory import FileEntry
-from ..store.base import ObjectStore
-from ..store.transfer import DEFAULT_RANGE_SIZE
+from ..store.base import DEFAULT_CONCURRENCY, ObjectStore
+from ..store.transfer import DEFAULT_RANGE_SIZE, RangedFile, download_batch
 from . import stage
 from .keys import object_key
 
 log = logging.getLogger(__name__)
-
-SMALL_FILE_WORKERS = 8
 
 
 class _FileProgress:
@@ -66,8 +65,8 @@ def download_files(store: ObjectStore, prefix: str, staged: Path, todo: list[Fil
                    where: Callable[[str], str], progress: bool | None = None) -> tuple[int, list[dict]]:
     """Download every ``todo`` entry to ``staged/<path>``, verified; return (bytes received, ranged resumes).
 
-    ``where(path)`` names an object in messages. Raises on the first failure after the files already
-    running have finished (their verified files stay in place; a rerun keeps them).
+    ``where(path)`` names an object in messages. Raises on the first failure once the work already
+    running has returned (files verified and renamed by then stay in place; a rerun keeps them).
     """
     jobs = []
     for entry in sorted(todo, key=lambda e: (-e.size, e.path)):
@@ -79,13 +78,12 @@ def download_files(store: ObjectStore, prefix: str, staged: Path, todo: list[Fil
     resumed = [{"path": e.path, "offset": off} for e, _, _, off, _ in jobs if off]
 
     with ByteProgress(sum(e.size - off for e, _, _, off, _ in jobs), "fetch", progress) as bar:
-        def one(job) -> None:
-            entry, final, part, offset, hasher = job
+        def commit(index: int, got: FileDigest) -> None:
+            """On its own thread while later files download: check, flush, rename into place."""
+            entry, final, part, offset, _ = jobs[index]
             expected = FileDigest(entry.size, entry.sha256)
             key = object_key(prefix, entry.path)
             try:
-                got = store.download_file(key, part, size=entry.size, start=offset, hasher=hasher,
-                                          progress=_FileProgress(bar, entry.path, entry.size - offset))
                 if offset and got != expected:
                     log.warning("resumed download of %s did not verify; downloading it whole", where(entry.path))
                     _grow(bar, offset)
@@ -104,18 +102,15 @@ def download_files(store: ObjectStore, prefix: str, staged: Path, todo: list[Fil
             testhooks.reached("fetch:after-file")
             testhooks.reached(f"fetch:after-file:{entry.path}")
 
-        range_size = _range_size(store)
+        files = [
+            RangedFile(part, entry.size, partial(store.open_range, object_key(prefix, entry.path)), start=offset,
+                       hasher=hasher, progress=_FileProgress(bar, entry.path, entry.size - offset),
+                       source=where(entry.path))
+            for entry, _, part, offset, hasher in jobs
+        ]
         try:
-            import os as _os
-            if _os.environ.get("XP2"):
-                store.concurrency = 4
-                _run_concurrently(one, [j for j in jobs if j[0].size - j[3] > range_size], workers=2)
-                store.concurrency = 8
-            else:
-              for job in jobs:
-                if job[0].size - job[3] > range_size:
-                    one(job)
-            _run_concurrently(one, [j for j in jobs if j[0].size - j[3] <= range_size])
+            download_batch(files, concurrency=getattr(store, "concurrency", None) or DEFAULT_CONCURRENCY,
+                           range_size=_range_size(store), finish=commit)
         finally:
             for _, _, part, _, _ in jobs:
                 stage.release(part)
@@ -123,18 +118,3 @@ def download_files(store: ObjectStore, prefix: str, staged: Path, todo: list[Fil
         for leftover in stage.leftover_parts(final):  # older parts of files now in place
             leftover.unlink(missing_ok=True)
     return bar.done, resumed
-
-
-def _run_concurrently(fn, items: list, workers=SMALL_FILE_WORKERS) -> None:
-    """``fn`` over ``items`` on a pool; on the first failure, cancel what has not started and raise it."""
-    if not items:
-        return
-    with ThreadPoolExecutor(max_workers=min(workers, len(items)), thread_name_prefix="fetch") as pool:
-        futures = [pool.submit(fn, item) for item in items]
-        wait(futures, return_when=FIRST_EXCEPTION)
-        for fut in futures:
-            fut.cancel()
-        wait(futures)
-    errors = [f.exception() for f in futures if not f.cancelled() and f.exception() is not None]
-    if errors:
-        raise errors[0]

@@ -9,12 +9,14 @@ relative paths. ``sha256`` is the lowercase hex SHA-256 of the whole object, car
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from ..digest import FileDigest
 from ..progress import ByteProgress
+from .transfer import RangeReader
 
 # Above this size put_file uses a multipart upload with parts sent concurrently. Parts in flight are
 # held in memory (at most 2 * concurrency of them), so 8 MiB parts keep an upload under ~128 MiB;
@@ -91,6 +93,13 @@ class ObjectStore(Protocol):
         Ranges are fetched concurrently and hashed in order as they arrive (one pass, no re-read).
         With ``start > 0`` the caller passes ``hasher`` already fed with the verified prefix.
         Returns the size and sha256 of the whole file. ``size`` defaults to a HEAD.
+        """
+
+    def open_range(self, key: str, offset: int, length: int) -> AbstractContextManager[RangeReader]:
+        """A reader (``readinto``) of bytes ``[offset, offset + length)`` of ``key``, for ranged downloads.
+
+        A body that breaks off raises ``transfer.TransientRead`` (the range is fetched again); an object
+        whose size differs from the span asked for is a ``VerificationFailed``.
         """
 
     def list(self, prefix: str) -> list[ObjectInfo]:

@@ -201,6 +201,17 @@ class GCSStore:
     ) -> FileDigest:
         return self._s3.download_file(key, dest, size=size, start=start, hasher=hasher, progress=progress)
 
+    def open_range(self, key: str, offset: int, length: int):
+        return self._s3.open_range(key, offset, length)
+
+    @property
+    def concurrency(self) -> int:
+        return self._s3.concurrency
+
+    @property
+    def download_range_size(self) -> int:
+        return self._s3.download_range_size
+
     def list(self, prefix: str) -> list[ObjectInfo]:
         return self._s3.list(prefix)
 

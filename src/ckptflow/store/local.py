@@ -224,6 +224,15 @@ class LocalStore:
         finally:
             os.close(fd)
 
+    @contextlib.contextmanager
+    def open_range(self, key: str, offset: int, length: int):
+        obj, _ = self._paths(key)
+        fd = self._open(obj, key)
+        try:
+            yield FileRange(fd, offset, length)
+        finally:
+            os.close(fd)
+
     def get_bytes(self, key: str, *, max_bytes: int = 64 * 1024 * 1024) -> bytes:
         obj, _ = self._paths(key)
         fd = self._open(obj, key)

@@ -329,9 +329,9 @@ class S3Store:
             raise
 
     @contextlib.contextmanager
-    def _open_range(self, key: str, offset: int, length: int):
-        """A reader of bytes ``[offset, offset + length)`` of ``key``; a body that breaks off raises
-        ``TransientRead`` (the caller fetches the range again)."""
+    def open_range(self, key: str, offset: int, length: int):
+        """A reader of bytes ``[offset, offset + length)`` of ``key`` (see ``ObjectStore.open_range``)."""
+        validate_key(key)
         try:
             resp = self._client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={offset}-{offset + length - 1}")
         except ClientError as exc:
@@ -363,7 +363,7 @@ class S3Store:
         return download_ranges(
             Path(dest), size=size, start=start, hasher=hasher, progress=progress, concurrency=self.concurrency,
             range_size=self.download_range_size, source=self._where(key),
-            open_range=lambda offset, length: self._open_range(key, offset, length),
+            open_range=lambda offset, length: self.open_range(key, offset, length),
         )
 
     def get_bytes(self, key: str, *, max_bytes: int = 64 * 1024 * 1024) -> bytes:

@@ -35,7 +35,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -182,39 +183,54 @@ BUFFERS = BufferCache()
 
 
 class _OrderedHasher:
-    """Feed ``hasher`` from a background thread, in the order ``update`` was called.
+    """Run calls (hash updates, completions) on one background thread, in the order they were submitted.
 
-    At most two chunks wait in the queue, so memory stays bounded; ``done`` (if given) is called once a
-    chunk is hashed, to recycle its buffer. An exception in the caller stops the thread without waiting
-    for the queue to drain.
+    At most two calls wait in the queue, so memory stays bounded; ``after`` (if given) runs once its
+    call is done, to recycle a buffer. ``drain`` waits for everything submitted. Leaving the context
+    with an exception stops the thread without running what is still queued.
     """
 
     _STOP = object()
 
-    def __init__(self, hasher: Any):
-        self._hasher = hasher
+    def __init__(self):
         self._queue: queue.Queue = queue.Queue(maxsize=2)
         self._thread = threading.Thread(target=self._run, name="sha256", daemon=True)
+        self._error: BaseException | None = None
 
     def _run(self) -> None:
         while True:
             item = self._queue.get()
             if item is self._STOP:
                 return
-            data, done = item
-            self._hasher.update(data)
-            if done is not None:
-                done()
+            fn, args, after = item
+            if self._error is None:
+                try:
+                    fn(*args)
+                except BaseException as exc:  # noqa: BLE001 - re-raised by submit() and drain()
+                    self._error = exc
+            if after is not None:
+                after()
 
-    def update(self, data, done: Callable[[], None] | None = None) -> None:
-        self._queue.put((data, done))
+    def submit(self, fn: Callable[..., Any], *args: Any, after: Callable[[], None] | None = None) -> None:
+        if self._error is not None:
+            raise self._error
+        self._queue.put((fn, args, after))
+
+    def drain(self) -> None:
+        """Wait until every submitted call has run; raise the first one's failure."""
+        self._queue.put(self._STOP)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
     def __enter__(self) -> _OrderedHasher:
         self._thread.start()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:  # drop what is queued; the digest will not be used
+        if not self._thread.is_alive():
+            return
+        if exc_type is not None:  # drop what is queued; the digests will not be used
             with contextlib.suppress(queue.Empty):
                 while True:
                     self._queue.get_nowait()
@@ -261,74 +277,170 @@ class FileRange:
         return lambda offset, length: contextlib.nullcontext(cls(fd, offset, length))
 
 
+@dataclass
+class RangedFile:
+    """One file of a ``download_batch``: fill bytes ``[start, size)`` of ``dest`` from ``open_range``.
+
+    ``open_range(offset, length)`` yields a reader of exactly that span. ``hasher`` must already hold
+    bytes ``[0, start)``; without one they are re-read from ``dest``. ``progress.update(n)`` is told
+    each range once it is written; ``source`` names the object in errors.
+    """
+
+    dest: Path
+    size: int
+    open_range: Callable[[int, int], AbstractContextManager[RangeReader]]
+    start: int = 0
+    hasher: Any = None
+    progress: Any = None
+    source: str = "object"
+
+
+class _Target:
+    """A ``RangedFile`` being written: opened (and truncated to its start) by the first range to reach it."""
+
+    def __init__(self, spec: RangedFile):
+        self.spec = spec
+        self.fd: int | None = None
+        self.hasher = spec.hasher
+        self._lock = threading.Lock()
+
+    def open(self) -> int:
+        with self._lock:
+            if self.fd is None:
+                self.fd = _open_target(self.spec)
+                if self.hasher is None:
+                    self.hasher = _hash_prefix(self.fd, self.spec.start, self.spec.dest) if self.spec.start \
+                        else hashlib.sha256()
+                os.ftruncate(self.fd, self.spec.start)
+            return self.fd
+
+    def close(self) -> None:
+        with self._lock:
+            if self.fd is not None:
+                os.close(self.fd)
+                self.fd = None
+
+
+def _open_target(spec: RangedFile) -> int:
+    if not 0 <= spec.start <= spec.size:
+        raise ValueError(f"resume offset {spec.start} is outside 0..{spec.size} for {spec.dest}")
+    try:
+        fd = os.open(spec.dest, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePath(f"download target {spec.dest} is a symlink", remedy="remove the link; ckptflow writes "
+                             "only regular files it created") from None
+        raise
+    have = os.fstat(fd).st_size
+    if have < spec.start:
+        os.close(fd)
+        raise VerificationFailed(f"{spec.dest} holds {have} bytes, fewer than the resume offset {spec.start}",
+                                 remedy="delete the partial file and download again", path=str(spec.dest))
+    return fd
+
+
+def download_batch(files: Sequence[RangedFile], *, concurrency: int = 8, range_size: int = DEFAULT_RANGE_SIZE,
+                   finish: Callable[[int, FileDigest], None] | None = None) -> list[FileDigest]:
+    """Download ``files`` as one stream of ranges; return each whole file's ``FileDigest``, in order.
+
+    The ranges of all files form one ordered stream, so the next file's first ranges start while the
+    previous file's last ones are still in flight and no file boundary leaves the connections idle.
+    Each worker streams its range into a reused buffer, writing every piece to the file at once (while
+    it is still in the CPU cache); finished ranges reach one hashing thread in stream order, so each
+    file is hashed in order and no byte is read back. A range whose reader raises ``TransientRead`` is
+    fetched again (four attempts in all); one that ends early fails the download naming its source.
+
+    When a file's last range is hashed, ``finish(index, digest)`` runs on a thread of its own (the
+    caller's verify / fsync / rename) while later files keep downloading. The first failure, of a
+    range or of ``finish``, stops the stream once the running work has returned and is raised; files
+    whose ``finish`` completed stay as it left them. Files are not fsynced here.
+    """
+    targets = [_Target(f) for f in files]
+    items: list[tuple[int, int, int, bool]] = []
+    for i, spec in enumerate(files):
+        if not 0 <= spec.start <= spec.size:
+            raise ValueError(f"resume offset {spec.start} is outside 0..{spec.size} for {spec.dest}")
+        spans = split_ranges(spec.start, spec.size, range_size) or [(spec.start, 0)]  # an empty rest still creates it
+        items += [(i, off, n, k == len(spans) - 1) for k, (off, n) in enumerate(spans)]
+    digests: list[FileDigest | None] = [None] * len(files)
+    finished: list[Future] = []
+
+    def fill(target: _Target, fd: int, offset: int, view: memoryview) -> None:
+        filled = 0
+        with target.spec.open_range(offset, len(view)) as reader:
+            while filled < len(view):
+                n = reader.readinto(view[filled:filled + IO_PIECE])
+                if not n:
+                    break
+                _pwrite_all(fd, view[filled:filled + n], offset + filled)
+                filled += n
+        if filled != len(view):
+            raise VerificationFailed(
+                f"{target.spec.source} returned {filled} bytes for the range at {offset}, expected {len(view)}",
+                remedy="the source is shorter than its recorded size; check it")
+
+    def work(item: tuple[int, int, int, bool]) -> bytearray | None:
+        i, offset, length, _ = item
+        fd = targets[i].open()
+        if not length:
+            return None
+        buf = BUFFERS.take(length)
+        try:
+            retry_call(lambda: fill(targets[i], fd, offset, memoryview(buf)[:length]), retry_on=(TransientRead,))
+        except BaseException:
+            BUFFERS.give(buf)
+            raise
+        return buf
+
+    def raise_finish_failure() -> None:
+        while finished and finished[0].done():
+            finished.pop(0).result()  # raises what finish raised
+
+    with ExitStack() as stack:
+        stack.enter_context(BUFFERS.session())
+        stack.callback(lambda: [t.close() for t in targets])
+        finisher = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="finish"))
+        stack.callback(lambda: [f.cancel() for f in finished])  # on failure: no new commits
+        hashing = stack.enter_context(_OrderedHasher())
+
+        def complete(i: int) -> None:  # on the hashing thread, after the file's last bytes
+            digests[i] = FileDigest(files[i].size, targets[i].hasher.hexdigest())
+            if finish is not None:
+                finished.append(finisher.submit(finish, i, digests[i]))
+
+        def consume(item: tuple[int, int, int, bool], buf: bytearray | None) -> None:
+            raise_finish_failure()
+            i, _, length, last = item
+            target = targets[i]
+            if buf is not None:
+                hashing.submit(target.hasher.update, memoryview(buf)[:length], after=lambda: BUFFERS.give(buf))
+                if target.spec.progress is not None:
+                    target.spec.progress.update(length)
+            if last:
+                target.close()  # every range of it is written: they are consumed in order
+                hashing.submit(complete, i)
+
+        ordered_map(items, work, consume, concurrency=concurrency, name="download")
+        hashing.drain()
+        finisher.shutdown(wait=True)
+        for fut in finished:
+            fut.result()
+    assert all(d is not None for d in digests)
+    return digests  # type: ignore[return-value]
+
+
 def download_ranges(dest: Path, *, size: int, open_range: Callable[[int, int], AbstractContextManager[RangeReader]],
                     start: int = 0, hasher=None, concurrency: int = 8, range_size: int = DEFAULT_RANGE_SIZE,
                     progress: ByteProgress | None = None, source: str = "object") -> FileDigest:
     """Fill bytes ``[start, size)`` of ``dest`` from ``open_range`` and return the whole file's digest.
 
-    ``open_range(offset, length)`` yields a reader of exactly that span; a reader that raises
-    ``TransientRead`` has its range fetched again (up to four attempts), one that ends early fails the
-    download naming ``source``. ``dest`` is created if absent (a symlink is refused, never followed)
-    and truncated to ``start`` (bytes past the verified prefix are rewritten). It is not fsynced:
-    callers that commit the file (fetch staging) flush it before the rename that makes it count.
-    ``hasher`` must already hold bytes ``[0, start)``; without one they are re-read from ``dest``.
+    One file of ``download_batch`` (see there). ``dest`` is created if absent (a symlink is refused,
+    never followed) and truncated to ``start`` (bytes past the verified prefix are rewritten). It is not
+    fsynced: callers that commit the file (fetch staging) flush it before the rename that makes it count.
     """
-    dest = Path(dest)
-    if not 0 <= start <= size:
-        raise ValueError(f"resume offset {start} is outside 0..{size} for {dest}")
-    try:
-        fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UnsafePath(f"download target {dest} is a symlink", remedy="remove the link; ckptflow writes "
-                             "only regular files it created") from None
-        raise
-    try:
-        have = os.fstat(fd).st_size
-        if have < start:
-            raise VerificationFailed(f"{dest} holds {have} bytes, fewer than the resume offset {start}",
-                                     remedy="delete the partial file and download again", path=str(dest))
-        if hasher is None:
-            hasher = _hash_prefix(fd, start, dest) if start else hashlib.sha256()
-        os.ftruncate(fd, start)
-
-        def fill(offset: int, view: memoryview) -> None:
-            filled = 0
-            with open_range(offset, len(view)) as reader:
-                while filled < len(view):
-                    n = reader.readinto(view[filled:filled + IO_PIECE])
-                    if not n:
-                        break
-                    _pwrite_all(fd, view[filled:filled + n], offset + filled)
-                    filled += n
-            if filled != len(view):
-                raise VerificationFailed(
-                    f"{source} returned {filled} bytes for the range at {offset}, expected {len(view)}",
-                    remedy="the source is shorter than its recorded size; check it")
-
-        def work(rng: tuple[int, int]) -> bytearray:
-            offset, length = rng
-            buf = BUFFERS.take(length)
-            try:
-                retry_call(lambda: fill(offset, memoryview(buf)[:length]), retry_on=(TransientRead,))
-            except BaseException:
-                BUFFERS.give(buf)
-                raise
-            return buf
-
-        # Workers write their pieces straight away (at their own offsets); the finished ranges reach the
-        # hashing thread in file order, so writing and hashing overlap and no byte is read back.
-        with BUFFERS.session(), _OrderedHasher(hasher) as background:
-            def consume(rng: tuple[int, int], buf: bytearray) -> None:
-                background.update(memoryview(buf)[:rng[1]], lambda: BUFFERS.give(buf))
-                if progress is not None:
-                    progress.update(rng[1])
-
-            ordered_map(split_ranges(start, size, range_size), work, consume, concurrency=concurrency,
-                        name="download")
-    finally:
-        os.close(fd)
-    return FileDigest(size=size, sha256=hasher.hexdigest())
+    [digest] = download_batch([RangedFile(Path(dest), size, open_range, start, hasher, progress, source)],
+                              concurrency=concurrency, range_size=range_size)
+    return digest
 
 
 def upload_parts(path: Path, *, size: int, part_size: int, upload_part: Callable[[int, bytearray], R],
