@@ -3,8 +3,9 @@
 The artifact: a 1.5 GiB ``model.pt`` and 8 DCP shards (2 GiB in all). ckptflow's run includes
 everything publication does — hashing every file, the create-once declaration, uploads with sha256
 metadata, HEAD verification, the manifest commit and the receipt — in a child process whose own
-peak RSS (VmHWM, sampled) is reported. The peer uploads the same files with ``upload_file`` at the same concurrency (8) and
-part size, no hashing. Runs are interleaved, medians printed as JSON. Targets: time ratio ≤ 1.15,
+peak RSS (VmHWM, sampled) is reported. The peer uploads the same files with ``upload_file`` at the
+same concurrency (8) and part size, one file at a time, no hashing, also in a child process of its own
+(both pay interpreter start-up). Runs are interleaved, medians printed as JSON. Targets: time ratio ≤ 1.15,
 publish peak RSS < 300 MiB.
 
     python bench/publish.py --credentials .ckptflow/bench-servers/credentials-seaweedfs.json
@@ -17,7 +18,6 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
@@ -35,20 +35,34 @@ def _publish_child(art: Path, bucket: str, creds: str, prefix: str) -> tuple[flo
     return elapsed, peak_kib
 
 
+def _raw_child(args: argparse.Namespace) -> int:
+    """The peer: ``upload_file`` of each file, in a fresh interpreter like ckptflow's."""
+    creds = load_credentials(args.credentials)
+    raw = raw_client(creds, S3Store(args.bucket, creds).boto_config)
+    config = TransferConfig(
+        multipart_threshold=base.DEFAULT_MULTIPART_THRESHOLD, multipart_chunksize=base.DEFAULT_PART_SIZE,
+        max_concurrency=base.DEFAULT_CONCURRENCY,
+    )
+    art = Path(args.artifact)
+    for rel in json.loads(args.paths):
+        raw.upload_file(str(art / rel), args.bucket, f"{args.prefix}/{rel}", Config=config)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_artifact_args(ap)
+    ap.add_argument("--raw-child", action="store_true", help=argparse.SUPPRESS)
+    for hidden in ("--bucket", "--paths", "--artifact", "--prefix"):
+        ap.add_argument(hidden, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.raw_child:
+        return _raw_child(args)
 
     creds = load_credentials(args.credentials)
     bucket = f"bench-publish-{uuid.uuid4().hex[:8]}"
     store = S3Store(bucket, creds)
     store.ensure_bucket()
-    raw = raw_client(creds, store.boto_config)
-    config = TransferConfig(
-        multipart_threshold=base.DEFAULT_MULTIPART_THRESHOLD, multipart_chunksize=base.DEFAULT_PART_SIZE,
-        max_concurrency=base.DEFAULT_CONCURRENCY,
-    )
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     raw_t: list[float] = []
     ck_t: list[float] = []
@@ -57,11 +71,11 @@ def main() -> int:
         art = make_artifact(Path(tmp), args.model_mib, args.shard_mib, args.shards)
         files = [p for p in sorted(art.rglob("*")) if p.is_file() and p.name != "optim.pt"]
         total = sum(p.stat().st_size for p in files)
+        paths = json.dumps([str(p.relative_to(art)) for p in files])
         for run in range(args.runs):
-            t = time.perf_counter()
-            for p in files:
-                raw.upload_file(str(p), bucket, f"raw/{run}/{p.relative_to(art)}", Config=config)
-            raw_t.append(time.perf_counter() - t)
+            elapsed, _, _ = run_child([__file__, "--raw-child", "--credentials", args.credentials, "--bucket", bucket,
+                                       "--paths", paths, "--artifact", str(art), "--prefix", f"raw/{run}"])
+            raw_t.append(elapsed)
 
             (art / ".uploaded").unlink(missing_ok=True)
             elapsed, peak = _publish_child(art, bucket, args.credentials, f"ck/{run}/checkpoints")

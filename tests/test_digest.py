@@ -66,3 +66,14 @@ def test_is_sha256_hex():
     assert not digest.is_sha256_hex("A" * 64)
     assert not digest.is_sha256_hex("a" * 63)
     assert not digest.is_sha256_hex(None)
+
+
+def test_large_files_are_read_and_hashed_on_two_threads_with_the_same_digest(tmp_path):
+    size = digest.PIPE_BUFFERS * digest.PIPE_PIECE * 3 + 12345  # well past the pipelined threshold
+    data = os.urandom(size)
+    path = tmp_path / "big.bin"
+    path.write_bytes(data)
+    counted = []
+    got = digest.sha256_file(path, on_bytes=counted.append)
+    assert got == digest.FileDigest(size, hashlib.sha256(data).hexdigest())
+    assert sum(counted) == size
