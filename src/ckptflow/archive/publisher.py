@@ -202,20 +202,27 @@ def _upload_payloads(
     total = sum(e.size for e in todo)
     uploaded: list[str] = []
     with ByteProgress(total, "publish upload", progress) as bar:
+        def stored(_key: str) -> None:
+            testhooks.reached("publish:after-payload")
+
         def upload(entry: FileEntry) -> str:
             store.put_file(
                 object_key(prefix, entry.path), artifact_dir / entry.path,
                 digest=FileDigest(entry.size, entry.sha256), progress=bar,
             )
-            testhooks.reached("publish:after-payload")
+            stored(entry.path)
             return entry.path
 
-        # Large files go one at a time, each in concurrent parts (memory stays bounded by the store's
-        # part window); small files go concurrently, since each is one request.
+        # Large files go as one stream of concurrent parts (memory stays bounded by the store's part
+        # window, and no file boundary idles the connections); small files go concurrently, since
+        # each is one request.
         threshold = getattr(store, "multipart_threshold", DEFAULT_MULTIPART_THRESHOLD)
         large = [e for e in todo if e.size >= threshold]
         small = [e for e in todo if e.size < threshold]
-        uploaded = [upload(e) for e in large]
+        if large:
+            store.put_files([(object_key(prefix, e.path), artifact_dir / e.path, FileDigest(e.size, e.sha256))
+                             for e in large], progress=bar, on_stored=stored)
+        uploaded = [e.path for e in large]
         if small:
             with ThreadPoolExecutor(max_workers=min(SMALL_FILE_WORKERS, len(small)), thread_name_prefix="upload") as pool:
                 uploaded += list(pool.map(upload, small))

@@ -9,6 +9,7 @@ relative paths. ``sha256`` is the lowercase hex SHA-256 of the whole object, car
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +75,16 @@ class ObjectStore(Protocol):
         Multipart above the backend's threshold, parts concurrently; single-part uploads also send
         ``ChecksumSHA256`` where supported, so the server rejects corrupted bytes on receipt.
         """
+
+    def put_files(
+        self,
+        files: Sequence[tuple[str, Path, FileDigest]],
+        *,
+        progress: ByteProgress | None = None,
+        on_stored: Callable[[str], None] | None = None,
+    ) -> list[ObjectInfo]:
+        """``put_file`` for each ``(key, path, digest)``, as one stream where the backend can (no idle
+        connections between files); ``on_stored(key)`` follows each file stored and verified."""
 
     def get_bytes(self, key: str, *, max_bytes: int = 64 * 1024 * 1024) -> bytes:
         """Whole small object (records); refuse objects larger than ``max_bytes``."""

@@ -186,6 +186,9 @@ class GCSStore:
     ) -> ObjectInfo:
         return self._s3.put_file(key, path, digest=digest, progress=progress)
 
+    def put_files(self, files, *, progress: ByteProgress | None = None, on_stored=None) -> list[ObjectInfo]:
+        return self._s3.put_files(files, progress=progress, on_stored=on_stored)
+
     def get_bytes(self, key: str, *, max_bytes: int = 64 * 1024 * 1024) -> bytes:
         return self._s3.get_bytes(key, max_bytes=max_bytes)
 

@@ -210,6 +210,14 @@ class LocalStore:
                                      remedy="another writer is publishing the same key; check the archive")
         return info
 
+    def put_files(self, files, *, progress: ByteProgress | None = None, on_stored=None) -> list[base.ObjectInfo]:
+        infos = []
+        for key, path, digest in files:
+            infos.append(self.put_file(key, path, digest=digest, progress=progress))
+            if on_stored is not None:
+                on_stored(key)
+        return infos
+
     def download_file(self, key: str, dest: Path, *, size: int | None = None, start: int = 0, hasher=None,
                       progress: ByteProgress | None = None) -> FileDigest:
         obj, _ = self._paths(key)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import boto3
@@ -41,11 +42,12 @@ from .credentials import ENV_VAR, Credentials, endpoint_authority
 from .transfer import (
     DEFAULT_RANGE_SIZE,
     MIN_PART_SIZE,
+    PartedFile,
     TransientRead,
     download_ranges,
     part_size_for,
     retry_call,
-    upload_parts,
+    upload_batch,
 )
 from .uri import validate_key, validate_prefix
 
@@ -255,29 +257,86 @@ class S3Store:
     def put_file(
         self, key: str, path: Path, *, digest: FileDigest, progress: ByteProgress | None = None
     ) -> base.ObjectInfo:
-        validate_key(key)
-        path = Path(path)
-        size = os.stat(path).st_size
-        if size != digest.size:
-            raise VerificationFailed(f"{path} has {size} bytes but was hashed at {digest.size}",
-                                     remedy="the file changed after it was hashed; hash it again", path=str(path))
-        if size >= self.multipart_threshold and size > 0:
-            self._put_multipart(key, path, digest, progress)
-        else:
-            kwargs = {"Bucket": self.bucket, "Key": key, "ContentLength": size,
-                      "Metadata": {"sha256": digest.sha256}}
-            if self.supports_checksum_sha256:
-                kwargs["ChecksumSHA256"] = _b64_sha256(digest.sha256)
-            with open(path, "rb") as fh:
-                self._call("PUT", key, self._client.put_object, Body=fh, **kwargs)
-            if progress is not None:
-                progress.update(size)
+        [info] = self.put_files([(key, Path(path), digest)], progress=progress)
+        return info
+
+    def put_files(self, files: Sequence[tuple[str, Path, FileDigest]], *, progress: ByteProgress | None = None,
+                  on_stored: Callable[[str], None] | None = None) -> list[base.ObjectInfo]:
+        """``put_file`` for several files: the multipart ones as one stream of parts (no idle
+        connections between files), each completed and HEAD-checked on a commit thread while later
+        ones are sent; the others one by one. ``on_stored(key)`` follows each verified file."""
+        infos: list[base.ObjectInfo | None] = [None] * len(files)
+        parted: list[PartedFile] = []
+        index: list[int] = []
+        for i, (key, path, digest) in enumerate(files):
+            validate_key(key)
+            size = os.stat(path).st_size
+            if size != digest.size:
+                raise VerificationFailed(f"{path} has {size} bytes but was hashed at {digest.size}",
+                                         remedy="the file changed after it was hashed; hash it again", path=str(path))
+            if size >= self.multipart_threshold and size > 0:
+                parted.append(self._parted(key, Path(path), digest, progress))
+                index.append(i)
+
+        def commit(j: int, etags: list[str], sent: str) -> None:
+            key, path, digest = files[index[j]]
+            if sent != digest.sha256:
+                raise VerificationFailed(
+                    f"{path} changed after it was hashed (its bytes now hash to {sent}, not {digest.sha256})",
+                    remedy="hash it again and retry; the multipart upload was aborted", path=str(path))
+            parts = [{"ETag": etag, "PartNumber": n} for n, etag in enumerate(etags, start=1)]
+            self._call("CompleteMultipartUpload", key, self._client.complete_multipart_upload, Bucket=self.bucket,
+                       Key=key, UploadId=parted[j].handle, MultipartUpload={"Parts": parts})
+            infos[index[j]] = self._check_stored(key, digest)
+            if on_stored is not None:
+                on_stored(key)
+
+        if parted:
+            upload_batch(parted, concurrency=self.concurrency, finish=commit)
+        for i, (key, path, digest) in enumerate(files):
+            if infos[i] is None:
+                kwargs = {"Bucket": self.bucket, "Key": key, "ContentLength": digest.size,
+                          "Metadata": {"sha256": digest.sha256}}
+                if self.supports_checksum_sha256:
+                    kwargs["ChecksumSHA256"] = _b64_sha256(digest.sha256)
+                with open(path, "rb") as fh:
+                    self._call("PUT", key, self._client.put_object, Body=fh, **kwargs)
+                if progress is not None:
+                    progress.update(digest.size)
+                infos[i] = self._check_stored(key, digest)
+                if on_stored is not None:
+                    on_stored(key)
+        return infos  # type: ignore[return-value]
+
+    def _check_stored(self, key: str, digest: FileDigest) -> base.ObjectInfo:
         info = self.head(key)
         if info is None or info.size != digest.size or info.sha256 != digest.sha256:
             raise VerificationFailed(
                 f"{self._where(key)} does not show the size and sha256 just uploaded",
                 remedy="the endpoint dropped the upload or its metadata; run `ckptflow probe` on it")
         return info
+
+    def _parted(self, key: str, path: Path, digest: FileDigest, progress: ByteProgress | None) -> PartedFile:
+        """A multipart upload of ``path`` to ``key``, created when its first part is sent."""
+        parted = PartedFile(path, digest.size, part_size_for(digest.size, self.part_size), send=lambda n, d: None,
+                            progress=progress)
+
+        def begin() -> None:
+            created = self._call("CreateMultipartUpload", key, self._client.create_multipart_upload,
+                                 Bucket=self.bucket, Key=key, Metadata={"sha256": digest.sha256})
+            parted.handle = created["UploadId"]
+
+        def send(number: int, data: bytearray) -> str:
+            resp = self._call(f"UploadPart {number}", key, self._client.upload_part, Bucket=self.bucket, Key=key,
+                              UploadId=parted.handle, PartNumber=number, Body=data, ContentLength=len(data))
+            return resp["ETag"]
+
+        def abort() -> None:
+            with contextlib.suppress(ClientError, BotoCoreError):
+                self._client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=parted.handle)
+
+        parted.begin, parted.send, parted.abort = begin, send, abort
+        return parted
 
     def put_bytes_wrong_checksum(self, key: str, data: bytes) -> bool:
         """Endpoint probe: PUT ``data`` declaring the ``ChecksumSHA256`` of other bytes.
@@ -302,31 +361,6 @@ class S3Store:
     def boto_config(self):
         """The botocore Config this store uses (benchmarks give the raw client the same one)."""
         return self._client.meta.config
-
-    def _put_multipart(self, key: str, path: Path, digest: FileDigest, progress: ByteProgress | None) -> None:
-        created = self._call("CreateMultipartUpload", key, self._client.create_multipart_upload,
-                             Bucket=self.bucket, Key=key, Metadata={"sha256": digest.sha256})
-        upload_id = created["UploadId"]
-
-        def send(number: int, data: bytes) -> str:
-            resp = self._call(f"UploadPart {number}", key, self._client.upload_part, Bucket=self.bucket,
-                              Key=key, UploadId=upload_id, PartNumber=number, Body=data, ContentLength=len(data))
-            return resp["ETag"]
-
-        try:
-            etags, sent = upload_parts(path, size=digest.size, part_size=part_size_for(digest.size, self.part_size),
-                                       upload_part=send, concurrency=self.concurrency, progress=progress)
-            if sent != digest.sha256:
-                raise VerificationFailed(
-                    f"{path} changed after it was hashed (its bytes now hash to {sent}, not {digest.sha256})",
-                    remedy="hash it again and retry; the multipart upload was aborted", path=str(path))
-            parts = [{"ETag": etag, "PartNumber": n} for n, etag in enumerate(etags, start=1)]
-            self._call("CompleteMultipartUpload", key, self._client.complete_multipart_upload, Bucket=self.bucket,
-                       Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts})
-        except BaseException:
-            with contextlib.suppress(ClientError, BotoCoreError):
-                self._client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
-            raise
 
     @contextlib.contextmanager
     def open_range(self, key: str, offset: int, length: int):

@@ -11,9 +11,12 @@ exactly once:
   hashing thread in file order. It returns the ``FileDigest`` of the whole file (a verified prefix is
   accounted for by a pre-fed hasher). A killed download leaves holes, which ``archive.stage`` accounts
   for when it resumes.
-- ``upload_parts`` reads each part into a buffer with ``os.preadv`` and returns the parts' results plus
-  the sha256 of the bytes actually sent, so a file that changed after it was hashed is caught before
-  the upload is committed.
+- ``upload_batch`` reads each part into a buffer with ``os.preadv`` and gives each file's commit the
+  parts' results plus the sha256 of the bytes actually sent, so a file that changed after it was
+  hashed is caught before its upload is committed.
+
+Both run several files as one stream (``download_batch`` / ``upload_batch``), so no file boundary
+leaves the connections idle, and commit each file on a thread of their own.
 
 Buffers are reused (``BufferCache``): a fresh multi-MiB allocation per range is an ``mmap`` that is
 page-faulted and zeroed on first touch and unmapped (a TLB shoot-down across threads) when freed,
@@ -443,49 +446,151 @@ def download_ranges(dest: Path, *, size: int, open_range: Callable[[int, int], A
     return digest
 
 
+@dataclass
+class PartedFile:
+    """One file of an ``upload_batch``, sent as numbered parts (1..N) of ``part_size`` bytes.
+
+    ``begin()`` runs once before its first part (a multipart upload is created); ``send(number, data)``
+    returns what the commit needs (an ETag) and must not keep ``data`` once it returns (the buffer is
+    reused); ``abort()`` runs if the batch fails after ``begin`` and before the file's commit returned.
+    ``handle`` is the caller's own state (the upload id).
+    """
+
+    path: Path
+    size: int
+    part_size: int
+    send: Callable[[int, bytearray], Any]
+    begin: Callable[[], None] | None = None
+    abort: Callable[[], None] | None = None
+    progress: Any = None
+    handle: Any = None
+
+
+class _Source:
+    """A ``PartedFile`` being sent: opened, and begun, by the first part to reach it."""
+
+    def __init__(self, spec: PartedFile):
+        self.spec = spec
+        self.fd: int | None = None
+        self.began = self.committed = False
+        self.hasher = hashlib.sha256()
+        self.results: list[Any] = []
+        self._lock = threading.Lock()
+
+    def open(self) -> int:
+        with self._lock:
+            if self.fd is None:
+                self.fd = os.open(self.spec.path, os.O_RDONLY)
+                if self.spec.begin is not None:
+                    self.spec.begin()
+                self.began = True
+            return self.fd
+
+    def close(self) -> None:
+        with self._lock:
+            if self.fd is not None:
+                os.close(self.fd)
+                self.fd = None
+
+
+def upload_batch(files: Sequence[PartedFile], *, concurrency: int = 8,
+                 finish: Callable[[int, list[Any], str], None] | None = None) -> None:
+    """Send ``files`` as one stream of parts; commit each file once its parts are sent and hashed.
+
+    The parts of all files form one ordered stream, so the next file's first parts go out while the
+    previous file's last ones are in flight. Each part is read into a reused buffer with
+    ``os.preadv`` inside its worker; sent parts reach one hashing thread in stream order, so each
+    file's sha256 is that of the bytes actually sent. When a file's last part is hashed,
+    ``finish(index, results, sha256)`` runs on a thread of its own (the caller compares the digest
+    and completes the upload) while later files keep sending. A file shorter than its ``size`` fails
+    the batch. The first failure stops the stream once the running work has returned and is raised;
+    files begun but not committed are aborted.
+    """
+    sources = [_Source(f) for f in files]
+    items: list[tuple[int, int, int, int, bool]] = []
+    for i, spec in enumerate(files):
+        if spec.size <= 0:
+            raise ValueError(f"{spec.path}: an upload in parts needs a non-empty file")
+        spans = split_ranges(0, spec.size, spec.part_size)
+        items += [(i, k + 1, off, n, k == len(spans) - 1) for k, (off, n) in enumerate(spans)]
+    finished: list[Future] = []
+
+    def work(item: tuple[int, int, int, int, bool]) -> tuple[bytearray, Any]:
+        i, number, offset, length, _ = item
+        source = sources[i]
+        fd = source.open()
+        # A body must be exactly the part (botocore sends a bytearray whole): a short last part gets a
+        # buffer of its own size.
+        data = BUFFERS.take(length) if length % MiB == 0 else bytearray(length)
+        try:
+            view = memoryview(data)[:length]
+            got = 0
+            while got < length:
+                n = os.preadv(fd, [view[got:]], offset + got)
+                if not n:
+                    raise VerificationFailed(
+                        f"{source.spec.path} is shorter than the {source.spec.size} bytes that were hashed",
+                        remedy="the file changed after it was hashed; hash it again", path=str(source.spec.path))
+                got += n
+            return data, source.spec.send(number, data)
+        except BaseException:
+            BUFFERS.give(data)
+            raise
+
+    def commit(i: int, sha256: str) -> None:
+        if finish is not None:
+            finish(i, sources[i].results, sha256)
+        sources[i].committed = True
+
+    def abort_uncommitted() -> None:
+        for source in sources:
+            if source.began and not source.committed and source.spec.abort is not None:
+                with contextlib.suppress(Exception):
+                    source.spec.abort()
+
+    with ExitStack() as stack:
+        stack.enter_context(BUFFERS.session())
+        stack.callback(lambda: [s.close() for s in sources])
+        stack.callback(abort_uncommitted)
+        finisher = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="commit"))
+        stack.callback(lambda: [f.cancel() for f in finished])
+        hashing = stack.enter_context(_OrderedHasher())
+
+        def complete(i: int) -> None:  # on the hashing thread, after the file's last part
+            finished.append(finisher.submit(commit, i, sources[i].hasher.hexdigest()))
+
+        def consume(item: tuple[int, int, int, int, bool], out: tuple[bytearray, Any]) -> None:
+            while finished and finished[0].done():
+                finished.pop(0).result()  # raises what a commit raised
+            i, _, _, length, last = item
+            source, (data, result) = sources[i], out
+            hashing.submit(source.hasher.update, data, after=lambda: BUFFERS.give(data))
+            source.results.append(result)
+            if source.spec.progress is not None:
+                source.spec.progress.update(length)
+            if last:
+                source.close()
+                hashing.submit(complete, i)
+
+        ordered_map(items, work, consume, concurrency=concurrency, name="upload")
+        hashing.drain()
+        finisher.shutdown(wait=True)
+        for fut in finished:
+            fut.result()
+
+
 def upload_parts(path: Path, *, size: int, part_size: int, upload_part: Callable[[int, bytearray], R],
                  concurrency: int = 8, progress: ByteProgress | None = None) -> tuple[list[R], str]:
     """Send ``path`` as numbered parts (1..N) concurrently; return the results in order and the sha256.
 
-    Each part is read into a reused buffer inside its worker; ``upload_part(number, data)`` returns what
-    the commit step needs (an ETag) and must not keep ``data`` after it returns (the buffer is reused).
-    A file shorter than ``size`` fails the upload.
+    One file of ``upload_batch`` (see there): ``upload_part(number, data)`` must not keep ``data``
+    after it returns. A file shorter than ``size`` fails the upload.
     """
-    parts = [(i + 1, off, length) for i, (off, length) in enumerate(split_ranges(0, size, part_size))]
-    results: list[R] = []
-    h = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        def work(part: tuple[int, int, int]) -> tuple[bytearray, R]:
-            number, offset, length = part
-            # A body must be exactly the part (botocore sends a bytearray whole): a short last part
-            # gets a buffer of its own size.
-            data = BUFFERS.take(length) if length % MiB == 0 else bytearray(length)
-            try:
-                view = memoryview(data)[:length]
-                got = 0
-                while got < length:
-                    n = os.preadv(fd, [view[got:]], offset + got)
-                    if not n:
-                        raise VerificationFailed(
-                            f"{path} is shorter than the {size} bytes that were hashed",
-                            remedy="the file changed after it was hashed; hash it again", path=str(path))
-                    got += n
-                return data, upload_part(number, data)
-            except BaseException:
-                BUFFERS.give(data)
-                raise
+    out: dict[str, Any] = {}
 
-        def consume(part: tuple[int, int, int], out: tuple[bytearray, R]) -> None:
-            h.update(out[0])
-            BUFFERS.give(out[0])
-            results.append(out[1])
-            if progress is not None:
-                progress.update(part[2])
+    def finish(_: int, results: list[R], sha256: str) -> None:
+        out["results"], out["sha256"] = list(results), sha256
 
-        with BUFFERS.session():
-            ordered_map(parts, work, consume, concurrency=concurrency, name="upload")
-    finally:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    return results, h.hexdigest()
+    upload_batch([PartedFile(Path(path), size, part_size, upload_part, progress=progress)],
+                 concurrency=concurrency, finish=finish)
+    return out["results"], out["sha256"]
