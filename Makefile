@@ -44,10 +44,13 @@ demo: setup
 	$(BIN)/python -c 'import ckptflow' && bash demo/demo.sh
 
 # Benchmarks print ratios against a peer measured in the same run (not timed tests). The transfer ones
-# use a private SeaweedFS (demo ports) so they never disturb a running test server.
+# use a private SeaweedFS (demo ports) so they never disturb a running test server, with fresh data each
+# time: SeaweedFS keeps the space of deleted objects until it compacts, and volumes that outgrow the
+# page cache are served from disk, which made the figures drift from one run to the next.
 bench: setup
 	@set -u; \
-	trap '$(BIN)/python tests/servers.py down --root .ckptflow/bench-servers' EXIT; \
+	$(BIN)/python tests/servers.py down --root .ckptflow/bench-servers >/dev/null; rm -rf .ckptflow/bench-servers; \
+	trap '$(BIN)/python tests/servers.py down --root .ckptflow/bench-servers; rm -rf .ckptflow/bench-servers' EXIT; \
 	$(BIN)/python tests/servers.py up --only seaweedfs --profile demo --root .ckptflow/bench-servers >/dev/null || exit $$?; \
 	for b in transfer publish fetch; do \
 	  test -f bench/$$b.py || continue; \

@@ -82,6 +82,9 @@ def main() -> int:
             ck_t.append(elapsed)
             peak_kib = max(peak_kib, peak)
             print(f"run {run + 1}/{args.runs}: raw {raw_t[-1]:.2f}s ckptflow {elapsed:.2f}s", file=sys.stderr)
+    for o in store.list(""):
+        store.delete(o.key)
+    store._client.delete_bucket(Bucket=bucket)
     raw_med, ck_med = statistics.median(raw_t), statistics.median(ck_t)
     report = {
         "artifact_mib": round(total / MiB),
