@@ -9,7 +9,7 @@ download is an error naming the object, and its part is removed.
 
 All files form one stream of ranges (``transfer.download_batch``), largest file first: the store's
 concurrency is kept busy across file boundaries, memory stays bounded by one range window, and a
-file is checked, flushed and renamed on a thread of its own while later files download. One
+file is checked, flushed and renamed on a commit thread while later files download. One
 byte-accurate bar on stderr counts bytes as they are written.
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -77,17 +78,20 @@ def download_files(store: ObjectStore, prefix: str, staged: Path, todo: list[Fil
         jobs.append((entry, final, part, offset if hasher is not None else 0, hasher))
     resumed = [{"path": e.path, "offset": off} for e, _, _, off, _ in jobs if off]
 
+    whole_again = threading.Lock()
     with ByteProgress(sum(e.size - off for e, _, _, off, _ in jobs), "fetch", progress) as bar:
         def commit(index: int, got: FileDigest) -> None:
-            """On its own thread while later files download: check, flush, rename into place."""
+            """On a commit thread while later files download: check, flush, rename into place."""
             entry, final, part, offset, _ = jobs[index]
             expected = FileDigest(entry.size, entry.sha256)
             key = object_key(prefix, entry.path)
             try:
                 if offset and got != expected:
                     log.warning("resumed download of %s did not verify; downloading it whole", where(entry.path))
-                    _grow(bar, offset)
-                    got = store.download_file(key, part, size=entry.size, progress=_FileProgress(bar, entry.path, 0))
+                    with whole_again:  # one at a time: each has a range window of its own
+                        _grow(bar, offset)
+                        got = store.download_file(key, part, size=entry.size,
+                                                  progress=_FileProgress(bar, entry.path, 0))
                 if got != expected:
                     raise VerificationFailed(
                         f"{where(entry.path)} downloaded as {got.size} bytes sha256 {got.sha256}, but the archive "

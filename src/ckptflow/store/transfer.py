@@ -342,6 +342,11 @@ def _open_target(spec: RangedFile) -> int:
     return fd
 
 
+def _commit_workers(concurrency: int) -> int:
+    """Commit threads: many small files must not wait on one another's fsync or completion request."""
+    return max(1, min(8, concurrency))
+
+
 def download_batch(files: Sequence[RangedFile], *, concurrency: int = 8, range_size: int = DEFAULT_RANGE_SIZE,
                    finish: Callable[[int, FileDigest], None] | None = None) -> list[FileDigest]:
     """Download ``files`` as one stream of ranges; return each whole file's ``FileDigest``, in order.
@@ -353,8 +358,9 @@ def download_batch(files: Sequence[RangedFile], *, concurrency: int = 8, range_s
     file is hashed in order and no byte is read back. A range whose reader raises ``TransientRead`` is
     fetched again (four attempts in all); one that ends early fails the download naming its source.
 
-    When a file's last range is hashed, ``finish(index, digest)`` runs on a thread of its own (the
-    caller's verify / fsync / rename) while later files keep downloading. The first failure, of a
+    When a file's last range is hashed, ``finish(index, digest)`` runs on a commit thread (the caller's
+    verify / fsync / rename; several files' commits may run at once, in any order) while later files
+    keep downloading. The first failure, of a
     range or of ``finish``, stops the stream once the running work has returned and is raised; files
     whose ``finish`` completed stay as it left them. Files are not fsynced here.
     """
@@ -402,7 +408,8 @@ def download_batch(files: Sequence[RangedFile], *, concurrency: int = 8, range_s
     with ExitStack() as stack:
         stack.enter_context(BUFFERS.session())
         stack.callback(lambda: [t.close() for t in targets])
-        finisher = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="finish"))
+        finisher = stack.enter_context(ThreadPoolExecutor(max_workers=_commit_workers(concurrency),
+                                                             thread_name_prefix="commit"))
         stack.callback(lambda: [f.cancel() for f in finished])  # on failure: no new commits
         hashing = stack.enter_context(_OrderedHasher())
 
@@ -501,8 +508,9 @@ def upload_batch(files: Sequence[PartedFile], *, concurrency: int = 8,
     previous file's last ones are in flight. Each part is read into a reused buffer with
     ``os.preadv`` inside its worker; sent parts reach one hashing thread in stream order, so each
     file's sha256 is that of the bytes actually sent. When a file's last part is hashed,
-    ``finish(index, results, sha256)`` runs on a thread of its own (the caller compares the digest
-    and completes the upload) while later files keep sending. A file shorter than its ``size`` fails
+    ``finish(index, results, sha256)`` runs on a commit thread (the caller compares the digest and
+    completes the upload; several files' commits may run at once, in any order) while later files keep
+    sending. A file shorter than its ``size`` fails
     the batch. The first failure stops the stream once the running work has returned and is raised;
     files begun but not committed are aborted.
     """
@@ -552,7 +560,8 @@ def upload_batch(files: Sequence[PartedFile], *, concurrency: int = 8,
         stack.enter_context(BUFFERS.session())
         stack.callback(lambda: [s.close() for s in sources])
         stack.callback(abort_uncommitted)
-        finisher = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="commit"))
+        finisher = stack.enter_context(ThreadPoolExecutor(max_workers=_commit_workers(concurrency),
+                                                             thread_name_prefix="commit"))
         stack.callback(lambda: [f.cancel() for f in finished])
         hashing = stack.enter_context(_OrderedHasher())
 
