@@ -7,6 +7,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import boto3
@@ -61,7 +62,7 @@ def hwm_kib(pid: int) -> int:
     return 0
 
 
-def run_child(args: list[str]) -> tuple[float, int, str]:
+def run_child(args: list[str], env: dict[str, str] | None = None) -> tuple[float, int, str]:
     """Run ``python args...``; its wall time, its own peak RSS in KiB and its stdout.
 
     The peak is ``VmHWM`` read every 20 ms until the child exits: the ``ru_maxrss`` that ``wait4`` or
@@ -71,7 +72,7 @@ def run_child(args: list[str]) -> tuple[float, int, str]:
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t = time.perf_counter()
         proc = subprocess.Popen([sys.executable, *args], stdout=out, stderr=err,
-                                env={**os.environ, "CKPTFLOW_PROGRESS": "0"})
+                                env={**os.environ, "CKPTFLOW_PROGRESS": "0", **(env or {})})
         peak = 0
         while proc.poll() is None:
             peak = max(peak, hwm_kib(proc.pid))
@@ -82,6 +83,15 @@ def run_child(args: list[str]) -> tuple[float, int, str]:
         if proc.returncode != 0:
             raise SystemExit(f"{args[:3]} failed: {err.read()}")
         return elapsed, peak, out.read()
+
+
+def interleaved(steps: list[Callable[[], object]], run: int) -> None:
+    """One round of timed ``steps``: dirty pages are flushed (``sync``) before each, so no step pays for
+    the writeback of the one before, and the order reverses every other round, so neither side always
+    runs right after the other."""
+    for step in steps if run % 2 == 0 else steps[::-1]:
+        os.sync()
+        step()
 
 
 def add_artifact_args(ap) -> None:

@@ -6,7 +6,8 @@ declaration and manifest, HEAD checks, downloads through ``.part`` files hashed 
 size + sha256 check, renames, the staging record) and its peak RSS is reported. The peer downloads the
 same objects with ``download_file`` at the same concurrency (8) and chunk size (8 MiB), one file at a
 time, no hashing, no fsync, also in a child process of its own (both pay interpreter start-up; each
-side's peak RSS is its own ``VmHWM``). Runs are interleaved, medians printed as JSON. Targets: time ratio ≤ 1.10, fetch
+side's peak RSS is its own ``VmHWM``). Runs are interleaved (``benchlib.interleaved``: a ``sync``
+before each step, the order reversed every other run), medians printed as JSON. Targets: time ratio ≤ 1.10, fetch
 peak RSS < 300 MiB (printed, not asserted).
 
     python bench/fetch.py --credentials .ckptflow/bench-servers/credentials-seaweedfs.json
@@ -16,17 +17,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import sys
 import tempfile
 import uuid
+from functools import partial
 from pathlib import Path
 
 from boto3.s3.transfer import TransferConfig
 
-from benchlib import MiB, add_artifact_args, make_artifact, raw_client, run_child
+from benchlib import MiB, add_artifact_args, interleaved, make_artifact, raw_client, run_child
 from ckptflow.archive.publisher import publish_artifact
 from ckptflow.records import declaration as declaration_record
 from ckptflow.store import base
@@ -81,35 +82,31 @@ def main() -> int:
         total = sum(e.size for e in files)
         uri = f"s3://{bucket}/{ARTIFACT_PREFIX}"
         paths = json.dumps([e.path for e in sorted(files, key=lambda e: -e.size)])
-        for run in range(args.runs):
+        def raw_side(run: int) -> None:
             out = Path(tmp) / f"raw-{run}"
             elapsed, peak, _ = run_child([__file__, "--raw-child", "--credentials", args.credentials, "--bucket", bucket,
-                                       "--paths", paths, "--out", str(out)])
+                                          "--paths", paths, "--out", str(out)])
             raw_t.append(elapsed)
             peaks["raw"] = max(peaks["raw"], peak)
             shutil.rmtree(out)
 
+        def ckptflow_side(run: int, fsync: bool) -> None:
+            # Without flushing payloads (CKPTFLOW_FSYNC=0, scratch staging) is the like-for-like
+            # comparison, since raw boto3 never flushes; the default is durable.
             stage = Path(tmp) / f"stage-{run}"
+            env = {} if fsync else {"CKPTFLOW_FSYNC": "0"}
             elapsed, peak, stdout = run_child(["-m", "ckptflow", "fetch", "--artifact-uri", uri, "--dst", str(stage),
-                                            "--credentials", args.credentials])
+                                               "--credentials", args.credentials], env=env)
             report = json.loads(stdout)
             assert report["status"] == "fetched" and report["downloaded_bytes"] == total, report
-            ck_t.append(elapsed)
+            (ck_t if fsync else nofsync_t).append(elapsed)
             peaks["ckptflow"] = max(peaks["ckptflow"], peak)
             shutil.rmtree(stage)
 
-            # The same fetch without flushing payloads to disk (CKPTFLOW_FSYNC=0, scratch staging): raw
-            # boto3 never flushes, so this is the like-for-like comparison; the default above is durable.
-            os.environ["CKPTFLOW_FSYNC"] = "0"
-            try:
-                t_nofsync, _, _ = run_child(["-m", "ckptflow", "fetch", "--artifact-uri", uri, "--dst", str(stage),
-                                             "--credentials", args.credentials])
-            finally:
-                del os.environ["CKPTFLOW_FSYNC"]
-            nofsync_t.append(t_nofsync)
-            shutil.rmtree(stage)
-            print(f"run {run + 1}/{args.runs}: raw {raw_t[-1]:.2f}s ckptflow {elapsed:.2f}s "
-                  f"(no fsync {t_nofsync:.2f}s)", file=sys.stderr)
+        for run in range(args.runs):
+            interleaved([partial(raw_side, run), partial(ckptflow_side, run, True), partial(ckptflow_side, run, False)], run)
+            print(f"run {run + 1}/{args.runs}: raw {raw_t[-1]:.2f}s ckptflow {ck_t[-1]:.2f}s "
+                  f"(no fsync {nofsync_t[-1]:.2f}s)", file=sys.stderr)
     for o in store.list(""):
         store.delete(o.key)
     store._client.delete_bucket(Bucket=bucket)

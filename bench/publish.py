@@ -5,7 +5,8 @@ everything publication does — hashing every file, the create-once declaration,
 metadata, HEAD verification, the manifest commit and the receipt — in a child process whose own
 peak RSS (VmHWM, sampled) is reported. The peer uploads the same files with ``upload_file`` at the
 same concurrency (8) and part size, one file at a time, no hashing, also in a child process of its own
-(both pay interpreter start-up). Runs are interleaved, medians printed as JSON. Targets: time ratio ≤ 1.15,
+(both pay interpreter start-up). Runs are interleaved (``benchlib.interleaved``: a ``sync`` before
+each step, the order reversed every other run), medians printed as JSON. Targets: time ratio ≤ 1.15,
 publish peak RSS < 300 MiB.
 
     python bench/publish.py --credentials .ckptflow/bench-servers/credentials-seaweedfs.json
@@ -19,11 +20,12 @@ import statistics
 import sys
 import tempfile
 import uuid
+from functools import partial
 from pathlib import Path
 
 from boto3.s3.transfer import TransferConfig
 
-from benchlib import MiB, add_artifact_args, make_artifact, raw_client, run_child
+from benchlib import MiB, add_artifact_args, interleaved, make_artifact, raw_client, run_child
 from ckptflow.store import base
 from ckptflow.store.credentials import load_credentials
 from ckptflow.store.s3 import S3Store
@@ -72,16 +74,21 @@ def main() -> int:
         files = [p for p in sorted(art.rglob("*")) if p.is_file() and p.name != "optim.pt"]
         total = sum(p.stat().st_size for p in files)
         paths = json.dumps([str(p.relative_to(art)) for p in files])
-        for run in range(args.runs):
+        def raw_side(run: int) -> None:
             elapsed, _, _ = run_child([__file__, "--raw-child", "--credentials", args.credentials, "--bucket", bucket,
                                        "--paths", paths, "--artifact", str(art), "--prefix", f"raw/{run}"])
             raw_t.append(elapsed)
 
+        def ckptflow_side(run: int) -> None:
+            nonlocal peak_kib
             (art / ".uploaded").unlink(missing_ok=True)
             elapsed, peak = _publish_child(art, bucket, args.credentials, f"ck/{run}/checkpoints")
             ck_t.append(elapsed)
             peak_kib = max(peak_kib, peak)
-            print(f"run {run + 1}/{args.runs}: raw {raw_t[-1]:.2f}s ckptflow {elapsed:.2f}s", file=sys.stderr)
+
+        for run in range(args.runs):
+            interleaved([partial(raw_side, run), partial(ckptflow_side, run)], run)
+            print(f"run {run + 1}/{args.runs}: raw {raw_t[-1]:.2f}s ckptflow {ck_t[-1]:.2f}s", file=sys.stderr)
     for o in store.list(""):
         store.delete(o.key)
     store._client.delete_bucket(Bucket=bucket)

@@ -4,8 +4,8 @@
 (b) ckptflow: SHA-256 of the file, ``put_file`` with ``sha256`` metadata, HEAD check of size + metadata;
     ``download_file`` with the digest computed in order while ranges arrive, then compared. Neither side
     flushes to disk here (fetch's staging does, before it commits a file: see bench/fetch.py).
-Runs are interleaved (raw, ckptflow, raw, ckptflow, …) so drift on a noisy machine hits both sides;
-the median of ``--runs`` is reported. Prints one JSON object on stdout; targets are ratios ≥ 0.85.
+Runs are interleaved so drift on a noisy machine hits both sides (``benchlib.interleaved``: a ``sync``
+before each step, the order reversed every other run); the median of ``--runs`` is reported. Prints one JSON object on stdout; targets are ratios ≥ 0.85.
 
     python bench/transfer.py --credentials .ckptflow/bench-servers/credentials-seaweedfs.json
 """
@@ -19,9 +19,10 @@ import sys
 import tempfile
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 
-from benchlib import MiB, raw_client, write_random
+from benchlib import MiB, interleaved, raw_client, write_random
 from ckptflow.digest import sha256_file
 from ckptflow.store.credentials import load_credentials
 from ckptflow.store.s3 import S3Store
@@ -48,30 +49,32 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         src = Path(tmp) / "payload.bin"
         write_random(src, size)
+        dst = Path(tmp) / "down.bin"
+        digests = {}
+
+        def timed(name: str, fn, *args) -> None:
+            t = time.perf_counter()
+            fn(*args)
+            times[name].append(time.perf_counter() - t)
+            dst.unlink(missing_ok=True)
+
+        def ck_up(key: str) -> None:
+            digest = sha256_file(src)
+            store.put_file(key, src, digest=digest)
+            info = store.head(key)
+            assert info is not None and info.size == digest.size and info.sha256 == digest.sha256
+            digests[key] = digest
+
+        def ck_down(key: str) -> None:
+            got = store.download_file(key, dst)
+            assert got == digests[key], "downloaded bytes do not match the uploaded digest"
+
         for run in range(args.runs):
             key_raw, key_ck = f"raw/{run}", f"ckptflow/{run}"
-            t = time.perf_counter()
-            raw.upload_file(str(src), bucket, key_raw)
-            times["raw_up"].append(time.perf_counter() - t)
-
-            t = time.perf_counter()
-            digest = sha256_file(src)
-            store.put_file(key_ck, src, digest=digest)
-            info = store.head(key_ck)
-            assert info is not None and info.size == digest.size and info.sha256 == digest.sha256
-            times["ck_up"].append(time.perf_counter() - t)
-
-            dst = Path(tmp) / "down.bin"
-            t = time.perf_counter()
-            raw.download_file(bucket, key_raw, str(dst))
-            times["raw_down"].append(time.perf_counter() - t)
-            dst.unlink()
-
-            t = time.perf_counter()
-            got = store.download_file(key_ck, dst)
-            assert got == digest, "downloaded bytes do not match the uploaded digest"
-            times["ck_down"].append(time.perf_counter() - t)
-            dst.unlink()
+            interleaved([partial(timed, "raw_up", raw.upload_file, str(src), bucket, key_raw),
+                         partial(timed, "ck_up", ck_up, key_ck)], run)
+            interleaved([partial(timed, "raw_down", raw.download_file, bucket, key_raw, str(dst)),
+                         partial(timed, "ck_down", ck_down, key_ck)], run)
             for k in (key_raw, key_ck):
                 store.delete(k)
             print(f"run {run + 1}/{args.runs} done", file=sys.stderr)
