@@ -16,6 +16,7 @@ from ckptflow.store.transfer import (
     MAX_PARTS,
     BufferCache,
     MiB,
+    PartedFile,
     RangedFile,
     TransientRead,
     download_batch,
@@ -23,6 +24,7 @@ from ckptflow.store.transfer import (
     ordered_map,
     part_size_for,
     split_ranges,
+    upload_batch,
     upload_parts,
 )
 
@@ -219,3 +221,25 @@ def test_a_batch_resumes_a_file_from_its_start_with_the_prefix_hashed_from_disk(
     [got] = download_batch([RangedFile(dest, len(data), open_range, start=12_000)], range_size=10_000)
     assert min(opened) == 12_000 and dest.read_bytes() == data
     assert got.sha256 == hashlib.sha256(data).hexdigest()
+
+
+def test_a_failed_upload_batch_aborts_every_file_it_began_and_did_not_commit(tmp_path: Path) -> None:
+    events: list[tuple[str, int]] = []
+    files = []
+    for i in range(3):
+        path = tmp_path / f"f{i}"
+        path.write_bytes(bytes([i]) * 25_000)
+
+        def send(number: int, data: bytearray, i=i) -> str:
+            if i == 1 and number == 2:
+                raise OSError("connection reset while sending f1")
+            return f"etag-{i}-{number}"
+
+        files.append(PartedFile(path, 25_000, 10_000, send, begin=lambda i=i: events.append(("begin", i)),
+                                abort=lambda i=i: events.append(("abort", i))))
+    committed: list[int] = []
+    with pytest.raises(OSError, match="f1"):
+        upload_batch(files, concurrency=2, finish=lambda i, results, sha: committed.append(i))
+    began = {i for kind, i in events if kind == "begin"}
+    aborted = {i for kind, i in events if kind == "abort"}
+    assert 1 in began and aborted == began - set(committed)

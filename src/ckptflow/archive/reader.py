@@ -27,7 +27,9 @@ Ranged resume: a ``.part`` left by a killed fetch (same host, dead pid) continue
 contiguous data (``stage.resumable_prefix``). Per-range digests do not exist, so the prefix cannot be
 proven on its own: its bytes are re-read into the hasher and the *whole-file* digest is checked at the
 end, like any download. If that check fails the part is discarded and the file downloaded once more
-from byte 0; only a mismatch of that whole download is an error (the part is removed).
+from byte 0; only a mismatch of that whole download is an error (the part is removed). Files are
+streamed back to back and renamed as each is verified, so a killed fetch may leave later files whole
+in their parts: the rerun re-hashes them and downloads nothing more for them.
 
 Legacy archives (no declaration) are readable only for ``file`` components whose digest comes from the
 manifest or the object's ``sha256`` metadata; a DCP component without a declaration is refused (a

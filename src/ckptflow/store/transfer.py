@@ -298,23 +298,20 @@ class RangedFile:
     source: str = "object"
 
 
-class _Target:
-    """A ``RangedFile`` being written: opened (and truncated to its start) by the first range to reach it."""
+class _BatchFile:
+    """A file of a batch: opened by the first worker to reach it, closed once its last piece is done."""
 
-    def __init__(self, spec: RangedFile):
-        self.spec = spec
+    def __init__(self):
         self.fd: int | None = None
-        self.hasher = spec.hasher
         self._lock = threading.Lock()
+
+    def _open_first(self) -> int:
+        raise NotImplementedError
 
     def open(self) -> int:
         with self._lock:
             if self.fd is None:
-                self.fd = _open_target(self.spec)
-                if self.hasher is None:
-                    self.hasher = _hash_prefix(self.fd, self.spec.start, self.spec.dest) if self.spec.start \
-                        else hashlib.sha256()
-                os.ftruncate(self.fd, self.spec.start)
+                self.fd = self._open_first()
             return self.fd
 
     def close(self) -> None:
@@ -322,6 +319,26 @@ class _Target:
             if self.fd is not None:
                 os.close(self.fd)
                 self.fd = None
+
+
+class _Target(_BatchFile):
+    """A ``RangedFile`` being written; truncated to its start when first opened."""
+
+    def __init__(self, spec: RangedFile):
+        super().__init__()
+        self.spec = spec
+        self.hasher = spec.hasher
+
+    def _open_first(self) -> int:
+        fd = _open_target(self.spec)
+        try:
+            if self.hasher is None:
+                self.hasher = _hash_prefix(fd, self.spec.start, self.spec.dest) if self.spec.start else hashlib.sha256()
+            os.ftruncate(fd, self.spec.start)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
 
 def _open_target(spec: RangedFile) -> int:
@@ -345,6 +362,47 @@ def _open_target(spec: RangedFile) -> int:
 def _commit_workers(concurrency: int) -> int:
     """Commit threads: many small files must not wait on one another's fsync or completion request."""
     return max(1, min(8, concurrency))
+
+
+class _Stream:
+    """What both batches share: one in-order hashing thread, commit threads, and the first failure of
+    any of them (or of a worker) stopping the stream. Made by ``_stream``."""
+
+    def __init__(self, hashing: _OrderedHasher, commits: ThreadPoolExecutor, finished: list[Future]):
+        self.hashing, self._commits, self._finished = hashing, commits, finished
+
+    def commit(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` on a commit thread (called from the hashing thread, after a file's last bytes)."""
+        self._finished.append(self._commits.submit(fn, *args))
+
+    def run(self, items: Sequence[T], work: Callable[[T], R], consume: Callable[[T, R], None], name: str,
+            concurrency: int) -> None:
+        def checked(item: T, result: R) -> None:
+            while self._finished and self._finished[0].done():
+                self._finished.pop(0).result()  # raises what a commit raised
+            consume(item, result)
+
+        ordered_map(items, work, checked, concurrency=concurrency, name=name)
+        self.hashing.drain()
+        self._commits.shutdown(wait=True)
+        for fut in self._finished:
+            fut.result()
+
+
+@contextlib.contextmanager
+def _stream(files: Sequence[_BatchFile], concurrency: int, cleanup: Callable[[], None] | None = None):
+    """A ``_Stream`` over ``files``; on the way out (after the commits have returned) ``cleanup`` runs,
+    then every file still open is closed and the buffers are released."""
+    finished: list[Future] = []
+    with ExitStack() as stack:
+        stack.enter_context(BUFFERS.session())
+        stack.callback(lambda: [f.close() for f in files])
+        if cleanup is not None:
+            stack.callback(cleanup)
+        commits = stack.enter_context(ThreadPoolExecutor(max_workers=_commit_workers(concurrency),
+                                                         thread_name_prefix="commit"))
+        stack.callback(lambda: [f.cancel() for f in finished])  # on failure: no new commits
+        yield _Stream(stack.enter_context(_OrderedHasher()), commits, finished)
 
 
 def download_batch(files: Sequence[RangedFile], *, concurrency: int = 8, range_size: int = DEFAULT_RANGE_SIZE,
@@ -372,7 +430,6 @@ def download_batch(files: Sequence[RangedFile], *, concurrency: int = 8, range_s
         spans = split_ranges(spec.start, spec.size, range_size) or [(spec.start, 0)]  # an empty rest still creates it
         items += [(i, off, n, k == len(spans) - 1) for k, (off, n) in enumerate(spans)]
     digests: list[FileDigest | None] = [None] * len(files)
-    finished: list[Future] = []
 
     def fill(target: _Target, fd: int, offset: int, view: memoryview) -> None:
         filled = 0
@@ -401,40 +458,25 @@ def download_batch(files: Sequence[RangedFile], *, concurrency: int = 8, range_s
             raise
         return buf
 
-    def raise_finish_failure() -> None:
-        while finished and finished[0].done():
-            finished.pop(0).result()  # raises what finish raised
-
-    with ExitStack() as stack:
-        stack.enter_context(BUFFERS.session())
-        stack.callback(lambda: [t.close() for t in targets])
-        finisher = stack.enter_context(ThreadPoolExecutor(max_workers=_commit_workers(concurrency),
-                                                             thread_name_prefix="commit"))
-        stack.callback(lambda: [f.cancel() for f in finished])  # on failure: no new commits
-        hashing = stack.enter_context(_OrderedHasher())
-
+    with _stream(targets, concurrency) as stream:
         def complete(i: int) -> None:  # on the hashing thread, after the file's last bytes
             digests[i] = FileDigest(files[i].size, targets[i].hasher.hexdigest())
             if finish is not None:
-                finished.append(finisher.submit(finish, i, digests[i]))
+                stream.commit(finish, i, digests[i])
 
         def consume(item: tuple[int, int, int, bool], buf: bytearray | None) -> None:
-            raise_finish_failure()
             i, _, length, last = item
             target = targets[i]
             if buf is not None:
-                hashing.submit(target.hasher.update, memoryview(buf)[:length], after=lambda: BUFFERS.give(buf))
+                stream.hashing.submit(target.hasher.update, memoryview(buf)[:length],
+                                      after=lambda: BUFFERS.give(buf))
                 if target.spec.progress is not None:
                     target.spec.progress.update(length)
             if last:
                 target.close()  # every range of it is written: they are consumed in order
-                hashing.submit(complete, i)
+                stream.hashing.submit(complete, i)
 
-        ordered_map(items, work, consume, concurrency=concurrency, name="download")
-        hashing.drain()
-        finisher.shutdown(wait=True)
-        for fut in finished:
-            fut.result()
+        stream.run(items, work, consume, "download", concurrency)
     assert all(d is not None for d in digests)
     return digests  # type: ignore[return-value]
 
@@ -473,31 +515,26 @@ class PartedFile:
     handle: Any = None
 
 
-class _Source:
-    """A ``PartedFile`` being sent: opened, and begun, by the first part to reach it."""
+class _Source(_BatchFile):
+    """A ``PartedFile`` being sent; its upload is begun when it is first opened."""
 
     def __init__(self, spec: PartedFile):
+        super().__init__()
         self.spec = spec
-        self.fd: int | None = None
         self.began = self.committed = False
         self.hasher = hashlib.sha256()
         self.results: list[Any] = []
-        self._lock = threading.Lock()
 
-    def open(self) -> int:
-        with self._lock:
-            if self.fd is None:
-                self.fd = os.open(self.spec.path, os.O_RDONLY)
-                if self.spec.begin is not None:
-                    self.spec.begin()
-                self.began = True
-            return self.fd
-
-    def close(self) -> None:
-        with self._lock:
-            if self.fd is not None:
-                os.close(self.fd)
-                self.fd = None
+    def _open_first(self) -> int:
+        fd = os.open(self.spec.path, os.O_RDONLY)
+        try:
+            if self.spec.begin is not None:
+                self.spec.begin()
+        except BaseException:
+            os.close(fd)
+            raise
+        self.began = True
+        return fd
 
 
 def upload_batch(files: Sequence[PartedFile], *, concurrency: int = 8,
@@ -521,7 +558,6 @@ def upload_batch(files: Sequence[PartedFile], *, concurrency: int = 8,
             raise ValueError(f"{spec.path}: an upload in parts needs a non-empty file")
         spans = split_ranges(0, spec.size, spec.part_size)
         items += [(i, k + 1, off, n, k == len(spans) - 1) for k, (off, n) in enumerate(spans)]
-    finished: list[Future] = []
 
     def work(item: tuple[int, int, int, int, bool]) -> tuple[bytearray, Any]:
         i, number, offset, length, _ = item
@@ -556,36 +592,22 @@ def upload_batch(files: Sequence[PartedFile], *, concurrency: int = 8,
                 with contextlib.suppress(Exception):
                     source.spec.abort()
 
-    with ExitStack() as stack:
-        stack.enter_context(BUFFERS.session())
-        stack.callback(lambda: [s.close() for s in sources])
-        stack.callback(abort_uncommitted)
-        finisher = stack.enter_context(ThreadPoolExecutor(max_workers=_commit_workers(concurrency),
-                                                             thread_name_prefix="commit"))
-        stack.callback(lambda: [f.cancel() for f in finished])
-        hashing = stack.enter_context(_OrderedHasher())
-
+    with _stream(sources, concurrency, cleanup=abort_uncommitted) as stream:
         def complete(i: int) -> None:  # on the hashing thread, after the file's last part
-            finished.append(finisher.submit(commit, i, sources[i].hasher.hexdigest()))
+            stream.commit(commit, i, sources[i].hasher.hexdigest())
 
         def consume(item: tuple[int, int, int, int, bool], out: tuple[bytearray, Any]) -> None:
-            while finished and finished[0].done():
-                finished.pop(0).result()  # raises what a commit raised
             i, _, _, length, last = item
             source, (data, result) = sources[i], out
-            hashing.submit(source.hasher.update, data, after=lambda: BUFFERS.give(data))
+            stream.hashing.submit(source.hasher.update, data, after=lambda: BUFFERS.give(data))
             source.results.append(result)
             if source.spec.progress is not None:
                 source.spec.progress.update(length)
             if last:
                 source.close()
-                hashing.submit(complete, i)
+                stream.hashing.submit(complete, i)
 
-        ordered_map(items, work, consume, concurrency=concurrency, name="upload")
-        hashing.drain()
-        finisher.shutdown(wait=True)
-        for fut in finished:
-            fut.result()
+        stream.run(items, work, consume, "upload", concurrency)
 
 
 def upload_parts(path: Path, *, size: int, part_size: int, upload_part: Callable[[int, bytearray], R],
