@@ -21,7 +21,9 @@ def make_artifact(root: Path, *, iteration: int = 300, model_bytes: int = 300_00
     art = root / "checkpoint_artifacts" / f"iter_{iteration:06d}"
     (art / "optim").mkdir(parents=True)
     rnd = random.Random(seed)
-    (art / "model.pt").write_bytes(rnd.randbytes(model_bytes))
+    with open(art / "model.pt", "wb") as fh:  # in pieces: randbytes takes at most 2**31 bits at once
+        for left in range(model_bytes, 0, -(64 << 20)):
+            fh.write(rnd.randbytes(min(left, 64 << 20)))
     (art / "optim" / ".metadata").write_bytes(rnd.randbytes(777))
     for i in range(shards):
         (art / "optim" / f"__{i}_0.distcp").write_bytes(rnd.randbytes(50_000 + i))

@@ -9,10 +9,7 @@ and torch themselves. Loading the experts (768 MiB) or holding the whole output 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -20,6 +17,7 @@ from merge_helpers import REPO, bits_equal
 from safetensors.torch import load_file, save_file
 
 from ckptflow.merge.reader import SINGLE_NAME
+from memory import peak_rss_anon
 
 MiB = 1 << 20
 SHAPE = (4096, 4096)  # 32 MiB in bf16
@@ -51,24 +49,6 @@ def big(tmp_path_factory):
     return base, experts
 
 
-def _peak_rss_anon(cmd: list[str]) -> tuple[int, subprocess.CompletedProcess]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                            env={**os.environ, "CKPTFLOW_PROGRESS": "0"})
-    peak = 0
-    status = f"/proc/{proc.pid}/status"
-    while proc.poll() is None:
-        try:
-            with open(status) as fh:
-                for line in fh:
-                    if line.startswith("RssAnon:"):
-                        peak = max(peak, int(line.split()[1]) * 1024)
-        except (FileNotFoundError, ProcessLookupError):
-            break
-        time.sleep(0.002)
-    stdout, stderr = proc.communicate()
-    return peak, subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["avg", "tv"])
 def test_peak_anonymous_memory_is_bounded_by_the_largest_tensor(big, tmp_path, mode):
@@ -78,7 +58,7 @@ def test_peak_anonymous_memory_is_bounded_by_the_largest_tensor(big, tmp_path, m
            "--out", str(out)]
     if mode == "tv":
         cmd += ["--base", str(base), "--diag", str(tmp_path / "diag.json")]
-    peak, proc = _peak_rss_anon(cmd)
+    peak, proc = peak_rss_anon(cmd, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     ceiling = 2 * LARGEST + 200 * MiB
     assert 0 < peak <= ceiling, f"peak RssAnon {peak / MiB:.0f} MiB > ceiling {ceiling / MiB:.0f} MiB"
