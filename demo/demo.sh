@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make demo`: the main job on an embedded SeaweedFS S3 server (127.0.0.1, data under .ckptflow/demo).
 # Builds a small synthetic artifact, seals it, qualifies the endpoint, publishes it, verifies the remote
-# copy, frees the local payloads, and stops the server it started (also when a step fails).
+# copy, frees the local payloads, fetches the artifact back into a staging directory, and stops the
+# server it started (also when a step fails).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +12,7 @@ SERVER=$ROOT/server
 UPLOAD_PREFIX=demo-project/demo-group/demo-run/20261129T000000Z/checkpoints
 RUN=$ROOT/runs/demo-project/demo-group/demo-run/20261129T000000Z
 ART=$RUN/checkpoint_artifacts/iter_000300
+STAGE=$ROOT/stage
 CREDS=$SERVER/credentials-seaweedfs.json
 BUCKET=ckptflow-demo
 export CKPTFLOW_CACHE_DIR=$ROOT/cache
@@ -61,12 +63,17 @@ $BIN/ckptflow verify --artifact-dir "$ART" --credentials "$CREDS"
 say "ckptflow prune-verified: free the local payloads now that the remote copy is proven"
 $BIN/ckptflow prune-verified --paths "$ART" --credentials "$CREDS"
 
+say "ckptflow fetch: bring the artifact back, every file checked against the declaration as it lands"
+ARTIFACT_URI="s3://$BUCKET/${UPLOAD_PREFIX%/checkpoints}/checkpoint_artifacts/iter_000300"
+$BIN/ckptflow fetch --artifact-uri "$ARTIFACT_URI" --dst "$STAGE" --credentials "$CREDS"
+
 say "done"
 cat >&2 <<TXT
   artifact:        $ART
   manifest:        $ART/.posttrain-checkpoint-artifact.json
   receipt:         $ART/.uploaded   (payloads pruned; the archive holds them)
-  archive:         s3://$BUCKET/${UPLOAD_PREFIX%/checkpoints}/checkpoint_artifacts/iter_000300/
+  archive:         $ARTIFACT_URI/
+  fetched copy:    $STAGE/iter_000300   (its ownership record: .staged.json)
   probe record:    $CKPTFLOW_CACHE_DIR/probes/
   object store:    SeaweedFS data under $SERVER (stopped now; rerun \`make demo\` to start over)
 TXT
