@@ -116,3 +116,16 @@ def test_missing_objects_are_not_found_errors(moto_s3, tmp_path: Path) -> None:
         store.download_file("absent", tmp_path / "x")
     with pytest.raises(FileNotFoundError):
         store.get_bytes("absent")
+
+
+@pytest.mark.seaweedfs
+def test_a_small_file_changed_after_hashing_is_refused_before_it_is_sent(
+        seaweedfs_bucket, seaweedfs_credentials_path, tmp_path) -> None:
+    src = tmp_path / "small.bin"
+    src.write_bytes(b"the bytes that were hashed")
+    digest = FileDigest(src.stat().st_size, sha256_bytes(src.read_bytes()))
+    src.write_bytes(b"the bytes that are there now")  # same size or not: the content decides
+    store = S3Store(seaweedfs_bucket, load_credentials(seaweedfs_credentials_path), checksum_sha256=False)
+    with pytest.raises(VerificationFailed, match="changed after it was hashed"):
+        store.put_file("small.bin", src, digest=digest)
+    assert store.head("small.bin") is None

@@ -295,12 +295,21 @@ class S3Store:
             upload_batch(parted, concurrency=self.concurrency, finish=commit)
         for i, (key, path, digest) in enumerate(files):
             if infos[i] is None:
+                # A single part is below the multipart threshold: it is read whole and its bytes are
+                # checked against the digest before they are sent, so a file changed after hashing is
+                # refused here too, also on endpoints that do not verify ChecksumSHA256.
+                with open(path, "rb") as fh:
+                    data = fh.read(digest.size + 1)
+                if len(data) != digest.size or sha256_bytes(data) != digest.sha256:
+                    raise VerificationFailed(
+                        f"{path} changed after it was hashed (it now holds {len(data)} bytes with sha256 "
+                        f"{sha256_bytes(data)}, not {digest.size} bytes with {digest.sha256})",
+                        remedy="hash it again and retry; nothing was uploaded", path=str(path))
                 kwargs = {"Bucket": self.bucket, "Key": key, "ContentLength": digest.size,
                           "Metadata": {"sha256": digest.sha256}}
                 if self.supports_checksum_sha256:
                     kwargs["ChecksumSHA256"] = _b64_sha256(digest.sha256)
-                with open(path, "rb") as fh:
-                    self._call("PUT", key, self._client.put_object, Body=fh, **kwargs)
+                self._call("PUT", key, self._client.put_object, Body=data, **kwargs)
                 if progress is not None:
                     progress.update(digest.size)
                 infos[i] = self._check_stored(key, digest)
