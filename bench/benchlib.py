@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import boto3
 
 from ckptflow.artifact import ComponentSpec, seal_artifact
+from ckptflow.store.s3 import S3Store
 
 MiB = 1024 * 1024
 
@@ -92,6 +96,26 @@ def interleaved(steps: list[Callable[[], object]], run: int) -> None:
     for step in steps if run % 2 == 0 else steps[::-1]:
         os.sync()
         step()
+
+
+@contextlib.contextmanager
+def scratch_bucket(creds, kind: str, **options):
+    """An ``S3Store`` on a fresh bucket for one benchmark, emptied and removed afterwards (also on failure)."""
+    store = S3Store(f"bench-{kind}-{uuid.uuid4().hex[:8]}", creds, **options)
+    store.ensure_bucket()
+    try:
+        yield store
+    finally:
+        for obj in store.list(""):
+            store.delete(obj.key)
+        store._client.delete_bucket(Bucket=store.bucket)
+
+
+def add_raw_child_args(ap, *names: str) -> None:
+    """The hidden options with which a benchmark runs its raw peer in a child process of its own."""
+    ap.add_argument("--raw-child", action="store_true", help=argparse.SUPPRESS)
+    for name in ("--bucket", "--paths", *names):
+        ap.add_argument(name, help=argparse.SUPPRESS)
 
 
 def add_artifact_args(ap) -> None:

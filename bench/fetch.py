@@ -21,13 +21,21 @@ import shutil
 import statistics
 import sys
 import tempfile
-import uuid
 from functools import partial
 from pathlib import Path
 
 from boto3.s3.transfer import TransferConfig
 
-from benchlib import MiB, add_artifact_args, interleaved, make_artifact, raw_client, run_child
+from benchlib import (
+    MiB,
+    add_artifact_args,
+    add_raw_child_args,
+    interleaved,
+    make_artifact,
+    raw_client,
+    run_child,
+    scratch_bucket,
+)
 from ckptflow.archive.publisher import publish_artifact
 from ckptflow.records import declaration as declaration_record
 from ckptflow.store import base
@@ -56,24 +64,19 @@ def _raw_child(args: argparse.Namespace) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_artifact_args(ap)
-    ap.add_argument("--raw-child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--bucket", help=argparse.SUPPRESS)
-    ap.add_argument("--paths", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
+    add_raw_child_args(ap, "--out")
     args = ap.parse_args()
     if args.raw_child:
         return _raw_child(args)
 
     creds = load_credentials(args.credentials)
-    bucket = f"bench-fetch-{uuid.uuid4().hex[:8]}"
-    store = S3Store(bucket, creds)
-    store.ensure_bucket()
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     raw_t: list[float] = []
     ck_t: list[float] = []
     nofsync_t: list[float] = []
     peaks: dict[str, int] = {"raw": 0, "ckptflow": 0}
-    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+    with scratch_bucket(creds, "fetch") as store, tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        bucket = store.bucket
         art = make_artifact(Path(tmp), args.model_mib, args.shard_mib, args.shards)
         publish_artifact(art, store, UPLOAD_PREFIX, progress=False)
         shutil.rmtree(art.parent.parent)  # only the archive remains: page cache holds no source copy
@@ -82,6 +85,7 @@ def main() -> int:
         total = sum(e.size for e in files)
         uri = f"s3://{bucket}/{ARTIFACT_PREFIX}"
         paths = json.dumps([e.path for e in sorted(files, key=lambda e: -e.size)])
+
         def raw_side(run: int) -> None:
             out = Path(tmp) / f"raw-{run}"
             elapsed, peak, _ = run_child([__file__, "--raw-child", "--credentials", args.credentials, "--bucket", bucket,
@@ -107,9 +111,6 @@ def main() -> int:
             interleaved([partial(raw_side, run), partial(ckptflow_side, run, True), partial(ckptflow_side, run, False)], run)
             print(f"run {run + 1}/{args.runs}: raw {raw_t[-1]:.2f}s ckptflow {ck_t[-1]:.2f}s "
                   f"(no fsync {nofsync_t[-1]:.2f}s)", file=sys.stderr)
-    for o in store.list(""):
-        store.delete(o.key)
-    store._client.delete_bucket(Bucket=bucket)
     raw_med, ck_med = statistics.median(raw_t), statistics.median(ck_t)
     report = {
         "artifact_mib": round(total / MiB),

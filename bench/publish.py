@@ -19,13 +19,21 @@ import json
 import statistics
 import sys
 import tempfile
-import uuid
 from functools import partial
 from pathlib import Path
 
 from boto3.s3.transfer import TransferConfig
 
-from benchlib import MiB, add_artifact_args, interleaved, make_artifact, raw_client, run_child
+from benchlib import (
+    MiB,
+    add_artifact_args,
+    add_raw_child_args,
+    interleaved,
+    make_artifact,
+    raw_client,
+    run_child,
+    scratch_bucket,
+)
 from ckptflow.store import base
 from ckptflow.store.credentials import load_credentials
 from ckptflow.store.s3 import S3Store
@@ -54,26 +62,23 @@ def _raw_child(args: argparse.Namespace) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_artifact_args(ap)
-    ap.add_argument("--raw-child", action="store_true", help=argparse.SUPPRESS)
-    for hidden in ("--bucket", "--paths", "--artifact", "--prefix"):
-        ap.add_argument(hidden, help=argparse.SUPPRESS)
+    add_raw_child_args(ap, "--artifact", "--prefix")
     args = ap.parse_args()
     if args.raw_child:
         return _raw_child(args)
 
     creds = load_credentials(args.credentials)
-    bucket = f"bench-publish-{uuid.uuid4().hex[:8]}"
-    store = S3Store(bucket, creds)
-    store.ensure_bucket()
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     raw_t: list[float] = []
     ck_t: list[float] = []
     peak_kib = 0
-    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+    with scratch_bucket(creds, "publish") as store, tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        bucket = store.bucket
         art = make_artifact(Path(tmp), args.model_mib, args.shard_mib, args.shards)
         files = [p for p in sorted(art.rglob("*")) if p.is_file() and p.name != "optim.pt"]
         total = sum(p.stat().st_size for p in files)
         paths = json.dumps([str(p.relative_to(art)) for p in files])
+
         def raw_side(run: int) -> None:
             elapsed, _, _ = run_child([__file__, "--raw-child", "--credentials", args.credentials, "--bucket", bucket,
                                        "--paths", paths, "--artifact", str(art), "--prefix", f"raw/{run}"])
@@ -89,9 +94,6 @@ def main() -> int:
         for run in range(args.runs):
             interleaved([partial(raw_side, run), partial(ckptflow_side, run)], run)
             print(f"run {run + 1}/{args.runs}: raw {raw_t[-1]:.2f}s ckptflow {ck_t[-1]:.2f}s", file=sys.stderr)
-    for o in store.list(""):
-        store.delete(o.key)
-    store._client.delete_bucket(Bucket=bucket)
     raw_med, ck_med = statistics.median(raw_t), statistics.median(ck_t)
     report = {
         "artifact_mib": round(total / MiB),

@@ -18,14 +18,12 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from functools import partial
 from pathlib import Path
 
-from benchlib import MiB, interleaved, raw_client, write_random
+from benchlib import MiB, interleaved, raw_client, scratch_bucket, write_random
 from ckptflow.digest import sha256_file
 from ckptflow.store.credentials import load_credentials
-from ckptflow.store.s3 import S3Store
 
 
 def main() -> int:
@@ -38,15 +36,13 @@ def main() -> int:
     args = ap.parse_args()
 
     creds = load_credentials(args.credentials)
-    bucket = f"bench-{uuid.uuid4().hex[:8]}"
     options = {"part_size": args.part_mib * MiB} if args.part_mib else {}
-    store = S3Store(bucket, creds, **options)
-    store.ensure_bucket()
-    raw = raw_client(creds, store.boto_config)
     size = args.size_mib * MiB
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     times: dict[str, list[float]] = {"raw_up": [], "ck_up": [], "raw_down": [], "ck_down": []}
-    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+    with scratch_bucket(creds, "transfer", **options) as store, tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        bucket = store.bucket
+        raw = raw_client(creds, store.boto_config)
         src = Path(tmp) / "payload.bin"
         write_random(src, size)
         dst = Path(tmp) / "down.bin"
