@@ -101,6 +101,21 @@ def _sha256_piped(fh, on_bytes: Callable[[int], None] | None) -> FileDigest:
     return FileDigest(size=size, sha256=h.hexdigest())
 
 
+def sha256_prefix(fd: int, length: int):
+    """A sha256 fed with the first ``length`` bytes of the open file ``fd`` (read with ``preadv`` into
+    one reused buffer); None when the file holds fewer bytes."""
+    h = hashlib.sha256()
+    view = memoryview(bytearray(min(CHUNK_SIZE, max(length, 1))))
+    done = 0
+    while done < length:
+        n = os.preadv(fd, [view[: min(len(view), length - done)]], done)
+        if not n:
+            return None
+        h.update(view[:n])
+        done += n
+    return h
+
+
 def default_workers() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 

@@ -25,7 +25,6 @@ from ckptflow.store.transfer import (
     part_size_for,
     split_ranges,
     upload_batch,
-    upload_parts,
 )
 
 
@@ -117,7 +116,10 @@ def test_upload_hashes_the_bytes_it_sent_in_file_order(tmp_path: Path) -> None:
         received[number] = bytes(part)  # the buffer is reused once send returns
         return f"etag-{number}"
 
-    etags, sha = upload_parts(src, size=len(data), part_size=10_000, upload_part=send, concurrency=4)
+    committed: list[tuple[list[str], str]] = []
+    upload_batch([PartedFile(src, len(data), 10_000, send)], concurrency=4,
+                 finish=lambda _, results, sha: committed.append((list(results), sha)))
+    [(etags, sha)] = committed
     assert sha == hashlib.sha256(data).hexdigest()
     assert etags == [f"etag-{n}" for n in range(1, len(received) + 1)]
     assert b"".join(received[n] for n in sorted(received)) == data

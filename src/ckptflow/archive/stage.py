@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import re
 import socket
@@ -25,7 +24,7 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
-from ..digest import CHUNK_SIZE
+from ..digest import sha256_prefix
 from ..errors import ConflictError, InvalidRecord, Refused, UnsafePath
 from ..fsutil import fsync_dir, resolve_inside, unique_temp_path, writer_gone
 from ..records import staging as staging_record
@@ -139,18 +138,8 @@ def claim_part(final: Path, size: int) -> tuple[Path, int]:
 
 def hash_prefix(part: Path, length: int):
     """A sha256 fed with the first ``length`` bytes of ``part`` (re-read, never trusted from before)."""
-    h = hashlib.sha256()
-    buf = bytearray(CHUNK_SIZE)
-    view = memoryview(buf)
-    done = 0
     with open(part, "rb", buffering=0) as fh:
-        while done < length:
-            n = fh.readinto(view[: min(CHUNK_SIZE, length - done)])
-            if not n:
-                break
-            h.update(view[:n])
-            done += n
-    return h if done == length else None
+        return sha256_prefix(fh.fileno(), length)
 
 
 def write_via_part(final: Path, data: bytes) -> None:

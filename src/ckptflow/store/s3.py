@@ -327,9 +327,6 @@ class S3Store:
 
     def _parted(self, key: str, path: Path, digest: FileDigest, progress: ByteProgress | None) -> PartedFile:
         """A multipart upload of ``path`` to ``key``, created when its first part is sent."""
-        parted = PartedFile(path, digest.size, part_size_for(digest.size, self.part_size), send=lambda n, d: None,
-                            progress=progress)
-
         def begin() -> None:
             created = self._call("CreateMultipartUpload", key, self._client.create_multipart_upload,
                                  Bucket=self.bucket, Key=key, Metadata={"sha256": digest.sha256})
@@ -344,7 +341,8 @@ class S3Store:
             with contextlib.suppress(ClientError, BotoCoreError):
                 self._client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=parted.handle)
 
-        parted.begin, parted.send, parted.abort = begin, send, abort
+        parted = PartedFile(path, digest.size, part_size_for(digest.size, self.part_size), send, begin=begin,
+                            abort=abort, progress=progress)
         return parted
 
     def put_bytes_wrong_checksum(self, key: str, data: bytes) -> bool:

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from ..digest import CHUNK_SIZE, FileDigest
+from ..digest import FileDigest, sha256_prefix
 from ..errors import StoreError, UnsafePath, VerificationFailed
 from ..progress import ByteProgress
 
@@ -243,15 +243,10 @@ class _OrderedHasher:
 
 def _hash_prefix(fd: int, length: int, dest: Path) -> Any:
     """Hash the first ``length`` bytes already in ``dest`` (when resuming without a pre-fed hasher)."""
-    h = hashlib.sha256()
-    offset = 0
-    while offset < length:
-        data = os.pread(fd, min(CHUNK_SIZE, length - offset), offset)
-        if not data:
-            raise VerificationFailed(f"{dest} holds {offset} bytes, fewer than the resume offset {length}",
-                                     remedy="delete the partial file and download again", path=str(dest))
-        h.update(data)
-        offset += len(data)
+    h = sha256_prefix(fd, length)
+    if h is None:
+        raise VerificationFailed(f"{dest} holds {os.fstat(fd).st_size} bytes, fewer than the resume offset {length}",
+                                 remedy="delete the partial file and download again", path=str(dest))
     return h
 
 
@@ -342,8 +337,6 @@ class _Target(_BatchFile):
 
 
 def _open_target(spec: RangedFile) -> int:
-    if not 0 <= spec.start <= spec.size:
-        raise ValueError(f"resume offset {spec.start} is outside 0..{spec.size} for {spec.dest}")
     try:
         fd = os.open(spec.dest, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as exc:
@@ -608,20 +601,3 @@ def upload_batch(files: Sequence[PartedFile], *, concurrency: int = 8,
                 stream.hashing.submit(complete, i)
 
         stream.run(items, work, consume, "upload", concurrency)
-
-
-def upload_parts(path: Path, *, size: int, part_size: int, upload_part: Callable[[int, bytearray], R],
-                 concurrency: int = 8, progress: ByteProgress | None = None) -> tuple[list[R], str]:
-    """Send ``path`` as numbered parts (1..N) concurrently; return the results in order and the sha256.
-
-    One file of ``upload_batch`` (see there): ``upload_part(number, data)`` must not keep ``data``
-    after it returns. A file shorter than ``size`` fails the upload.
-    """
-    out: dict[str, Any] = {}
-
-    def finish(_: int, results: list[R], sha256: str) -> None:
-        out["results"], out["sha256"] = list(results), sha256
-
-    upload_batch([PartedFile(Path(path), size, part_size, upload_part, progress=progress)],
-                 concurrency=concurrency, finish=finish)
-    return out["results"], out["sha256"]
