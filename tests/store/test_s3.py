@@ -16,7 +16,7 @@ import servers
 from ckptflow.digest import FileDigest, sha256_bytes
 from ckptflow.errors import CkptflowError, StoreError, UsageError, VerificationFailed
 from ckptflow.store import Credentials, S3Store, load_credentials
-from ckptflow.store.s3 import _full_object_sha256
+from ckptflow.store.s3 import MAX_SINGLE_PART, _full_object_sha256
 
 MiB = 1024 * 1024
 
@@ -129,3 +129,10 @@ def test_a_small_file_changed_after_hashing_is_refused_before_it_is_sent(
     with pytest.raises(VerificationFailed, match="changed after it was hashed"):
         store.put_file("small.bin", src, digest=digest)
     assert store.head("small.bin") is None
+
+
+def test_single_part_uploads_stay_small_enough_to_hold_and_check() -> None:
+    with pytest.raises(UsageError, match="multipart_threshold"):
+        S3Store("b", Credentials("k", "s", "http://127.0.0.1:1", None), multipart_threshold=MAX_SINGLE_PART + 1)
+    assert S3Store("b", Credentials("k", "s", "http://127.0.0.1:1", None),
+                   multipart_threshold=MAX_SINGLE_PART).multipart_threshold == MAX_SINGLE_PART

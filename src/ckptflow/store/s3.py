@@ -51,6 +51,8 @@ from .transfer import (
 )
 from .uri import validate_key, validate_prefix
 
+# A single-part upload is held in memory while it is checked and sent, so it stays small.
+MAX_SINGLE_PART = 64 * 1024 * 1024
 _NOT_FOUND = frozenset({"404", "NoSuchKey", "NotFound"})
 _NO_BUCKET = frozenset({"NoSuchBucket"})
 _BAD_DIGEST = frozenset({"BadDigest", "XAmzContentSHA256Mismatch", "InvalidDigest"})
@@ -125,6 +127,10 @@ class S3Store:
             raise UsageError(f"bucket name {bucket!r} is empty or contains '/'", remedy="pass a bare bucket name")
         if part_size < MIN_PART_SIZE:
             raise UsageError(f"part_size {part_size} is below S3's 5 MiB minimum", remedy="use at least 5 MiB")
+        if multipart_threshold > MAX_SINGLE_PART:
+            raise UsageError(f"multipart_threshold {multipart_threshold} is above {MAX_SINGLE_PART}: a single-part "
+                             "upload is read whole and checked against its digest before it is sent",
+                             remedy=f"use at most {MAX_SINGLE_PART} bytes; larger files go in parts")
         if min(concurrency, list_page_size, download_range_size, multipart_threshold, max_attempts) < 1:
             raise UsageError("concurrency, list_page_size, download_range_size, multipart_threshold and "
                              "max_attempts must be >= 1")
