@@ -53,6 +53,16 @@ def test_progress_can_be_forced_on(monkeypatch, capsys):
     assert "forced" in capsys.readouterr().err
 
 
+def test_progress_total_can_grow_while_the_bar_shows(monkeypatch, capsys):
+    monkeypatch.setenv("CKPTFLOW_PROGRESS", "1")
+    with ByteProgress(10, "grown") as bar:
+        bar.update(10)
+        bar.grow(5)
+        bar.update(5)
+        assert (bar.total, bar.done) == (15, 15) and bar._bar.total == 15
+    assert "grown" in capsys.readouterr().err
+
+
 def test_hashing_writer_hashes_what_it_writes():
     buf = io.BytesIO()
     w = digest.HashingWriter(buf)

@@ -43,6 +43,14 @@ class ByteProgress:
             if self._bar is not None:
                 self._bar.update(nbytes)
 
+    def grow(self, nbytes: int) -> None:
+        """Raise the total (work found to be larger than announced), keeping the bar byte-accurate."""
+        with self._lock:
+            self.total += nbytes
+            if self._bar is not None:
+                self._bar.total = self.total
+                self._bar.refresh()
+
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()

@@ -50,14 +50,6 @@ class _FileProgress:
             testhooks.reached(f"fetch:mid-file:{self._path}")
 
 
-def _grow(bar: ByteProgress, nbytes: int) -> None:
-    """A resumed prefix failed the final check and is fetched again: keep the bar's total byte-accurate."""
-    bar.total += nbytes
-    if bar._bar is not None:
-        bar._bar.total = bar.total
-        bar._bar.refresh()
-
-
 def _range_size(store: ObjectStore) -> int:
     return getattr(store, "download_range_size", None) or getattr(store, "range_size", None) or DEFAULT_RANGE_SIZE
 
@@ -89,7 +81,7 @@ def download_files(store: ObjectStore, prefix: str, staged: Path, todo: list[Fil
                 if offset and got != expected:
                     log.warning("resumed download of %s did not verify; downloading it whole", where(entry.path))
                     with whole_again:  # one at a time: each has a range window of its own
-                        _grow(bar, offset)
+                        bar.grow(offset)  # the prefix is fetched again
                         got = store.download_file(key, part, size=entry.size,
                                                   progress=_FileProgress(bar, entry.path, 0))
                 if got != expected:
