@@ -1,8 +1,11 @@
 """Transfer throughput: ckptflow's store versus raw boto3, in the same run, on the same server.
 
 (a) raw boto3 ``upload_file`` / ``download_file`` with default transfer settings (no hashing);
-(b) ckptflow: SHA-256 of the file, ``put_file`` with ``sha256`` metadata, HEAD check of size + metadata;
-    ``download_file`` with the digest computed in order while ranges arrive, then compared. Neither side
+(b) ckptflow: SHA-256 of the file (and of each part, in the same pass), ``put_file`` with ``sha256``
+    metadata (each part refused by the server unless it matches its digest, where the endpoint enforces
+    part checksums; otherwise hashed in order as sent), HEAD check of size + metadata;
+    ``download_file`` with the digest computed in order while ranges arrive, then compared (both sides
+    download the same object, uploaded by raw boto3 or by ckptflow in turn). Neither side
     flushes to disk here (fetch's staging does, before it commits a file: see bench/fetch.py).
 Runs are interleaved so drift on a noisy machine hits both sides (``benchlib.interleaved``: a ``sync``
 before each step, the order reversed every other run); the median of ``--runs`` is reported. Prints one JSON object on stdout; targets are ratios ≥ 0.85.
@@ -55,22 +58,26 @@ def main() -> int:
             dst.unlink(missing_ok=True)
 
         def ck_up(key: str) -> None:
-            digest = sha256_file(src)
+            # As publish does: one hashing pass, with the per-part digests the store checks parts against.
+            digest = sha256_file(src, part_size=store.part_digest_size(size))
             store.put_file(key, src, digest=digest)
             info = store.head(key)
             assert info is not None and info.size == digest.size and info.sha256 == digest.sha256
             digests[key] = digest
 
-        def ck_down(key: str) -> None:
+        def ck_down(key: str, uploaded: str) -> None:
             got = store.download_file(key, dst)
-            assert got == digests[key], "downloaded bytes do not match the uploaded digest"
+            assert got == digests[uploaded], "downloaded bytes do not match the digest ckptflow uploaded"
 
         for run in range(args.runs):
             key_raw, key_ck = f"raw/{run}", f"ckptflow/{run}"
             interleaved([partial(timed, "raw_up", raw.upload_file, str(src), bucket, key_raw),
                          partial(timed, "ck_up", ck_up, key_ck)], run)
-            interleaved([partial(timed, "raw_down", raw.download_file, bucket, key_raw, str(dst)),
-                         partial(timed, "ck_down", ck_down, key_ck)], run)
+            # Both download the same object (each run the other one's), so neither gains from how the
+            # server laid out the object it reads.
+            key_down = (key_raw, key_ck)[run % 2]
+            interleaved([partial(timed, "raw_down", raw.download_file, bucket, key_down, str(dst)),
+                         partial(timed, "ck_down", ck_down, key_down, key_ck)], run)
             for k in (key_raw, key_ck):
                 store.delete(k)
             print(f"run {run + 1}/{args.runs} done", file=sys.stderr)

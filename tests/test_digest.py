@@ -87,3 +87,39 @@ def test_large_files_are_read_and_hashed_on_two_threads_with_the_same_digest(tmp
     got = digest.sha256_file(path, on_bytes=counted.append)
     assert got == digest.FileDigest(size, hashlib.sha256(data).hexdigest())
     assert sum(counted) == size
+
+
+def _part_digests(data: bytes, part_size: int) -> tuple[bytes, ...]:
+    return tuple(hashlib.sha256(data[i:i + part_size]).digest() for i in range(0, len(data), part_size))
+
+
+def test_part_digests_come_from_the_same_pass_for_small_and_large_files(tmp_path):
+    """Part boundaries fall anywhere inside the read pieces (sizes that do not divide the piece size,
+    a file that ends exactly on a boundary, one below a single part); the whole-file digest is unchanged."""
+    for size in (0, 1000, 5 * 1024 * 1024, 7 * 1024 * 1024 + 3, 21 * 1024 * 1024):
+        data = os.urandom(size)
+        path = tmp_path / f"{size}.bin"
+        path.write_bytes(data)
+        for part_size in (1024 * 1024, 5 * 1024 * 1024 + 7, 8 * 1024 * 1024):
+            got = digest.sha256_file(path, part_size=part_size)
+            assert got == digest.FileDigest(size, hashlib.sha256(data).hexdigest())
+            assert got.part_size == part_size
+            assert got.parts == _part_digests(data, part_size), (size, part_size)
+        assert digest.sha256_file(path).parts is None
+
+
+def test_hash_files_asks_for_part_digests_per_file_size(tmp_path):
+    big, small = os.urandom(9 * 1024 * 1024), b"small"
+    (tmp_path / "big").write_bytes(big)
+    (tmp_path / "small").write_bytes(small)
+    asked = []
+
+    def part_size_for(size):
+        asked.append(size)
+        return 4 * 1024 * 1024 if size > 1024 else None
+
+    got = digest.hash_files(tmp_path, ["big", "small"], progress=False, part_size_for=part_size_for)
+    assert sorted(asked) == [len(small), len(big)]
+    assert got["big"].parts == _part_digests(big, 4 * 1024 * 1024)
+    assert got["small"].parts is None
+    assert got["small"] == digest.FileDigest(len(small), hashlib.sha256(small).hexdigest())

@@ -13,7 +13,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .progress import ByteProgress
@@ -26,8 +26,43 @@ SHA256_HEX_LEN = 64
 
 @dataclass(frozen=True, slots=True)
 class FileDigest:
+    """A file's size and sha256. ``parts`` optionally holds the raw sha256 of each ``part_size`` slice
+    (the last one shorter), taken in the same pass: an object store that verifies per-part checksums
+    then refuses any part whose bytes differ from the ones hashed. Equality ignores the parts."""
+
     size: int
     sha256: str
+    part_size: int = field(default=0, compare=False, repr=False)
+    parts: tuple[bytes, ...] | None = field(default=None, compare=False, repr=False)
+
+
+class _PartHasher:
+    """The sha256 of each consecutive ``part_size`` slice of a stream fed in pieces of any size."""
+
+    def __init__(self, part_size: int):
+        if part_size < 1:
+            raise ValueError(f"part_size must be >= 1, not {part_size}")
+        self.part_size = part_size
+        self._h = hashlib.sha256()
+        self._filled = 0
+        self.digests: list[bytes] = []
+
+    def update(self, view: memoryview) -> None:
+        pos = 0
+        while pos < len(view):
+            take = min(len(view) - pos, self.part_size - self._filled)
+            self._h.update(view[pos:pos + take])
+            self._filled += take
+            pos += take
+            if self._filled == self.part_size:
+                self.digests.append(self._h.digest())
+                self._h, self._filled = hashlib.sha256(), 0
+
+    def finish(self) -> tuple[bytes, ...]:
+        if self._filled:
+            self.digests.append(self._h.digest())
+            self._h, self._filled = hashlib.sha256(), 0
+        return tuple(self.digests)
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -43,18 +78,21 @@ def is_sha256_hex(value: object) -> bool:
 
 
 def sha256_file(
-    path: Path | str, *, chunk_size: int = CHUNK_SIZE, on_bytes: Callable[[int], None] | None = None
+    path: Path | str, *, chunk_size: int = CHUNK_SIZE, on_bytes: Callable[[int], None] | None = None,
+    part_size: int | None = None,
 ) -> FileDigest:
     """Hash one file in a single streaming pass; the size is what was read, not what stat said.
 
     A file larger than a few pieces is read and hashed at once: this thread reads the next piece
     while a helper thread hashes the last (``PIPE_BUFFERS`` pieces of ``PIPE_PIECE`` bytes), so the
-    copy out of the page cache hides behind the hash when a core is free.
+    copy out of the page cache hides behind the hash when a core is free. With ``part_size`` the
+    per-part digests (``FileDigest.parts``) are taken from the same pieces on a second helper thread.
     """
     with open(path, "rb", buffering=0) as fh:
         if os.fstat(fh.fileno()).st_size > PIPE_BUFFERS * PIPE_PIECE:
-            return _sha256_piped(fh, on_bytes)
+            return _sha256_piped(fh, on_bytes, part_size)
         h = hashlib.sha256()
+        parts = _PartHasher(part_size) if part_size else None
         buf = bytearray(chunk_size)
         view = memoryview(buf)
         size = 0
@@ -63,27 +101,48 @@ def sha256_file(
             if not n:
                 break
             h.update(view[:n])
+            if parts is not None:
+                parts.update(view[:n])
             size += n
             if on_bytes is not None:
                 on_bytes(n)
-    return FileDigest(size=size, sha256=h.hexdigest())
+    return _digest(size, h, parts)
 
 
-def _sha256_piped(fh, on_bytes: Callable[[int], None] | None) -> FileDigest:
+def _digest(size: int, h, parts: _PartHasher | None) -> FileDigest:
+    if parts is None:
+        return FileDigest(size=size, sha256=h.hexdigest())
+    return FileDigest(size=size, sha256=h.hexdigest(), part_size=parts.part_size, parts=parts.finish())
+
+
+def _sha256_piped(fh, on_bytes: Callable[[int], None] | None, part_size: int | None = None) -> FileDigest:
+    """Reader (this thread) -> whole-file hasher -> part hasher (when asked) -> back to the reader:
+    each piece moves down the chain, so the stages work on different pieces at once."""
     h = hashlib.sha256()
+    parts = _PartHasher(part_size) if part_size else None
     free: queue.SimpleQueue = queue.SimpleQueue()
     full: queue.SimpleQueue = queue.SimpleQueue()
-    for _ in range(PIPE_BUFFERS):
+    for _ in range(PIPE_BUFFERS + (parts is not None)):
         free.put(bytearray(PIPE_PIECE))
 
-    def hash_pieces() -> None:
-        while (item := full.get()) is not None:
+    def stage(inbox: queue.SimpleQueue, update, outbox: queue.SimpleQueue) -> None:
+        while (item := inbox.get()) is not None:
             buf, n = item
-            h.update(memoryview(buf)[:n])
-            free.put(buf)
+            update(memoryview(buf)[:n])
+            outbox.put(item if outbox is not free else buf)
+        if outbox is not free:
+            outbox.put(None)
 
-    hasher = threading.Thread(target=hash_pieces, name="sha256", daemon=True)
-    hasher.start()
+    threads = []
+    if parts is None:
+        threads.append(threading.Thread(target=stage, args=(full, h.update, free), name="sha256", daemon=True))
+    else:
+        middle: queue.SimpleQueue = queue.SimpleQueue()
+        threads.append(threading.Thread(target=stage, args=(full, h.update, middle), name="sha256", daemon=True))
+        threads.append(threading.Thread(target=stage, args=(middle, parts.update, free), name="sha256-parts",
+                                        daemon=True))
+    for t in threads:
+        t.start()
     size = 0
     try:
         while True:
@@ -97,8 +156,9 @@ def _sha256_piped(fh, on_bytes: Callable[[int], None] | None) -> FileDigest:
                 on_bytes(n)
     finally:
         full.put(None)
-        hasher.join()
-    return FileDigest(size=size, sha256=h.hexdigest())
+        for t in threads:
+            t.join()
+    return _digest(size, h, parts)
 
 
 def sha256_prefix(fd: int, length: int):
@@ -127,18 +187,23 @@ def hash_files(
     workers: int | None = None,
     progress: bool | None = None,
     desc: str = "sha256",
+    part_size_for: Callable[[int], int | None] | None = None,
 ) -> dict[str, FileDigest]:
     """Hash ``root/relpath`` for every relpath, in parallel, with one byte-accurate bar for all files.
 
+    ``part_size_for(size)``, when given, names the part size whose per-part digests a file of that size
+    also gets (None: none), e.g. ``ObjectStore.part_digest_size`` before an upload.
     Callers validate the relative paths (``fsutil.safe_relpath`` / ``walk_files``) before calling.
     Returns a dict sorted by path.
     """
     root = Path(root)
     rels = sorted(set(relpaths))
-    total = sum((root / r).stat().st_size for r in rels)
+    sizes = {r: (root / r).stat().st_size for r in rels}
+    total = sum(sizes.values())
     with ByteProgress(total, desc, progress) as bar:
         def one(rel: str) -> tuple[str, FileDigest]:
-            return rel, sha256_file(root / rel, on_bytes=bar.update)
+            part_size = part_size_for(sizes[rel]) if part_size_for is not None else None
+            return rel, sha256_file(root / rel, on_bytes=bar.update, part_size=part_size)
 
         n = workers or default_workers()
         if n == 1 or len(rels) <= 1:

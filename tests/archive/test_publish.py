@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 
 import pytest
@@ -230,3 +231,31 @@ def test_conflicting_committed_prefix_is_refused_without_any_write(artifact, sw_
         publish_artifact(artifact, sw_store, UPLOAD_PREFIX, progress=False)
     assert keys(sw_store) == [manifest_record.FILENAME]
     assert not receipt_record.path_in(artifact).exists()
+
+
+@pytest.mark.seaweedfs
+def test_publish_hashes_each_payload_once_and_the_server_checks_every_part(
+        tmp_path, seaweedfs_bucket, seaweedfs_credentials_path) -> None:
+    """The hashing pass also takes the per-part digests; each part goes with its digest (the server
+    refuses a part whose bytes changed since) and without a second hash of the body for the signature."""
+    from ckptflow.store import load_credentials
+
+    mib = 1024 * 1024
+    art = make_artifact(tmp_path, model_bytes=12 * mib)
+    store = S3Store(seaweedfs_bucket, load_credentials(seaweedfs_credentials_path),
+                    multipart_threshold=5 * mib, part_size=5 * mib)
+    parts: list[dict[str, str]] = []
+
+    def record(request, **_):
+        headers = {k.lower(): v.decode() if isinstance(v, bytes) else v for k, v in request.headers.items()}
+        if int(headers["content-length"]) >= mib:  # model.pt's parts, not the store's one-off check
+            parts.append(headers)
+
+    for client in (store._client, store._unsigned()):
+        client.meta.events.register("before-send.s3.UploadPart", record)
+    assert publish_artifact(art, store, UPLOAD_PREFIX, progress=False).status == "published"
+    data = (art / "model.pt").read_bytes()
+    expected = sorted(hashlib.sha256(data[i:i + 5 * mib]).digest() for i in range(0, len(data), 5 * mib))
+    assert sorted(base64.b64decode(p["x-amz-checksum-sha256"]) for p in parts) == expected
+    assert {p["x-amz-content-sha256"] for p in parts} == {"UNSIGNED-PAYLOAD"}
+    assert store.head(f"{ARTIFACT_PREFIX}/model.pt").sha256 == hashlib.sha256(data).hexdigest()

@@ -6,17 +6,19 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
+import os
 import socket
+import uuid
 from pathlib import Path
 
 import pytest
 from botocore.exceptions import ClientError
 
 import servers
-from ckptflow.digest import FileDigest, sha256_bytes
+from ckptflow.digest import FileDigest, sha256_bytes, sha256_file
 from ckptflow.errors import CkptflowError, StoreError, UsageError, VerificationFailed
 from ckptflow.store import Credentials, S3Store, load_credentials
-from ckptflow.store.s3 import MAX_SINGLE_PART, _full_object_sha256
+from ckptflow.store.s3 import MAX_SINGLE_PART, _check_composite, _full_object_sha256
 
 MiB = 1024 * 1024
 
@@ -136,3 +138,123 @@ def test_single_part_uploads_stay_small_enough_to_hold_and_check() -> None:
         S3Store("b", Credentials("k", "s", "http://127.0.0.1:1", None), multipart_threshold=MAX_SINGLE_PART + 1)
     assert S3Store("b", Credentials("k", "s", "http://127.0.0.1:1", None),
                    multipart_threshold=MAX_SINGLE_PART).multipart_threshold == MAX_SINGLE_PART
+
+
+# ------------------------------------------------------------------ parts checked by the server
+
+
+def _part_headers(store: S3Store) -> list[dict[str, str]]:
+    """Records the headers of every UploadPart the store sends, on either of its clients."""
+    seen: list[dict[str, str]] = []
+
+    def record(request, **_):
+        seen.append({k.lower(): v.decode() if isinstance(v, bytes) else v for k, v in request.headers.items()})
+
+    for client in (store._client, store._unsigned()):
+        client.meta.events.register("before-send.s3.UploadPart", record)
+    return seen
+
+
+def _small_parts_store(bucket: str, credentials_path: Path, **options) -> S3Store:
+    return S3Store(bucket, load_credentials(credentials_path), multipart_threshold=5 * MiB, part_size=5 * MiB,
+                   **options)
+
+
+@pytest.mark.seaweedfs
+def test_parts_go_with_the_digests_taken_when_hashing_where_the_server_enforces_them(
+        seaweedfs_bucket, seaweedfs_credentials_path, tmp_path) -> None:
+    data = os.urandom(47 * MiB // 4)  # 11.75 MiB: 3 parts, the last one short
+    src = tmp_path / "big.bin"
+    src.write_bytes(data)
+    store = _small_parts_store(seaweedfs_bucket, seaweedfs_credentials_path)
+    assert store.part_digest_size(len(data)) == 5 * MiB
+    assert store.part_digest_size(4 * MiB) is None  # a single part: read whole and checked locally
+    digest = sha256_file(src, part_size=store.part_digest_size(len(data)))
+    assert store.part_checksums_enforced("big.bin") is True  # checked once, before the parts are recorded
+    headers = _part_headers(store)
+    info = store.put_file("big.bin", src, digest=digest)
+    assert (info.size, info.sha256) == (len(data), digest.sha256)
+    assert len(set(digest.parts)) == 3
+    assert sorted(h["x-amz-checksum-sha256"] for h in headers) == sorted(base64.b64encode(p).decode()
+                                                                        for p in digest.parts)
+    # The signed checksum header binds each body, so the body is not hashed a second time for the signature.
+    assert {h["x-amz-content-sha256"] for h in headers} == {"UNSIGNED-PAYLOAD"}
+    client = servers.s3_client(seaweedfs_credentials_path)
+    assert client.get_object(Bucket=seaweedfs_bucket, Key="big.bin")["Body"].read() == data
+    assert client.list_multipart_uploads(Bucket=seaweedfs_bucket).get("Uploads", []) == []
+
+
+@pytest.mark.seaweedfs
+def test_a_file_changed_after_hashing_is_refused_by_the_server_part_by_part(
+        seaweedfs_bucket, seaweedfs_credentials_path, tmp_path) -> None:
+    src = tmp_path / "big.bin"
+    src.write_bytes(b"\1" * (11 * MiB))
+    store = _small_parts_store(seaweedfs_bucket, seaweedfs_credentials_path)
+    digest = sha256_file(src, part_size=5 * MiB)
+    with open(src, "r+b") as fh:  # same size, one byte of the second part differs
+        fh.seek(7 * MiB)
+        fh.write(b"\2")
+    with pytest.raises(VerificationFailed, match="changed after it was hashed, or part 2") as info:
+        store.put_file("big.bin", src, digest=digest)
+    assert info.value.path == str(src)
+    assert store.head("big.bin") is None
+    uploads = servers.s3_client(seaweedfs_credentials_path).list_multipart_uploads(Bucket=seaweedfs_bucket)
+    assert uploads.get("Uploads", []) == []
+
+
+@pytest.mark.seaweedfs
+def test_without_usable_part_digests_the_sent_bytes_are_hashed_here(
+        seaweedfs_bucket, seaweedfs_credentials_path, tmp_path) -> None:
+    """No part digests, part digests of another part size, or part checksums switched off: parts go
+    signed and without a checksum, and a change after hashing is caught by the in-order hash."""
+    src = tmp_path / "big.bin"
+    src.write_bytes(b"\1" * (11 * MiB))
+    whole = sha256_file(src)
+    cases = [(_small_parts_store(seaweedfs_bucket, seaweedfs_credentials_path), whole),
+             (_small_parts_store(seaweedfs_bucket, seaweedfs_credentials_path), sha256_file(src, part_size=6 * MiB)),
+             (_small_parts_store(seaweedfs_bucket, seaweedfs_credentials_path, part_checksums=False),
+              sha256_file(src, part_size=5 * MiB))]
+    assert cases[2][0].part_digest_size(11 * MiB) is None
+    for n, (store, digest) in enumerate(cases):
+        headers = _part_headers(store)
+        store.put_file(f"ok-{n}", src, digest=digest)
+        assert len(headers) == 3
+        assert all("x-amz-checksum-sha256" not in h and h["x-amz-content-sha256"] != "UNSIGNED-PAYLOAD"
+                   for h in headers)
+    with open(src, "r+b") as fh:
+        fh.seek(7 * MiB)
+        fh.write(b"\2")
+    with pytest.raises(VerificationFailed, match=r"changed after it was hashed \(its bytes now hash"):
+        cases[0][0].put_file("changed", src, digest=whole)
+    assert cases[0][0].head("changed") is None
+
+
+@pytest.mark.s3rver
+def test_part_checksums_are_not_trusted_where_the_endpoint_does_not_enforce_them(
+        s3rver_bucket, s3rver_credentials_path, moto_s3) -> None:
+    """s3rver stores a part under a wrong checksum, moto too: both get the in-order hash instead."""
+    for store in (S3Store(s3rver_bucket, load_credentials(s3rver_credentials_path)),
+                  S3Store(moto_s3.bucket, moto_s3.credentials)):
+        key = f"part-check/{uuid.uuid4().hex}"
+        assert store.part_checksums_enforced(key) is False
+        assert store.head(key) is None
+
+
+@pytest.mark.seaweedfs
+def test_the_part_checksum_check_leaves_nothing_behind(seaweedfs_bucket, seaweedfs_credentials_path) -> None:
+    store = S3Store(seaweedfs_bucket, load_credentials(seaweedfs_credentials_path))
+    assert store.part_checksums_enforced("k") is True
+    assert store.part_checksums_enforced("other") is True  # once per store
+    client = servers.s3_client(seaweedfs_credentials_path)
+    assert client.list_multipart_uploads(Bucket=seaweedfs_bucket).get("Uploads", []) == []
+    assert store.list("") == []
+
+
+def test_a_completed_upload_must_carry_the_composite_of_the_parts_sent() -> None:
+    parts = (hashlib.sha256(b"a").digest(), hashlib.sha256(b"b").digest())
+    composite = base64.b64encode(hashlib.sha256(b"".join(parts)).digest()).decode()
+    _check_composite(None, parts, "s3://b/k")  # endpoints that return none
+    _check_composite(f"{composite}-2", parts, "s3://b/k")
+    _check_composite(composite, parts, "s3://b/k")
+    with pytest.raises(VerificationFailed, match="not that of the parts sent"):
+        _check_composite(f"{composite}-2", parts[::-1], "s3://b/k")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,14 +148,20 @@ class LocalInventory:
     manifest_bytes: bytes
     declaration: declaration_record.Declaration
     declaration_bytes: bytes
+    # The payload digests of the hashing pass, with per-part digests where the store asked for them.
+    digests: dict[str, FileDigest] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def files(self) -> tuple[FileEntry, ...]:
         return self.declaration.files
 
 
-def build_local_inventory(artifact_dir: Path, *, progress: bool | None = None) -> LocalInventory:
-    """Steps 1–2: select, hash once, check against the manifest, and build the declaration."""
+def build_local_inventory(artifact_dir: Path, *, progress: bool | None = None,
+                          part_size_for: Callable[[int], int | None] | None = None) -> LocalInventory:
+    """Steps 1–2: select, hash once, check against the manifest, and build the declaration.
+
+    ``part_size_for`` is the store's ``part_digest_size``: the same pass also takes the per-part digests
+    that let the server refuse any part whose bytes differ from those hashed here."""
     manifest = _read_native_manifest(artifact_dir)
     if iteration_from_dir(artifact_dir) != manifest.iteration:
         raise Refused(
@@ -163,7 +170,7 @@ def build_local_inventory(artifact_dir: Path, *, progress: bool | None = None) -
             remedy="publish the directory the manifest belongs to",
         )
     selected = _selected_paths(artifact_dir, manifest)
-    digests = hash_files(artifact_dir, selected, progress=progress, desc="publish sha256")
+    digests = hash_files(artifact_dir, selected, progress=progress, desc="publish sha256", part_size_for=part_size_for)
     manifest = _check_against_manifest(artifact_dir, manifest, digests)
     manifest_bytes = manifest_record.path_in(artifact_dir).read_bytes()
     manifest_sha = sha256_bytes(manifest_bytes)
@@ -172,7 +179,8 @@ def build_local_inventory(artifact_dir: Path, *, progress: bool | None = None) -
     declaration = declaration_record.Declaration(
         manifest_sha256=manifest_sha, iteration=manifest.iteration, files=tuple(entries)
     )
-    return LocalInventory(manifest, manifest_bytes, declaration, declaration_record.encode_declaration(declaration))
+    return LocalInventory(manifest, manifest_bytes, declaration, declaration_record.encode_declaration(declaration),
+                          digests)
 
 
 # --------------------------------------------------------------------------------------------- remote
@@ -193,7 +201,8 @@ def _create_or_match_declaration(store: ObjectStore, prefix: str, inv: LocalInve
 
 
 def _upload_payloads(
-    store: ObjectStore, prefix: str, artifact_dir: Path, entries: list[FileEntry], progress: bool | None
+    store: ObjectStore, prefix: str, artifact_dir: Path, entries: list[FileEntry], progress: bool | None,
+    digests: dict[str, FileDigest],
 ) -> tuple[list[str], int]:
     todo: list[FileEntry] = []
     for entry, state in zip(entries, check_remote_inventory(store, prefix, entries), strict=True):
@@ -220,7 +229,7 @@ def _upload_payloads(
         large = [e for e in todo if e.size >= threshold]
         small = [e for e in todo if e.size < threshold]
         if large:
-            store.put_files([(object_key(prefix, e.path), artifact_dir / e.path, FileDigest(e.size, e.sha256))
+            store.put_files([(object_key(prefix, e.path), artifact_dir / e.path, _digest_of(e, digests))
                              for e in large], progress=bar, on_stored=stored)
         uploaded = [e.path for e in large]
         if small:
@@ -228,6 +237,14 @@ def _upload_payloads(
                 uploaded += list(pool.map(upload, small))
         uploaded.sort()
     return uploaded, total
+
+
+def _digest_of(entry: FileEntry, digests: dict[str, FileDigest]) -> FileDigest:
+    """The entry's digest, with the hashing pass's per-part digests when they are of these bytes."""
+    hashed = digests.get(entry.path)
+    if hashed is not None and hashed == FileDigest(entry.size, entry.sha256):
+        return hashed
+    return FileDigest(entry.size, entry.sha256)
 
 
 def _commit_manifest(store: ObjectStore, prefix: str, inv: LocalInventory) -> None:
@@ -272,7 +289,7 @@ def publish_artifact(
 
         require_qualified(store, prefix)  # before any remote write: fail closed on unqualified endpoints
 
-    inv = build_local_inventory(artifact_dir, progress=progress)
+    inv = build_local_inventory(artifact_dir, progress=progress, part_size_for=store.part_digest_size)
     decl_sha = sha256_bytes(inv.declaration_bytes)
     result = PublishResult("published", artifact_dir, dest, inv.files, decl_sha)
 
@@ -293,7 +310,8 @@ def publish_artifact(
         _create_or_match_declaration(store, prefix, inv)
         testhooks.reached("publish:after-declaration")
         payloads = [e for e in inv.files if e.path != manifest_record.FILENAME]
-        result.uploaded, result.uploaded_bytes = _upload_payloads(store, prefix, artifact_dir, payloads, progress)
+        result.uploaded, result.uploaded_bytes = _upload_payloads(store, prefix, artifact_dir, payloads, progress,
+                                                                  inv.digests)
         testhooks.reached("publish:before-manifest")
         _commit_manifest(store, prefix, inv)
 

@@ -76,6 +76,11 @@ class ObjectStore(Protocol):
         ``ChecksumSHA256`` where supported, so the server rejects corrupted bytes on receipt.
         """
 
+    def part_digest_size(self, size: int) -> int | None:
+        """The part size whose per-part digests (``sha256_file(part_size=...)``) ``put_file`` would use for
+        a file of ``size`` bytes, to have the server refuse any part that differs from the bytes hashed;
+        None when it would not use them (single-part uploads, backends without verified part checksums)."""
+
     def put_files(
         self,
         files: Sequence[tuple[str, Path, FileDigest]],

@@ -3,9 +3,13 @@
 Checksums are computed only when an operation requires them (boto3 >= 1.36 otherwise adds CRC headers
 that many S3-compatible servers reject); ckptflow sends its own ``ChecksumSHA256`` on single-part puts,
 so the server refuses corrupted bytes on receipt where it verifies checksums. Multipart uploads carry
-the whole-file ``sha256`` as user metadata and are hashed in order while the parts are sent, so a file
-that changed after it was hashed aborts the upload before it is completed. A conditional multipart
-complete is never used: concurrent completes are not atomic on common servers.
+the whole-file ``sha256`` as user metadata. Where the caller's hashing pass also took per-part digests
+(``part_digest_size``) and the endpoint is seen to enforce part checksums, every part carries its
+digest as ``ChecksumSHA256`` (signed; the body is sent ``UNSIGNED-PAYLOAD``), so the server refuses a
+part whose bytes changed since they were hashed; otherwise the parts are hashed in order as they are
+sent and compared before completing. Either way a file that changed after it was hashed aborts the
+upload before it is completed. A conditional multipart complete is never used: concurrent completes
+are not atomic on common servers.
 
 Every botocore failure becomes a ckptflow error that names the object, the endpoint authority and the
 error code, never a key or a server-provided message (which may quote request details).
@@ -15,7 +19,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import os
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -59,6 +65,17 @@ _BAD_DIGEST = frozenset({"BadDigest", "XAmzContentSHA256Mismatch", "InvalidDiges
 _AUTH = frozenset({"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "ExpiredToken",
                    "InvalidToken", "AuthorizationHeaderMalformed"})
 _STREAM_ERRORS = (ResponseStreamingError, IncompleteReadError, ReadTimeoutError, ConnectionClosedError)
+
+
+def _check_composite(value: str | None, parts: Sequence[bytes], where: str) -> None:
+    """A completed upload's composite ``ChecksumSHA256`` (sha256 of the part digests, ``-N``), where the
+    endpoint returns one, must be the one of the part digests that were sent."""
+    if not value:
+        return
+    expected = base64.b64encode(hashlib.sha256(b"".join(parts)).digest()).decode("ascii")
+    if value.split("-", 1)[0] != expected:
+        raise VerificationFailed(f"{where}: the completed upload's checksum {value} is not that of the parts "
+                                 f"sent ({expected}-{len(parts)})", remedy="the endpoint assembled other parts; publish again")
 
 
 class _ConditionalConflict(StoreError):
@@ -122,6 +139,7 @@ class S3Store:
         list_page_size: int = 1000,
         download_range_size: int = DEFAULT_RANGE_SIZE,
         max_attempts: int = 8,
+        part_checksums: bool = True,
     ):
         if not isinstance(bucket, str) or not bucket or "/" in bucket:
             raise UsageError(f"bucket name {bucket!r} is empty or contains '/'", remedy="pass a bare bucket name")
@@ -142,6 +160,11 @@ class S3Store:
         self.list_page_size = list_page_size
         self.download_range_size = download_range_size
         self.supports_checksum_sha256 = checksum_sha256
+        self.part_checksums = part_checksums and checksum_sha256
+        self._part_check: bool | None = None
+        self._part_check_lock = threading.Lock()
+        self._unsigned_client = None
+        self._unsigned_lock = threading.Lock()
         config = Config(
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
@@ -155,11 +178,15 @@ class S3Store:
                 aws_secret_access_key=credentials.aws_secret_access_key,
                 region_name=credentials.region_name or "us-east-1",
             )
-            self._client = session.client("s3", endpoint_url=credentials.endpoint_url, config=config)
+            self._client_args = {"endpoint_url": credentials.endpoint_url}
             authority = endpoint_authority(credentials)
         else:  # the default AWS chain (environment, ~/.aws, instance role)
             session = boto3.session.Session()
-            self._client = session.client("s3", region_name=session.region_name or "us-east-1", config=config)
+            self._client_args = {"region_name": session.region_name or "us-east-1"}
+            authority = None
+        self._session, self._config = session, config
+        self._client = session.client("s3", config=config, **self._client_args)
+        if authority is None:
             authority = self._client.meta.endpoint_url.split("://", 1)[-1].split("/", 1)[0]
         self.destination = base.Destination(scheme, authority, bucket)
 
@@ -284,15 +311,20 @@ class S3Store:
                 parted.append(self._parted(key, Path(path), digest, progress))
                 index.append(i)
 
-        def commit(j: int, etags: list[str], sent: str) -> None:
+        def commit(j: int, etags: list[str], sent: str | None) -> None:
             key, path, digest = files[index[j]]
-            if sent != digest.sha256:
+            if sent is not None and sent != digest.sha256:
                 raise VerificationFailed(
                     f"{path} changed after it was hashed (its bytes now hash to {sent}, not {digest.sha256})",
                     remedy="hash it again and retry; the multipart upload was aborted", path=str(path))
             parts = [{"ETag": etag, "PartNumber": n} for n, etag in enumerate(etags, start=1)]
-            self._call("CompleteMultipartUpload", key, self._client.complete_multipart_upload, Bucket=self.bucket,
-                       Key=key, UploadId=parted[j].handle, MultipartUpload={"Parts": parts})
+            if sent is None:  # every part was checked by the server against the digest taken when hashing
+                for part, raw in zip(parts, digest.parts, strict=True):
+                    part["ChecksumSHA256"] = base64.b64encode(raw).decode("ascii")
+            done = self._call("CompleteMultipartUpload", key, self._client.complete_multipart_upload,
+                              Bucket=self.bucket, Key=key, UploadId=parted[j].handle, MultipartUpload={"Parts": parts})
+            if sent is None:
+                _check_composite(done.get("ChecksumSHA256"), digest.parts, self._where(key))
             infos[index[j]] = self._check_stored(key, digest)
             if on_stored is not None:
                 on_stored(key)
@@ -332,24 +364,98 @@ class S3Store:
         return info
 
     def _parted(self, key: str, path: Path, digest: FileDigest, progress: ByteProgress | None) -> PartedFile:
-        """A multipart upload of ``path`` to ``key``, created when its first part is sent."""
+        """A multipart upload of ``path`` to ``key``, created when its first part is sent.
+
+        Where the digest carries per-part digests of this upload's part size and the endpoint refuses a
+        part that does not match its ``ChecksumSHA256``, each part is sent with the digest taken when
+        the file was hashed (and without a signature hash of the body): a byte changed since then, or
+        on the way, makes the server refuse the part. Otherwise the sent bytes are hashed in order here
+        and compared before the upload is completed.
+        """
+        part_size = part_size_for(digest.size, self.part_size)
+        checked = (self.part_checksums and digest.parts is not None and digest.part_size == part_size
+                   and len(digest.parts) == -(-digest.size // part_size) and self.part_checksums_enforced(key))
+        client = self._unsigned() if checked else self._client
+        extra = {"ChecksumAlgorithm": "SHA256"} if checked else {}
+
         def begin() -> None:
-            created = self._call("CreateMultipartUpload", key, self._client.create_multipart_upload,
-                                 Bucket=self.bucket, Key=key, Metadata={"sha256": digest.sha256})
+            created = self._call("CreateMultipartUpload", key, client.create_multipart_upload,
+                                 Bucket=self.bucket, Key=key, Metadata={"sha256": digest.sha256}, **extra)
             parted.handle = created["UploadId"]
 
         def send(number: int, data: bytearray) -> str:
-            resp = self._call(f"UploadPart {number}", key, self._client.upload_part, Bucket=self.bucket, Key=key,
-                              UploadId=parted.handle, PartNumber=number, Body=data, ContentLength=len(data))
+            checksum = {"ChecksumSHA256": base64.b64encode(digest.parts[number - 1]).decode("ascii")} if checked else {}
+            try:
+                resp = self._call(f"UploadPart {number}", key, client.upload_part, Bucket=self.bucket, Key=key,
+                                  UploadId=parted.handle, PartNumber=number, Body=data, ContentLength=len(data),
+                                  **checksum)
+            except VerificationFailed as exc:
+                raise VerificationFailed(
+                    f"{path} changed after it was hashed, or part {number} was damaged on the way: {exc.message}",
+                    remedy="hash it again and retry; the multipart upload was aborted", path=str(path)) from None
             return resp["ETag"]
 
         def abort() -> None:
             with contextlib.suppress(ClientError, BotoCoreError):
                 self._client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=parted.handle)
 
-        parted = PartedFile(path, digest.size, part_size_for(digest.size, self.part_size), send, begin=begin,
-                            abort=abort, progress=progress)
+        parted = PartedFile(path, digest.size, part_size, send, begin=begin, abort=abort, progress=progress,
+                            hash_sent=not checked)
         return parted
+
+    # ------------------------------------------------------------------ verified part checksums
+
+    def part_digest_size(self, size: int) -> int | None:
+        """The part size whose per-part digests ``put_files`` can use for a file of ``size`` bytes (pass
+        it to ``sha256_file(part_size=...)``); None when it would not use them."""
+        if not self.part_checksums or size <= 0 or size < self.multipart_threshold:
+            return None
+        return part_size_for(size, self.part_size)
+
+    def part_checksums_enforced(self, key: str) -> bool:
+        """Whether the endpoint refuses an upload part whose bytes do not match its ``ChecksumSHA256``
+        and accepts one that does. Tried once per store, on a multipart upload at ``key`` that is always
+        aborted (nothing becomes visible); any doubt (an error, another refusal code) answers False, and
+        uploads then hash what they send themselves."""
+        with self._part_check_lock:
+            if self._part_check is None:
+                self._part_check = self._check_part_checksums(key)
+            return self._part_check
+
+    def _check_part_checksums(self, key: str) -> bool:
+        client = self._unsigned()
+        body = b"ckptflow: part checksum check\n"
+        try:
+            upload_id = client.create_multipart_upload(Bucket=self.bucket, Key=key,
+                                                       ChecksumAlgorithm="SHA256")["UploadId"]
+        except (ClientError, BotoCoreError):
+            return False
+        try:
+            part = {"Bucket": self.bucket, "Key": key, "UploadId": upload_id, "PartNumber": 1, "Body": body}
+            try:
+                client.upload_part(**part, ChecksumSHA256=_b64_sha256(sha256_bytes(body + b"?")))
+                return False  # stored under a checksum its bytes do not have
+            except ClientError as exc:
+                if _code(exc) not in _BAD_DIGEST:
+                    return False
+            client.upload_part(**part, ChecksumSHA256=_b64_sha256(sha256_bytes(body)))
+            return True
+        except (ClientError, BotoCoreError):
+            return False
+        finally:
+            with contextlib.suppress(ClientError, BotoCoreError):
+                client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+
+    def _unsigned(self):
+        """A client that signs part requests without hashing their bodies (``UNSIGNED-PAYLOAD``). Used
+        only with a ``x-amz-checksum-sha256`` header, which is signed and which the endpoint verifies,
+        so the body is bound as strongly as a signed payload would bind it, with one hash fewer."""
+        with self._unsigned_lock:
+            if self._unsigned_client is None:
+                s3 = dict(self._config.s3 or {}, payload_signing_enabled=False)
+                self._unsigned_client = self._session.client("s3", config=self._config.merge(Config(s3=s3)),
+                                                             **self._client_args)
+            return self._unsigned_client
 
     def put_bytes_wrong_checksum(self, key: str, data: bytes) -> bool:
         """Endpoint probe: PUT ``data`` declaring the ``ChecksumSHA256`` of other bytes.

@@ -495,7 +495,9 @@ class PartedFile:
     ``begin()`` runs once before its first part (a multipart upload is created); ``send(number, data)``
     returns what the commit needs (an ETag) and must not keep ``data`` once it returns (the buffer is
     reused); ``abort()`` runs if the batch fails after ``begin`` and before the file's commit returned.
-    ``handle`` is the caller's own state (the upload id).
+    ``handle`` is the caller's own state (the upload id). ``hash_sent=False`` skips the in-order hash
+    of the sent bytes (the commit gets None): only for a ``send`` whose server verifies every part
+    against a digest taken when the file was hashed.
     """
 
     path: Path
@@ -506,6 +508,7 @@ class PartedFile:
     abort: Callable[[], None] | None = None
     progress: Any = None
     handle: Any = None
+    hash_sent: bool = True
 
 
 class _Source(_BatchFile):
@@ -531,13 +534,14 @@ class _Source(_BatchFile):
 
 
 def upload_batch(files: Sequence[PartedFile], *, concurrency: int = 8,
-                 finish: Callable[[int, list[Any], str], None] | None = None) -> None:
+                 finish: Callable[[int, list[Any], str | None], None] | None = None) -> None:
     """Send ``files`` as one stream of parts; commit each file once its parts are sent and hashed.
 
     The parts of all files form one ordered stream, so the next file's first parts go out while the
     previous file's last ones are in flight. Each part is read into a reused buffer with
     ``os.preadv`` inside its worker; sent parts reach one hashing thread in stream order, so each
-    file's sha256 is that of the bytes actually sent. When a file's last part is hashed,
+    file's sha256 is that of the bytes actually sent (None for a file with ``hash_sent=False``,
+    whose buffers go straight back). When a file's last part is hashed,
     ``finish(index, results, sha256)`` runs on a commit thread (the caller compares the digest and
     completes the upload; several files' commits may run at once, in any order) while later files keep
     sending. A file shorter than its ``size`` fails
@@ -574,7 +578,7 @@ def upload_batch(files: Sequence[PartedFile], *, concurrency: int = 8,
             BUFFERS.give(data)
             raise
 
-    def commit(i: int, sha256: str) -> None:
+    def commit(i: int, sha256: str | None) -> None:
         if finish is not None:
             finish(i, sources[i].results, sha256)
         sources[i].committed = True
@@ -587,12 +591,15 @@ def upload_batch(files: Sequence[PartedFile], *, concurrency: int = 8,
 
     with _stream(sources, concurrency, cleanup=abort_uncommitted) as stream:
         def complete(i: int) -> None:  # on the hashing thread, after the file's last part
-            stream.commit(commit, i, sources[i].hasher.hexdigest())
+            stream.commit(commit, i, sources[i].hasher.hexdigest() if sources[i].spec.hash_sent else None)
 
         def consume(item: tuple[int, int, int, int, bool], out: tuple[bytearray, Any]) -> None:
             i, _, _, length, last = item
             source, (data, result) = sources[i], out
-            stream.hashing.submit(source.hasher.update, data, after=lambda: BUFFERS.give(data))
+            if source.spec.hash_sent:
+                stream.hashing.submit(source.hasher.update, data, after=lambda: BUFFERS.give(data))
+            else:
+                BUFFERS.give(data)
             source.results.append(result)
             if source.spec.progress is not None:
                 source.spec.progress.update(length)
