@@ -43,6 +43,7 @@ def test_probe_passes_on_seaweedfs_and_cleans_up(seaweedfs_bucket, seaweedfs_cre
         "concurrent_winners": 1,
         "sha256_metadata_roundtrip": True,
         "checksum_sha256": "rejected-wrong",
+        "part_checksum_sha256": "enforced",
     }
     assert report["destination"] == {"scheme": "s3", "endpoint": "127.0.0.1:18333", "bucket": seaweedfs_bucket}
     store = S3Store(seaweedfs_bucket, load_credentials(seaweedfs_credentials_path))
@@ -57,6 +58,7 @@ def test_probe_fails_on_a_server_that_ignores_if_none_match(s3rver_bucket, s3rve
                             "--credentials", str(s3rver_credentials_path))
     assert proc.returncode == 1
     assert report["status"] == "failed" and report["results"]["create_once_refused_second_write"] is False
+    assert report["results"]["part_checksum_sha256"] == "not-enforced"
     assert "127.0.0.1:18334" in proc.stderr and "create-once" in proc.stderr
     assert proc.stderr.count("\n") == 1
 
@@ -67,6 +69,7 @@ def test_file_archive_probe_passes(tmp_path):
     outcome = run_probe(LocalStore(root), "team")
     assert outcome.record.passed, outcome.reasons
     assert outcome.record.results.checksum_sha256 == "not-offered"
+    assert outcome.record.results.part_checksum_sha256 == "not-offered"
 
 
 def test_require_qualified_runs_the_probe_once_and_then_uses_the_cache(seaweedfs_bucket, seaweedfs_credentials_path):

@@ -8,7 +8,10 @@ given prefix:
 1. a second create-once write of the same key is refused and the first bytes survive;
 2. exactly one of N concurrent creators wins, and the stored bytes are the winner's;
 3. ``sha256`` user metadata round-trips on HEAD;
-4. a wrong ``ChecksumSHA256`` is rejected, where the endpoint offers server-side checksums.
+4. a wrong ``ChecksumSHA256`` is rejected, where the endpoint offers server-side checksums;
+5. (informational) a multipart part with a wrong ``ChecksumSHA256`` is refused and one with the right
+   one accepted: where so, publish has the server check every part against the digest taken when
+   hashing; elsewhere it hashes what it sends.
 
 The result is cached as a probe record keyed by endpoint + bucket (``records/probe.py``). Destructive
 operations (``publish --delete-local``, ``prune-verified``) require a passing record.
@@ -57,6 +60,7 @@ def run_probe(store: ObjectStore, prefix: str, *, creators: int = DEFAULT_CREATO
         winners = _check_race(store, f"{scratch}/race", creators, reasons)
         roundtrip = _check_metadata(store, f"{scratch}/metadata", reasons)
         checksum = _check_wrong_checksum(store, f"{scratch}/checksum", reasons)
+        part_checksum = _check_part_checksums(store, f"{scratch}/parts")
     finally:
         _cleanup(store, scratch)
     passed = not reasons
@@ -72,6 +76,7 @@ def run_probe(store: ObjectStore, prefix: str, *, creators: int = DEFAULT_CREATO
                 "concurrent_winners": winners,
                 "sha256_metadata_roundtrip": roundtrip,
                 "checksum_sha256": checksum,
+                "part_checksum_sha256": part_checksum,
             },
             "passed": passed,
         }
@@ -143,6 +148,15 @@ def _check_wrong_checksum(store: ObjectStore, key: str, reasons: list[str]) -> s
         reasons.append("the endpoint accepted an object whose ChecksumSHA256 does not match its bytes")
         return "accepted-wrong"
     return "rejected-wrong"
+
+
+def _check_part_checksums(store: ObjectStore, key: str) -> str:
+    """Informational, never a failure: where parts are not checked by the server, uploads hash what
+    they send themselves."""
+    check = getattr(store, "part_checksums_enforced", None)
+    if check is None or not store.supports_checksum_sha256:
+        return "not-offered"
+    return "enforced" if check(key) else "not-enforced"
 
 
 def _cleanup(store: ObjectStore, scratch: str) -> None:

@@ -113,6 +113,7 @@ def make_probe(v: int) -> probe.ProbeRecord:
         concurrent_winners=1,
         sha256_metadata_roundtrip=True,
         checksum_sha256=("rejected-wrong", "not-offered")[v],
+        part_checksum_sha256=("enforced", None)[v],  # v1: a record from before the part check
     )
     return probe.ProbeRecord(
         probe.ProbeDestination.of(DEST), "ckptflow-probe/x", "2025-01-31T12:00:00Z", results, True

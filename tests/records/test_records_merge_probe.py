@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from dataclasses import replace
 
@@ -22,6 +23,8 @@ from ckptflow.records.merge_record import (
 )
 from ckptflow.records.probe import (
     ProbeDestination,
+    encode_probe_record,
+    parse_probe_record,
     probe_cache_dir,
     probe_record_path,
     read_probe_record,
@@ -187,3 +190,14 @@ def test_more_winners_than_creators_is_refused():
 def test_probe_results_qualify_when_create_once_is_enforced_whether_or_not_checksums_are_offered():
     assert make_probe(0).results.checksum_sha256 == "rejected-wrong" and make_probe(0).results.qualifies
     assert make_probe(1).results.checksum_sha256 == "not-offered" and make_probe(1).results.qualifies
+
+
+def test_part_checksum_result_is_optional_and_checked_when_present():
+    enforced, older = make_probe(0), make_probe(1)
+    assert encode_probe_record(older).count(b"part_checksum_sha256") == 0
+    assert parse_probe_record(encode_probe_record(older)).results.part_checksum_sha256 is None
+    data = json.loads(encode_probe_record(enforced))
+    assert data["results"]["part_checksum_sha256"] == "enforced"
+    data["results"]["part_checksum_sha256"] = "maybe"
+    with pytest.raises(InvalidRecord, match="part_checksum_sha256"):
+        parse_probe_record(json.dumps(data).encode())

@@ -18,6 +18,7 @@ and bucket they use. Records live in the user's cache, one file per endpoint + b
         "concurrent_creators": 8,
         "concurrent_winners": 1,
         "create_once_refused_second_write": true,
+        "part_checksum_sha256": "enforced",
         "sha256_metadata_roundtrip": true
       }
     }
@@ -78,6 +79,8 @@ class ProbeResults:
     concurrent_winners: int
     sha256_metadata_roundtrip: bool
     checksum_sha256: str
+    # Informational: whether upload parts are checked by the server (None in records written before it).
+    part_checksum_sha256: str | None = None
 
     @property
     def qualifies(self) -> bool:
@@ -91,13 +94,16 @@ class ProbeResults:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "create_once_refused_second_write": self.create_once_refused_second_write,
             "concurrent_creators": self.concurrent_creators,
             "concurrent_winners": self.concurrent_winners,
             "sha256_metadata_roundtrip": self.sha256_metadata_roundtrip,
             "checksum_sha256": self.checksum_sha256,
         }
+        if self.part_checksum_sha256 is not None:
+            out["part_checksum_sha256"] = self.part_checksum_sha256
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +128,7 @@ class ProbeRecord:
             ),
             sha256_metadata_roundtrip=res["sha256_metadata_roundtrip"],
             checksum_sha256=res["checksum_sha256"],
+            part_checksum_sha256=res.get("part_checksum_sha256"),
         )
         if results.concurrent_winners > results.concurrent_creators:
             raise InvalidRecord(
