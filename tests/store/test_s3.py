@@ -258,3 +258,22 @@ def test_a_completed_upload_must_carry_the_composite_of_the_parts_sent() -> None
     _check_composite(composite, parts, "s3://b/k")
     with pytest.raises(VerificationFailed, match="not that of the parts sent"):
         _check_composite(f"{composite}-2", parts[::-1], "s3://b/k")
+
+
+@pytest.mark.seaweedfs
+def test_an_upload_completed_from_other_parts_is_deleted_not_left_under_the_digest(
+        seaweedfs_bucket, seaweedfs_credentials_path, tmp_path) -> None:
+    """An endpoint whose completed object does not carry the composite of the parts sent (here its
+    answer is altered on the way back) leaves nothing behind that HEAD would take for the file."""
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(11 * MiB))
+    store = _small_parts_store(seaweedfs_bucket, seaweedfs_credentials_path)
+    digest = sha256_file(src, part_size=5 * MiB)
+
+    def other_parts(parsed, **_):
+        parsed["ChecksumSHA256"] = base64.b64encode(hashlib.sha256(b"other parts").digest()).decode() + "-3"
+
+    store._client.meta.events.register("after-call.s3.CompleteMultipartUpload", other_parts)
+    with pytest.raises(VerificationFailed, match="not that of the parts sent"):
+        store.put_file("big.bin", src, digest=digest)
+    assert store.head("big.bin") is None

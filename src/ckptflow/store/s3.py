@@ -75,7 +75,8 @@ def _check_composite(value: str | None, parts: Sequence[bytes], where: str) -> N
     expected = base64.b64encode(hashlib.sha256(b"".join(parts)).digest()).decode("ascii")
     if value.split("-", 1)[0] != expected:
         raise VerificationFailed(f"{where}: the completed upload's checksum {value} is not that of the parts "
-                                 f"sent ({expected}-{len(parts)})", remedy="the endpoint assembled other parts; publish again")
+                                 f"sent ({expected}-{len(parts)}); the object was deleted",
+                                 remedy="the endpoint assembled other parts; publish again")
 
 
 class _ConditionalConflict(StoreError):
@@ -324,7 +325,12 @@ class S3Store:
             done = self._call("CompleteMultipartUpload", key, self._client.complete_multipart_upload,
                               Bucket=self.bucket, Key=key, UploadId=parted[j].handle, MultipartUpload={"Parts": parts})
             if sent is None:
-                _check_composite(done.get("ChecksumSHA256"), digest.parts, self._where(key))
+                try:
+                    _check_composite(done.get("ChecksumSHA256"), digest.parts, self._where(key))
+                except VerificationFailed:
+                    # Completed from other bytes than the parts sent: it must not stay under this digest.
+                    self.delete(key)
+                    raise
             infos[index[j]] = self._check_stored(key, digest)
             if on_stored is not None:
                 on_stored(key)
