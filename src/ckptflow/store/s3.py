@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -56,6 +57,8 @@ from .transfer import (
     upload_batch,
 )
 from .uri import validate_key, validate_prefix
+
+log = logging.getLogger(__name__)
 
 # A single-part upload is held in memory while it is checked and sent, so it stays small.
 MAX_SINGLE_PART = 64 * 1024 * 1024
@@ -426,6 +429,9 @@ class S3Store:
         with self._part_check_lock:
             if self._part_check is None:
                 self._part_check = self._check_part_checksums(key)
+                log.info("%s %s part checksums: %s", self.destination.endpoint, self.bucket,
+                         "enforced, each part is checked by the server" if self._part_check
+                         else "not enforced, parts are hashed here as they are sent")
             return self._part_check
 
     def _check_part_checksums(self, key: str) -> bool:
