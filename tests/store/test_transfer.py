@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import os
 import threading
 import time
 from pathlib import Path
@@ -245,3 +246,19 @@ def test_a_failed_upload_batch_aborts_every_file_it_began_and_did_not_commit(tmp
     began = {i for kind, i in events if kind == "begin"}
     aborted = {i for kind, i in events if kind == "abort"}
     assert 1 in began and aborted == began - set(committed)
+
+
+def test_a_download_cuts_only_what_lies_past_its_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bytes past the start are cut (a longer stale file ends up exactly the object), but a new empty file
+    is not truncated: on ext4 a truncate to 0 makes close() flush the whole file (auto_da_alloc)."""
+    data = b"the object" * 1000
+    truncated: list[int] = []
+    real = os.ftruncate
+    monkeypatch.setattr(os, "ftruncate", lambda fd, n: (truncated.append(n), real(fd, n))[1])
+    fresh = tmp_path / "fresh"
+    download_ranges(fresh, size=len(data), open_range=_bytes_source(data), range_size=4096)
+    assert fresh.read_bytes() == data and truncated == []
+    stale = tmp_path / "stale"
+    stale.write_bytes(b"x" * (3 * len(data)))
+    download_ranges(stale, size=len(data), open_range=_bytes_source(data), range_size=4096)
+    assert stale.read_bytes() == data and truncated == [0]

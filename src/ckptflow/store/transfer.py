@@ -329,7 +329,11 @@ class _Target(_BatchFile):
         try:
             if self.hasher is None:
                 self.hasher = _hash_prefix(fd, self.spec.start, self.spec.dest) if self.spec.start else hashlib.sha256()
-            os.ftruncate(fd, self.spec.start)
+            # Only when there is something to cut: on ext4 a truncate to size 0, even of an empty new file,
+            # marks the file to be flushed when it is closed (auto_da_alloc), which cost a 1 GiB download
+            # 0.3 s of writeback inside the transfer.
+            if os.fstat(fd).st_size != self.spec.start:
+                os.ftruncate(fd, self.spec.start)
         except BaseException:
             os.close(fd)
             raise
