@@ -262,3 +262,33 @@ def test_a_download_cuts_only_what_lies_past_its_start(tmp_path: Path, monkeypat
     stale.write_bytes(b"x" * (3 * len(data)))
     download_ranges(stale, size=len(data), open_range=_bytes_source(data), range_size=4096)
     assert stale.read_bytes() == data and truncated == [0]
+
+
+@pytest.mark.parametrize("hash_sent", [False, True])
+def test_a_slow_part_holds_up_others_only_when_the_sent_bytes_are_hashed_here(tmp_path: Path, hash_sent: bool) -> None:
+    """Hashed here, parts are consumed in order with their buffers, so at most 2 x concurrency are taken
+    while part 1 is slow (memory stays bounded). Checked by the server, only ETags wait, and every other
+    part is sent meanwhile."""
+    path = tmp_path / "f"
+    path.write_bytes(bytes(range(256)) * 80)  # 20 parts of 1024 bytes
+    others_sent = threading.Event()
+    started: list[int] = []
+    lock = threading.Lock()
+
+    def send(number: int, data: bytearray) -> str:
+        with lock:
+            started.append(number)
+            if len(started) == 20:
+                others_sent.set()
+        if number == 1:
+            others_sent.wait(timeout=1.0)
+            with lock:
+                started_while_1_was_slow.append(len(started))
+        return f"etag-{number}"
+
+    started_while_1_was_slow: list[int] = []
+    results: list[list[str]] = []
+    upload_batch([PartedFile(path, 20 * 1024, 1024, send, hash_sent=hash_sent)], concurrency=2,
+                 finish=lambda i, etags, sha: results.append(etags))
+    assert results == [[f"etag-{n}" for n in range(1, 21)]] and sorted(started) == list(range(1, 21))
+    assert started_while_1_was_slow == ([4] if hash_sent else [20])

@@ -88,17 +88,18 @@ def retry_call(fn: Callable[[], T], *, retry_on: tuple[type[BaseException], ...]
 
 
 def ordered_map(items: Sequence[T], work: Callable[[T], R], consume: Callable[[T, R], None], *,
-                concurrency: int, name: str = "transfer") -> None:
+                concurrency: int, name: str = "transfer", window: int | None = None) -> None:
     """Run ``work`` on a pool and call ``consume`` in the calling thread, strictly in ``items`` order.
 
-    At most ``concurrency`` items run at once and at most ``2 * concurrency`` are running or
-    finished-but-unconsumed: the slack keeps every worker busy while one slow item holds up the
-    in-order consumer, and bounds memory to ``2 * concurrency`` results. The first failure cancels what
-    has not started, waits for what is running, and propagates.
+    At most ``concurrency`` items run at once and at most ``window`` (default ``2 * concurrency``) are
+    running or finished-but-unconsumed: the slack keeps every worker busy while one slow item holds up
+    the in-order consumer, and bounds memory to ``window`` results (pass a larger window when results
+    are small). The first failure cancels what has not started, waits for what is running, and
+    propagates.
     """
     if not items:
         return
-    window = 2 * max(1, concurrency)
+    window = max(window or 0, 2 * max(1, concurrency))
     futures: dict[int, Future[R]] = {}
     next_submit = next_consume = 0
     with ThreadPoolExecutor(max_workers=min(max(1, concurrency), len(items)), thread_name_prefix=name) as pool:
@@ -373,13 +374,13 @@ class _Stream:
         self._finished.append(self._commits.submit(fn, *args))
 
     def run(self, items: Sequence[T], work: Callable[[T], R], consume: Callable[[T, R], None], name: str,
-            concurrency: int) -> None:
+            concurrency: int, window: int | None = None) -> None:
         def checked(item: T, result: R) -> None:
             while self._finished and self._finished[0].done():
                 self._finished.pop(0).result()  # raises what a commit raised
             consume(item, result)
 
-        ordered_map(items, work, checked, concurrency=concurrency, name=name)
+        ordered_map(items, work, checked, concurrency=concurrency, name=name, window=window)
         self.hashing.drain()
         self._commits.shutdown(wait=True)
         for fut in self._finished:
@@ -560,7 +561,7 @@ def upload_batch(files: Sequence[PartedFile], *, concurrency: int = 8,
         spans = split_ranges(0, spec.size, spec.part_size)
         items += [(i, k + 1, off, n, k == len(spans) - 1) for k, (off, n) in enumerate(spans)]
 
-    def work(item: tuple[int, int, int, int, bool]) -> tuple[bytearray, Any]:
+    def work(item: tuple[int, int, int, int, bool]) -> tuple[bytearray | None, Any]:
         i, number, offset, length, _ = item
         source = sources[i]
         fd = source.open()
@@ -577,10 +578,14 @@ def upload_batch(files: Sequence[PartedFile], *, concurrency: int = 8,
                         f"{source.spec.path} is shorter than the {source.spec.size} bytes that were hashed",
                         remedy="the file changed after it was hashed; hash it again", path=str(source.spec.path))
                 got += n
-            return data, source.spec.send(number, data)
+            result = source.spec.send(number, data)
         except BaseException:
             BUFFERS.give(data)
             raise
+        if source.spec.hash_sent:
+            return data, result  # hashed in order, then given back
+        BUFFERS.give(data)  # nothing reads it again: the next part can use it at once
+        return None, result
 
     def commit(i: int, sha256: str | None) -> None:
         if finish is not None:
@@ -597,13 +602,11 @@ def upload_batch(files: Sequence[PartedFile], *, concurrency: int = 8,
         def complete(i: int) -> None:  # on the hashing thread, after the file's last part
             stream.commit(commit, i, sources[i].hasher.hexdigest() if sources[i].spec.hash_sent else None)
 
-        def consume(item: tuple[int, int, int, int, bool], out: tuple[bytearray, Any]) -> None:
+        def consume(item: tuple[int, int, int, int, bool], out: tuple[bytearray | None, Any]) -> None:
             i, _, _, length, last = item
             source, (data, result) = sources[i], out
-            if source.spec.hash_sent:
+            if data is not None:
                 stream.hashing.submit(source.hasher.update, data, after=lambda: BUFFERS.give(data))
-            else:
-                BUFFERS.give(data)
             source.results.append(result)
             if source.spec.progress is not None:
                 source.spec.progress.update(length)
@@ -611,4 +614,7 @@ def upload_batch(files: Sequence[PartedFile], *, concurrency: int = 8,
                 source.close()
                 stream.hashing.submit(complete, i)
 
-        stream.run(items, work, consume, "upload", concurrency)
+        # Parts whose bytes the server checks are not hashed here: their buffers go back as soon as they
+        # are sent and only ETags wait to be consumed, so one slow part need not stall the others.
+        hashed_here = any(f.hash_sent for f in files)
+        stream.run(items, work, consume, "upload", concurrency, window=None if hashed_here else 16 * concurrency)
