@@ -75,7 +75,7 @@ def _check_composite(value: str | None, parts: Sequence[bytes], where: str) -> N
     endpoint returns one, must be the one of the part digests that were sent."""
     if not value:
         return
-    expected = base64.b64encode(hashlib.sha256(b"".join(parts)).digest()).decode("ascii")
+    expected = _b64(hashlib.sha256(b"".join(parts)).digest())
     if value.split("-", 1)[0] != expected:
         raise VerificationFailed(f"{where}: the completed upload's checksum {value} is not that of the parts "
                                  f"sent ({expected}-{len(parts)}); the object was deleted",
@@ -111,8 +111,12 @@ def _status(exc: ClientError) -> object:
     return exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "?")
 
 
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode("ascii")
+
+
 def _b64_sha256(hex_digest: str) -> str:
-    return base64.b64encode(bytes.fromhex(hex_digest)).decode("ascii")
+    return _b64(bytes.fromhex(hex_digest))
 
 
 def _full_object_sha256(value: str | None, checksum_type: str | None) -> str | None:
@@ -324,7 +328,7 @@ class S3Store:
             parts = [{"ETag": etag, "PartNumber": n} for n, etag in enumerate(etags, start=1)]
             if sent is None:  # every part was checked by the server against the digest taken when hashing
                 for part, raw in zip(parts, digest.parts, strict=True):
-                    part["ChecksumSHA256"] = base64.b64encode(raw).decode("ascii")
+                    part["ChecksumSHA256"] = _b64(raw)
             done = self._call("CompleteMultipartUpload", key, self._client.complete_multipart_upload,
                               Bucket=self.bucket, Key=key, UploadId=parted[j].handle, MultipartUpload={"Parts": parts})
             if sent is None:
@@ -393,7 +397,7 @@ class S3Store:
             parted.handle = created["UploadId"]
 
         def send(number: int, data: bytearray) -> str:
-            checksum = {"ChecksumSHA256": base64.b64encode(digest.parts[number - 1]).decode("ascii")} if checked else {}
+            checksum = {"ChecksumSHA256": _b64(digest.parts[number - 1])} if checked else {}
             try:
                 resp = self._call(f"UploadPart {number}", key, client.upload_part, Bucket=self.bucket, Key=key,
                                   UploadId=parted.handle, PartNumber=number, Body=data, ContentLength=len(data),

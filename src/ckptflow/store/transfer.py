@@ -326,14 +326,14 @@ class _Target(_BatchFile):
         self.hasher = spec.hasher
 
     def _open_first(self) -> int:
-        fd = _open_target(self.spec)
+        fd, have = _open_target(self.spec)
         try:
             if self.hasher is None:
                 self.hasher = _hash_prefix(fd, self.spec.start, self.spec.dest) if self.spec.start else hashlib.sha256()
             # Only when there is something to cut: on ext4 a truncate to size 0, even of an empty new file,
             # marks the file to be flushed when it is closed (auto_da_alloc), which cost a 1 GiB download
             # 0.3 s of writeback inside the transfer.
-            if os.fstat(fd).st_size != self.spec.start:
+            if have != self.spec.start:
                 os.ftruncate(fd, self.spec.start)
         except BaseException:
             os.close(fd)
@@ -341,7 +341,8 @@ class _Target(_BatchFile):
         return fd
 
 
-def _open_target(spec: RangedFile) -> int:
+def _open_target(spec: RangedFile) -> tuple[int, int]:
+    """The target opened for writing (never through a symlink) and the bytes it holds."""
     try:
         fd = os.open(spec.dest, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as exc:
@@ -354,7 +355,7 @@ def _open_target(spec: RangedFile) -> int:
         os.close(fd)
         raise VerificationFailed(f"{spec.dest} holds {have} bytes, fewer than the resume offset {spec.start}",
                                  remedy="delete the partial file and download again", path=str(spec.dest))
-    return fd
+    return fd, have
 
 
 def _commit_workers(concurrency: int) -> int:
