@@ -36,7 +36,7 @@ from benchlib import (
     run_child,
     scratch_bucket,
 )
-from ckptflow.archive.publisher import publish_artifact
+from ckptflow.archive.publish import publish_artifact
 from ckptflow.records import declaration as declaration_record
 from ckptflow.store import base
 from ckptflow.store.credentials import load_credentials

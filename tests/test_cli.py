@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ckptflow.cli import main
-from ckptflow.records._json import validate
+from ckptflow.jsonio import validate
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from .archive.publisher import PublishResult, publish_artifact
+from .archive.publish import PublishResult, publish_artifact
 from .errors import CkptflowError
 from .store.base import ObjectStore
 

@@ -16,7 +16,7 @@ from typing import Any
 from .commands import open_store_from_args, store_factory
 from .errors import VerificationFailed
 from .fsutil import atomic_write_bytes
-from .records._json import encode_json
+from .jsonio import encode_json
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def _write_report(path: Path | str, report: dict[str, Any]) -> None:
 
 def publish_step(artifact_dir: str, upload_prefix: str, bucket: str | None, credentials: str | None) -> dict[str, Any]:
     """Publish one artifact; its ``.uploaded`` receipt is the rule's output."""
-    from .archive.publisher import publish_artifact
+    from .archive.publish import publish_artifact
 
     store = open_store_from_args(bucket, credentials)
     result = publish_artifact(Path(artifact_dir), store, upload_prefix, progress=False)
@@ -51,7 +51,7 @@ def verify_step(artifact_dir: str, credentials: str | None, report_path: str) ->
 
 def prune_step(artifact_dir: str, credentials: str | None, report_path: str) -> dict[str, Any]:
     """Prune one artifact if every check holds; a kept artifact is a result (in the report), not a failure."""
-    from .retention import prune_verified
+    from .archive.prune import prune_verified
 
     report = prune_verified([Path(artifact_dir)], store_factory(credentials)).to_report()
     if report["status"] == "failed":

@@ -12,8 +12,8 @@ from archive_helpers import (
     tree_bytes,
 )
 
-from ckptflow.archive.publisher import publish_artifact
-from ckptflow.archive.reader import fetch_artifact
+from ckptflow.archive.fetch import fetch_artifact
+from ckptflow.archive.publish import publish_artifact
 from ckptflow.errors import ConflictError, NotFound, Refused, UnsafePath, VerificationFailed
 from ckptflow.fsutil import walk_files
 from ckptflow.records import manifest as manifest_record

@@ -9,8 +9,8 @@ import random
 import pytest
 from archive_helpers import ARTIFACT_PREFIX, UPLOAD_PREFIX, tree_bytes
 
-from ckptflow.archive.publisher import publish_artifact
-from ckptflow.archive.reader import fetch_artifact
+from ckptflow.archive.fetch import fetch_artifact
+from ckptflow.archive.publish import publish_artifact
 from ckptflow.errors import Refused, VerificationFailed
 from ckptflow.records import manifest as manifest_record
 from ckptflow.records import staging as staging_record

@@ -17,12 +17,12 @@ from archive_helpers import (
     wait_for_file,
 )
 
-from ckptflow.archive.publisher import publish_artifact
-from ckptflow.archive.reader import fetch_artifact
+from ckptflow.archive.fetch import fetch_artifact
+from ckptflow.archive.publish import publish_artifact
 from ckptflow.fsutil import walk_files
+from ckptflow.jsonio import validate
 from ckptflow.records import manifest as manifest_record
 from ckptflow.records import staging as staging_record
-from ckptflow.records._json import validate
 from ckptflow.store.transfer import DEFAULT_RANGE_SIZE
 
 MiB = 1024 * 1024

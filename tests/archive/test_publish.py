@@ -9,7 +9,7 @@ import pytest
 from archive_helpers import ARTIFACT_PREFIX, UPLOAD_PREFIX, make_artifact, remote_snapshot
 
 from ckptflow.archive.keys import artifact_prefix
-from ckptflow.archive.publisher import publish_artifact
+from ckptflow.archive.publish import publish_artifact
 from ckptflow.errors import NotFound, Refused, UnsafePath, VerificationFailed
 from ckptflow.fsutil import walk_files
 from ckptflow.records import declaration as declaration_record
@@ -122,7 +122,7 @@ def test_different_inventory_at_the_same_destination_is_refused_and_the_declarat
 def test_abandoned_declaration_still_blocks_different_contents(artifact, sw_store, tmp_path):
     """A declaration left by a failed attempt is permanent: it never authorizes replacing contents."""
     other = make_artifact(tmp_path / "other-run", seed=7)
-    from ckptflow.archive.publisher import build_local_inventory
+    from ckptflow.archive.publish import build_local_inventory
 
     inv = build_local_inventory(other, progress=False)
     sw_store.put_bytes_create_once(f"{ARTIFACT_PREFIX}/.posttrain-archive.json", inv.declaration_bytes,
@@ -176,7 +176,7 @@ def test_merge_record_and_its_diagnostic_are_archived(artifact, sw_store):
 
 
 def test_delete_local_removes_payloads_only_after_verification(artifact, sw_store):
-    from ckptflow.probe import run_probe
+    from ckptflow.archive.probe import run_probe
 
     assert run_probe(sw_store, "scratch").record.passed
     result = publish_artifact(artifact, sw_store, UPLOAD_PREFIX, delete_local=True, progress=False)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from archive_helpers import UPLOAD_PREFIX, make_artifact
 
-from ckptflow.archive.publisher import publish_artifact
+from ckptflow.archive.publish import publish_artifact
 from ckptflow.errors import StoreError
 from ckptflow.fsutil import walk_files
 from ckptflow.records import receipt as receipt_record

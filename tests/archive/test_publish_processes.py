@@ -17,9 +17,9 @@ from archive_helpers import (
 )
 
 from ckptflow.fsutil import walk_files
+from ckptflow.jsonio import validate
 from ckptflow.records import declaration as declaration_record
 from ckptflow.records import receipt as receipt_record
-from ckptflow.records._json import validate
 
 
 def publish_args(artifact, bucket, creds, *extra):

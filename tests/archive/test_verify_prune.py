@@ -7,13 +7,13 @@ import hashlib
 import pytest
 from archive_helpers import ARTIFACT_PREFIX, UPLOAD_PREFIX
 
-from ckptflow.archive.publisher import publish_artifact
+from ckptflow.archive.probe import run_probe
+from ckptflow.archive.prune import prune_verified
+from ckptflow.archive.publish import publish_artifact
 from ckptflow.archive.verify import verify_artifact
 from ckptflow.errors import NotFound, Refused
 from ckptflow.fsutil import walk_files
-from ckptflow.probe import run_probe
 from ckptflow.records import receipt as receipt_record
-from ckptflow.retention import prune_verified
 from ckptflow.store.s3 import S3Store
 
 PAYLOAD = ["model.pt", "optim/.metadata", "optim/__0_0.distcp", "optim/__1_0.distcp", "optim/__2_0.distcp"]

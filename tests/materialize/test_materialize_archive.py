@@ -7,11 +7,11 @@ import shutil
 import pytest
 from materialize_helpers import DEFAULTS, cli_args, copy_tree, run_cli, siblings, tree_state
 
-from ckptflow.archive.publisher import publish_artifact
+from ckptflow.archive.publish import publish_artifact
 from ckptflow.errors import NotFound, Refused
+from ckptflow.jsonio import validate
 from ckptflow.materialize import materialize
 from ckptflow.records import materialized as marker
-from ckptflow.records._json import validate
 from ckptflow.store import LocalStore, load_credentials
 from ckptflow.store.s3 import S3Store
 
@@ -116,7 +116,7 @@ def test_existing_stage_is_reused_and_kept(models, tmp_path):
     assert sorted(p.name for p in stage.iterdir()) == ["keep-me"]  # only what this run created went
 
     shutil.rmtree(out)
-    from ckptflow.archive.reader import fetch_artifact
+    from ckptflow.archive.fetch import fetch_artifact
 
     fetch_artifact(uri, stage)  # someone fetched it before: not this invocation's to remove
     result = materialize(artifact_uri=uri, base=models.base(), out=out, stage_dir=stage, **DEFAULTS)

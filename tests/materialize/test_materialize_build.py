@@ -146,7 +146,7 @@ def test_output_inside_the_base_is_a_usage_error(models, tmp_path):
 
 
 def test_marker_is_inside_the_tree_before_it_is_published(models, tmp_path, monkeypatch):
-    import ckptflow.materialize_output as mo
+    import ckptflow.materialize.output as mo
 
     seen = []
     real = mo.publish

@@ -7,7 +7,7 @@ from materialize_helpers import cli_args, cli_env, run_cli, siblings
 
 from ckptflow.commands.materialize import parse_size
 from ckptflow.errors import UsageError
-from ckptflow.records._json import validate
+from ckptflow.jsonio import validate
 
 
 def test_build_then_skip_then_refuse(models, tmp_path):

@@ -11,9 +11,9 @@ from materialize_helpers import DEFAULTS, copy_tree, siblings, tree_state
 from ckptflow.conversion import CONVERSION_VERSION
 from ckptflow.digest import FileDigest, sha256_file
 from ckptflow.errors import Refused
+from ckptflow.jsonio import validate
 from ckptflow.materialize import materialize
 from ckptflow.records import materialized as marker
-from ckptflow.records._json import validate
 
 
 def build(models, out: Path, *, seed: int = 1, base: Path | None = None, **kw):
@@ -63,7 +63,7 @@ def test_skip_does_not_read_model_pt(models, tmp_path, monkeypatch):
     def no_hashing(*args, **kwargs):
         raise AssertionError("a skip must not hash model.pt")
 
-    monkeypatch.setattr("ckptflow.materialize_source.hash_files", no_hashing)
+    monkeypatch.setattr("ckptflow.materialize.source.hash_files", no_hashing)
     assert build(models, out).status == "skipped"
 
 

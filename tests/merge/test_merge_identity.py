@@ -10,10 +10,10 @@ from merge_helpers import assert_bits_equal, avg_oracle, load_net, run_cli, snap
 from ckptflow.artifact import ComponentSpec, seal_artifact
 from ckptflow.digest import sha256_file
 from ckptflow.errors import Refused
+from ckptflow.jsonio import validate
 from ckptflow.merge import merge_experts
 from ckptflow.records import manifest as manifest_record
 from ckptflow.records import merge_record
-from ckptflow.records._json import validate
 
 
 def _record(out):

@@ -8,8 +8,8 @@ import pytest
 from records_samples import hexd, make_declaration, make_receipt
 
 from ckptflow.errors import InvalidRecord
+from ckptflow.jsonio import encode_json
 from ckptflow.records import LegacyRecord
-from ckptflow.records._json import encode_json
 from ckptflow.records.declaration import declaration_digest, encode_declaration, parse_declaration
 from ckptflow.records.manifest import FILENAME as MANIFEST_FILENAME
 from ckptflow.records.receipt import (

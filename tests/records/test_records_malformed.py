@@ -8,8 +8,8 @@ import pytest
 from records_samples import hexd, inventory_of
 
 from ckptflow.errors import InvalidRecord, NotFound, UnsafePath
+from ckptflow.jsonio import encode_json
 from ckptflow.records import LegacyRecord, read_receipt
-from ckptflow.records._json import encode_json
 from ckptflow.records.inventory import FileEntry
 
 MALFORMED = {

@@ -6,8 +6,8 @@ import pytest
 from records_samples import hexd, make_manifest
 
 from ckptflow.errors import InvalidRecord, UnsafePath
+from ckptflow.jsonio import encode_json
 from ckptflow.records import LegacyRecord
-from ckptflow.records._json import encode_json
 from ckptflow.records.inventory import FileEntry
 from ckptflow.records.manifest import (
     SCHEMA,

@@ -11,8 +11,8 @@ import pytest
 from records_samples import DEST, hexd, make_merge_record, make_probe
 
 from ckptflow.errors import InvalidRecord
+from ckptflow.jsonio import encode_json
 from ckptflow.records import LegacyRecord
-from ckptflow.records._json import encode_json
 from ckptflow.records.merge_record import (
     PROTOCOL,
     MergeRecord,

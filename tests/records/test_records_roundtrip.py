@@ -6,7 +6,7 @@ import json
 
 from records_samples import inventory_of
 
-from ckptflow.records._json import encode_json
+from ckptflow.jsonio import encode_json
 from ckptflow.records.legacy_manifest import read_legacy_manifest, write_legacy_manifest
 
 

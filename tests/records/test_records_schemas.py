@@ -9,7 +9,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from ckptflow.records._json import load_schema
+from ckptflow.jsonio import load_schema
 
 DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
 RECORD_SCHEMAS = [

@@ -9,7 +9,7 @@ import pytest
 
 from ckptflow.digest import sha256_bytes, sha256_file
 from ckptflow.errors import ConflictError, NotFound, UnsafePath
-from ckptflow.records._json import encode_json
+from ckptflow.jsonio import encode_json
 from ckptflow.store import LocalStore, open_store
 
 DATA = b'{"schema": "declaration"}\n'

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import ConflictError, InvalidRecord
+from ..jsonio import decode_json_object
 from ..records import legacy_manifest as legacy_record
 from ..records import manifest as manifest_record
-from ..records._json import decode_json_object
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from ..archive.reader import fetch_artifact
+    from ..archive.fetch import fetch_artifact
 
     credentials = None if args.artifact_uri.startswith("file://") else _credentials(args.credentials)
     result = fetch_artifact(args.artifact_uri, Path(args.dst), credentials=credentials)

@@ -25,7 +25,7 @@ def _at_least_two(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from ..probe import run_probe
+    from ..archive.probe import run_probe
     from ..records.probe import probe_record_path
 
     store = open_store_from_args(args.bucket, args.credentials)

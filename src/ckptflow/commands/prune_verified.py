@@ -19,7 +19,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from ..retention import prune_verified
+    from ..archive.prune import prune_verified
 
     paths = [Path(p) for p in args.paths.split(",") if p.strip()]
     if not paths:

@@ -26,7 +26,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from ..archive.publisher import publish_artifact
+    from ..archive.publish import publish_artifact
 
     store = open_store_from_args(args.bucket, args.credentials)
     result = publish_artifact(Path(args.artifact_dir), store, args.upload_prefix, delete_local=args.delete_local)

@@ -25,7 +25,7 @@ import torch
 
 from ..errors import InvalidRecord
 from ..fsutil import atomic_write_bytes, safe_relpath
-from ..records._json import decode_json_object, encode_json
+from ..jsonio import decode_json_object, encode_json
 from .layout import DTYPES, TensorInfo
 
 INDEX_NAME = "model.safetensors.index.json"

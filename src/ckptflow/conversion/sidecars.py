@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InvalidRecord, NotFound, UnsafePath, VerificationFailed
-from ..records._json import decode_json_object
+from ..jsonio import decode_json_object
 from .shards import is_weight_file
 
 CONFIG_NAME = "config.json"

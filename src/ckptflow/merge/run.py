@@ -33,10 +33,10 @@ from ..artifact import iteration_from_dir
 from ..digest import FileDigest, default_workers, sha256_file
 from ..errors import NotFound, Refused, UnsafePath, UsageError, VerificationFailed
 from ..fsutil import atomic_write_bytes, fsync_dir, unique_temp_path
+from ..jsonio import encode_json
 from ..progress import ByteProgress
 from ..records import manifest as manifest_record
 from ..records import merge_record
-from ..records._json import encode_json
 from ..records.inventory import FileEntry
 from ..records.merge_record import BaseIdentity, Expert, MergeRecord, MergeRequest
 from .build import plan_merge, write_merged

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 from .. import fsutil
 from ..digest import is_sha256_hex
 from ..errors import InvalidRecord, NotFound
-from ._json import encode_json, validate
+from ..jsonio import encode_json, validate
 
 T = TypeVar("T")
 

@@ -30,8 +30,8 @@ from typing import Any
 
 from ..digest import sha256_bytes
 from ..errors import InvalidRecord
+from ..jsonio import decode_json_object
 from . import _record
-from ._json import decode_json_object
 from .inventory import FileEntry, inventory_from_list, inventory_to_list, sorted_entries
 from .manifest import FILENAME as MANIFEST_FILENAME
 

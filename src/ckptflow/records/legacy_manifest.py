@@ -15,8 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import fsutil
+from ..jsonio import decode_json_object, validate
 from . import _record
-from ._json import decode_json_object, validate
 
 FILENAME = ".posttrain-checkpoint-artifact.legacy.json"
 

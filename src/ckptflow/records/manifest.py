@@ -34,8 +34,8 @@ from typing import Any, ClassVar
 
 from ..errors import InvalidRecord
 from ..fsutil import safe_relpath
+from ..jsonio import decode_json_object
 from . import _record
-from ._json import decode_json_object
 from .inventory import FileEntry, inventory_from_list, inventory_to_list, sorted_entries, validate_inventory
 
 FILENAME = ".posttrain-checkpoint-artifact.json"

@@ -34,8 +34,8 @@ from typing import Any
 
 from ..digest import sha256_bytes
 from ..fsutil import safe_relpath
+from ..jsonio import decode_json_object, encode_json
 from . import _record
-from ._json import decode_json_object, encode_json
 from ._record import LegacyRecord
 from .inventory import FileEntry, inventory_from_list, inventory_to_list, sorted_entries
 

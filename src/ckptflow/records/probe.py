@@ -37,8 +37,8 @@ from typing import Any
 
 from ..digest import sha256_bytes
 from ..errors import InvalidRecord
+from ..jsonio import decode_json_object
 from . import _record
-from ._json import decode_json_object
 
 PROTOCOL = "ckptflow.probe.v1"
 CHECKSUM_OUTCOMES = ("rejected-wrong", "accepted-wrong", "not-offered")

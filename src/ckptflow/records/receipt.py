@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..jsonio import decode_json_object
 from . import _record
-from ._json import decode_json_object
 from .inventory import FileEntry, inventory_from_list, inventory_to_list, sorted_entries
 
 FILENAME = ".uploaded"

@@ -19,7 +19,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..errors import InvalidRecord, NotFound
-from ..records._json import read_json_object
+from ..jsonio import read_json_object
 
 ENV_VAR = "CKPTFLOW_CREDENTIALS"
 _REQUIRED = ("aws_access_key_id", "aws_secret_access_key")

@@ -44,8 +44,8 @@ from ..errors import (
     VerificationFailed,
 )
 from ..fsutil import atomic_write_bytes, create_exclusive_bytes, fsync_dir, resolve_inside, unique_temp_path
+from ..jsonio import encode_json, read_json_object
 from ..progress import ByteProgress
-from ..records._json import encode_json, read_json_object
 from . import base
 from .transfer import DEFAULT_RANGE_SIZE, FileRange, download_ranges
 from .uri import validate_key, validate_prefix

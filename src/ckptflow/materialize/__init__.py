@@ -56,21 +56,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import __version__, testhooks
-from .conversion import (
+from .. import __version__, testhooks
+from ..conversion import (
     CONVERSION_VERSION,
     DEFAULT_MIN_TENSORS,
     VerificationSummary,
     convert_checkpoint,
     verify_output,
 )
-from .conversion import shards as hf_shards
-from .conversion import sidecars as hf_sidecars
-from .conversion.source import read_base
-from .digest import hash_files, sha256_bytes, sha256_file
-from .errors import NotFound, Refused, UsageError, VerificationFailed
-from .fsutil import fsync_dir
-from .materialize_output import (
+from ..conversion import shards as hf_shards
+from ..conversion import sidecars as hf_sidecars
+from ..conversion.source import read_base
+from ..digest import hash_files, sha256_bytes, sha256_file
+from ..errors import NotFound, Refused, UsageError, VerificationFailed
+from ..fsutil import fsync_dir
+from ..records.inventory import FileEntry
+from ..records.materialized import BaseModelIdentity, Materialized, write_materialized
+from .output import (
     Decision,
     Identity,
     decide,
@@ -79,9 +81,7 @@ from .materialize_output import (
     restore_orphaned,
     staged_tree,
 )
-from .materialize_source import ModelSource, resolve_source
-from .records.inventory import FileEntry
-from .records.materialized import BaseModelIdentity, Materialized, write_materialized
+from .source import ModelSource, resolve_source
 
 log = logging.getLogger("ckptflow.materialize")
 
@@ -268,8 +268,8 @@ def _preflight(base_dir: Path, expect_tensors: int, min_tensors: int) -> None:
 
 
 def _fetch(source: ModelSource, stage: Path, created: bool, progress) -> tuple[Path, dict, dict]:
-    from .archive.reader import fetch_artifact
-    from .records.manifest import parse_manifest
+    from ..archive.fetch import fetch_artifact
+    from ..records.manifest import parse_manifest
 
     result = fetch_artifact(source.uri, stage, store=source.store, progress=progress)
     testhooks.reached("materialize:after-fetch")

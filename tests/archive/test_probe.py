@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from ckptflow.archive.probe import require_qualified, run_probe
 from ckptflow.errors import EndpointNotQualified
-from ckptflow.probe import require_qualified, run_probe
 from ckptflow.records import probe as probe_record
 from ckptflow.store.credentials import load_credentials
 from ckptflow.store.local import LocalStore

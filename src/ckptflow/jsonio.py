@@ -17,7 +17,7 @@ from typing import Any
 
 import jsonschema
 
-from ..errors import InvalidRecord, NotFound
+from .errors import InvalidRecord, NotFound
 
 _BOM = b"\xef\xbb\xbf"
 

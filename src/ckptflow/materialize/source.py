@@ -17,14 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .artifact import ITER_DIR_RE
-from .digest import hash_files
-from .errors import InvalidRecord, NotFound, Refused, UsageError, VerificationFailed
-from .fsutil import resolve_inside
-from .records import manifest as manifest_record
-from .records.materialized import SourceIdentity
-from .store import Credentials, StoreURI, load_credentials, open_store, parse_store_uri
-from .store.base import ObjectStore
+from ..artifact import ITER_DIR_RE
+from ..digest import hash_files
+from ..errors import InvalidRecord, NotFound, Refused, UsageError, VerificationFailed
+from ..fsutil import resolve_inside
+from ..records import manifest as manifest_record
+from ..records.materialized import SourceIdentity
+from ..store import Credentials, StoreURI, load_credentials, open_store, parse_store_uri
+from ..store.base import ObjectStore
 
 MODEL_COMPONENT = "model"
 

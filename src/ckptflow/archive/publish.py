@@ -34,12 +34,11 @@ from ..digest import FileDigest, hash_files, sha256_bytes
 from ..errors import ConflictError, NotFound, Refused, UnsafePath
 from ..fsutil import resolve_inside
 from ..progress import ByteProgress
+from ..records import LegacyRecord, merge_record, utc_timestamp
 from ..records import declaration as declaration_record
 from ..records import legacy_manifest as legacy_record
 from ..records import manifest as manifest_record
-from ..records import merge_record
 from ..records import receipt as receipt_record
-from ..records._record import LegacyRecord, utc_timestamp
 from ..records.inventory import FileEntry
 from ..store.base import DEFAULT_MULTIPART_THRESHOLD, ObjectStore
 from .keys import artifact_prefix, object_key
@@ -285,7 +284,7 @@ def publish_artifact(
     prefix = artifact_prefix(upload_prefix, artifact_dir.name)
     dest = receipt_record.ReceiptDestination.at(store.destination, prefix)
     if delete_local:
-        from ..probe import require_qualified
+        from .probe import require_qualified
 
         require_qualified(store, prefix)  # before any remote write: fail closed on unqualified endpoints
 

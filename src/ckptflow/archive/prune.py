@@ -21,14 +21,14 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .archive.keys import ARTIFACTS_DIR
-from .archive.publisher import present_payload, rehash_against, remove_payload_files
-from .archive.verify import check_destination, check_remote_inventory, describe_failures
-from .artifact import ITER_DIR_RE
-from .errors import CkptflowError
-from .fsutil import walk_files
-from .records import manifest as manifest_record
-from .records import receipt as receipt_record
+from ..artifact import ITER_DIR_RE
+from ..errors import CkptflowError
+from ..fsutil import walk_files
+from ..records import manifest as manifest_record
+from ..records import receipt as receipt_record
+from .keys import ARTIFACTS_DIR
+from .publish import present_payload, rehash_against, remove_payload_files
+from .verify import check_destination, check_remote_inventory, describe_failures
 
 log = logging.getLogger(__name__)
 

@@ -28,14 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import testhooks
-from .conversion import shards as hf_shards
-from .conversion import sidecars as hf_sidecars
-from .errors import CkptflowError, ConflictError, InvalidRecord, NotFound, Refused
-from .fsutil import fsync_dir, writer_gone
-from .records import materialized as marker
-from .records._record import LegacyRecord
-from .records.materialized import BaseModelIdentity, Materialized, SourceIdentity
+from .. import testhooks
+from ..conversion import shards as hf_shards
+from ..conversion import sidecars as hf_sidecars
+from ..errors import CkptflowError, ConflictError, InvalidRecord, NotFound, Refused
+from ..fsutil import fsync_dir, writer_gone
+from ..records import LegacyRecord
+from ..records import materialized as marker
+from ..records.materialized import BaseModelIdentity, Materialized, SourceIdentity
 
 log = logging.getLogger("ckptflow.materialize")
 

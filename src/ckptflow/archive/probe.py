@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .digest import sha256_file
-from .errors import CkptflowError, EndpointNotQualified
-from .records import probe as probe_record
-from .store.base import ObjectStore
+from ..digest import sha256_file
+from ..errors import CkptflowError, EndpointNotQualified
+from ..records import probe as probe_record
+from ..store.base import ObjectStore
 
 log = logging.getLogger(__name__)
 
