@@ -32,8 +32,8 @@ lint: setup
 # whole suite, and stops both servers by PID whatever pytest's outcome; exits with pytest's status.
 test: setup lint
 	@set -u; \
-	trap '$(BIN)/python tests/servers.py down --root $(SERVERS_ROOT)' EXIT; \
-	$(BIN)/python tests/servers.py up --root $(SERVERS_ROOT) || exit $$?; \
+	trap '$(BIN)/python tests/helpers/servers.py down --root $(SERVERS_ROOT)' EXIT; \
+	$(BIN)/python tests/helpers/servers.py up --root $(SERVERS_ROOT) || exit $$?; \
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The suite without slow tests, for quick iteration.
@@ -49,9 +49,9 @@ demo: setup
 # page cache are served from disk, which made the figures drift from one run to the next.
 bench: setup
 	@set -u; \
-	$(BIN)/python tests/servers.py down --root .ckptflow/bench-servers >/dev/null; rm -rf .ckptflow/bench-servers; \
-	trap '$(BIN)/python tests/servers.py down --root .ckptflow/bench-servers; rm -rf .ckptflow/bench-servers' EXIT; \
-	$(BIN)/python tests/servers.py up --only seaweedfs --profile demo --root .ckptflow/bench-servers >/dev/null || exit $$?; \
+	$(BIN)/python tests/helpers/servers.py down --root .ckptflow/bench-servers >/dev/null; rm -rf .ckptflow/bench-servers; \
+	trap '$(BIN)/python tests/helpers/servers.py down --root .ckptflow/bench-servers; rm -rf .ckptflow/bench-servers' EXIT; \
+	$(BIN)/python tests/helpers/servers.py up --only seaweedfs --profile demo --root .ckptflow/bench-servers >/dev/null || exit $$?; \
 	for b in transfer publish fetch; do \
 	  test -f bench/$$b.py || continue; \
 	  echo "== bench/$$b.py" >&2; \
@@ -59,10 +59,10 @@ bench: setup
 	done
 
 servers-up: setup
-	$(BIN)/python tests/servers.py up --root $(SERVERS_ROOT)
+	$(BIN)/python tests/helpers/servers.py up --root $(SERVERS_ROOT)
 
 servers-down:
-	$(BIN)/python tests/servers.py down --root $(SERVERS_ROOT)
+	$(BIN)/python tests/helpers/servers.py down --root $(SERVERS_ROOT)
 
 clean: servers-down
 	rm -rf .ckptflow .pytest_cache .ruff_cache

@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-import tiny_models as tm  # noqa: E402 - lives in tests/, shared with the test suite
+from helpers import tiny_models as tm  # noqa: E402 - lives in tests/helpers, shared with the test suite
 
 MiB = 1 << 20
 GiB = 1 << 30

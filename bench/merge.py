@@ -80,7 +80,7 @@ def _qwen3_overrides(size_gib: float) -> dict:
 
 def build_inputs(work: Path, size_gib: float) -> tuple[Path, list[Path], list[Path]]:
     sys.path.insert(0, str(REPO / "tests"))
-    from tiny_models import build_tiny_base, perturbed
+    from helpers.tiny_models import build_tiny_base, perturbed
 
     base = work / "base"
     if not (base / "config.json").exists():

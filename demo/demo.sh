@@ -20,11 +20,11 @@ export CKPTFLOW_CACHE_DIR=$ROOT/cache
 say() { printf '\n== %s\n' "$*" >&2; }
 
 # Start from nothing: a leftover server of an interrupted run is stopped (by PID) and its data removed.
-$BIN/python tests/servers.py down --root "$SERVER" >/dev/null 2>&1 || true
+$BIN/python tests/helpers/servers.py down --root "$SERVER" >/dev/null 2>&1 || true
 rm -rf "$ROOT"
-trap '$BIN/python tests/servers.py down --root "$SERVER" >/dev/null' EXIT
+trap '$BIN/python tests/helpers/servers.py down --root "$SERVER" >/dev/null' EXIT
 say "starting SeaweedFS on 127.0.0.1 (data: $SERVER)"
-$BIN/python tests/servers.py up --only seaweedfs --profile demo --root "$SERVER" >/dev/null
+$BIN/python tests/helpers/servers.py up --only seaweedfs --profile demo --root "$SERVER" >/dev/null
 $BIN/python - "$CREDS" "$BUCKET" <<'PY'
 import sys
 from ckptflow.store.credentials import load_credentials

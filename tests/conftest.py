@@ -1,4 +1,4 @@
-"""Shared fixtures: the real loopback servers (started by `make test` / `tests/servers.py up`) and moto.
+"""Shared fixtures: the real loopback servers (started by `make test` / `tests/helpers/servers.py up`) and moto.
 
 Server state comes from ``<repo>/.ckptflow/test-servers/state.json`` or ``$CKPTFLOW_TEST_SERVERS`` (that
 file, or the directory holding it). A test that needs a server fails, never skips, when it is not
@@ -15,11 +15,13 @@ from pathlib import Path
 
 import pytest
 
-import servers  # tests/servers.py: pytest puts this directory on sys.path for the root conftest
 from ckptflow.store import Credentials, S3Store
-from moto_bodies import mock_aws_bytes_bodies
+from helpers import (
+    servers,  # tests/helpers/servers.py: pytest puts this directory on sys.path for the root conftest
+)
+from helpers.moto_bodies import mock_aws_bytes_bodies
 
-NOT_RUNNING = "test servers are not running; run `make test` or `python tests/servers.py up`"
+NOT_RUNNING = "test servers are not running; run `make test` or `python tests/helpers/servers.py up`"
 
 
 @dataclass(frozen=True)

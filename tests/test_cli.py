@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from ckptflow.cli import main
 from ckptflow.jsonio import validate
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def run(*args):
-    proc = subprocess.run([sys.executable, "-m", "ckptflow", *args], capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ, "CKPTFLOW_PROGRESS": "0"}, timeout=120)
-    return proc
+from helpers.cli import run_cli
 
 
 @pytest.fixture
@@ -33,7 +22,7 @@ def artifact(tmp_path):
 
 
 def test_seal_prints_one_json_report_matching_its_schema(artifact):
-    proc = run("seal", "--artifact-dir", str(artifact), "--iteration", "7", "model=model.pt", "optim=optim")
+    proc = run_cli("seal", "--artifact-dir", str(artifact), "--iteration", "7", "model=model.pt", "optim=optim")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("\n") == 1
     report = json.loads(proc.stdout)
@@ -42,8 +31,8 @@ def test_seal_prints_one_json_report_matching_its_schema(artifact):
 
 
 def test_refusal_exits_1_with_one_line_naming_the_file(artifact):
-    assert run("seal", "--artifact-dir", str(artifact), "--iteration", "7", "model=model.pt").returncode == 0
-    proc = run("seal", "--artifact-dir", str(artifact), "--iteration", "7", "model=model.pt")
+    assert run_cli("seal", "--artifact-dir", str(artifact), "--iteration", "7", "model=model.pt").returncode == 0
+    proc = run_cli("seal", "--artifact-dir", str(artifact), "--iteration", "7", "model=model.pt")
     assert proc.returncode == 1
     report = json.loads(proc.stdout)
     validate(report, "report_error", what="error report")
@@ -53,9 +42,9 @@ def test_refusal_exits_1_with_one_line_naming_the_file(artifact):
 
 
 def test_usage_errors_exit_2(artifact):
-    assert run("seal", "--artifact-dir", str(artifact)).returncode == 2
-    assert run("no-such-verb").returncode == 2
-    proc = run("seal", "--artifact-dir", str(artifact), "--iteration", "7", "not-a-spec")
+    assert run_cli("seal", "--artifact-dir", str(artifact)).returncode == 2
+    assert run_cli("no-such-verb").returncode == 2
+    proc = run_cli("seal", "--artifact-dir", str(artifact), "--iteration", "7", "not-a-spec")
     assert proc.returncode == 2 and json.loads(proc.stdout)["status"] == "usage-error"
 
 
@@ -73,5 +62,5 @@ def test_missing_bucket_is_a_usage_error(monkeypatch, capsys):
 
 def test_every_verb_has_help():
     for verb in ("seal", "publish", "verify", "prune-verified", "probe"):
-        proc = run(verb, "--help")
+        proc = run_cli(verb, "--help", json_report=False)
         assert proc.returncode == 0 and verb in proc.stdout

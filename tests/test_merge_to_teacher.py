@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import tiny_models as tm
 from ckptflow.materialize import materialize
 from ckptflow.merge.run import merge_experts
+from helpers import tiny_models as tm
 
 
 @pytest.mark.slow

@@ -2,60 +2,18 @@
 
 from __future__ import annotations
 
-import json
-import os
-import random
 import subprocess
-import sys
 from pathlib import Path
 
-from ckptflow.artifact import ComponentSpec, seal_artifact
-
-REPO = Path(__file__).resolve().parents[2]
-UPLOAD_PREFIX = "proj/group/run1/20261129T000000Z/checkpoints"
-ARTIFACT_PREFIX = "proj/group/run1/20261129T000000Z/checkpoint_artifacts/iter_000300"
-
-
-def make_artifact(root: Path, *, iteration: int = 300, model_bytes: int = 300_000, shards: int = 3, seed: int = 0) -> Path:
-    """``<root>/checkpoint_artifacts/iter_N`` with model.pt, a DCP optim/ and a stale unselected optim.pt."""
-    art = root / "checkpoint_artifacts" / f"iter_{iteration:06d}"
-    (art / "optim").mkdir(parents=True)
-    rnd = random.Random(seed)
-    with open(art / "model.pt", "wb") as fh:  # in pieces: randbytes takes at most 2**31 bits at once
-        for left in range(model_bytes, 0, -(64 << 20)):
-            fh.write(rnd.randbytes(min(left, 64 << 20)))
-    (art / "optim" / ".metadata").write_bytes(rnd.randbytes(777))
-    for i in range(shards):
-        (art / "optim" / f"__{i}_0.distcp").write_bytes(rnd.randbytes(50_000 + i))
-    (art / "optim.pt").write_bytes(b"stale, not selected by the manifest")
-    seal_artifact(art, iteration, [ComponentSpec("model", "model.pt"), ComponentSpec("optim", "optim")], progress=False)
-    return art
+from helpers.artifacts import ARTIFACT_PREFIX
 
 
 def remote_snapshot(store, prefix: str = ARTIFACT_PREFIX) -> dict[str, tuple[int, str | None]]:
     return {o.key: (o.size, store.head(o.key).sha256) for o in store.list(prefix + "/")}
 
 
-def run_cli(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run the real `python -m ckptflow` in a subprocess; stdout must be exactly one JSON report."""
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    proc = subprocess.run(
-        [sys.executable, "-m", "ckptflow", *args], capture_output=True, text=True, env=full_env, timeout=timeout, cwd=REPO
-    )
-    proc.report = json.loads(proc.stdout) if proc.stdout.strip() else None  # type: ignore[attr-defined]
-    if proc.report is not None:
-        assert proc.stdout.count("\n") == 1, proc.stdout
-    return proc
 
 
-def start_cli(*args: str, env: dict | None = None) -> subprocess.Popen:
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    return subprocess.Popen(
-        [sys.executable, "-m", "ckptflow", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=full_env, cwd=REPO,
-    )
 
 
 def wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
@@ -71,20 +29,6 @@ def wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 60) -> No
         time.sleep(0.05)
 
 
-def tree_bytes(root: Path) -> dict[str, bytes | str]:
-    """Every entry under ``root`` (files by content, symlinks by target, directories as "<dir>"), nothing followed."""
-    out: dict[str, bytes | str] = {}
-    if not root.exists():
-        return out
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root).as_posix()
-        if path.is_symlink():
-            out[rel] = f"-> {os.readlink(path)}"
-        elif path.is_dir():
-            out[rel] = "<dir>"
-        else:
-            out[rel] = path.read_bytes()
-    return out
 
 
 def add_merge_record(artifact: Path, diag: str = "diag.json") -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from archive_helpers import make_artifact
 
 from ckptflow.store.credentials import load_credentials
 from ckptflow.store.s3 import S3Store
+from helpers.artifacts import make_artifact
 
 
 @pytest.fixture(autouse=True)

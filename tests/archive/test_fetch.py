@@ -3,14 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from archive_helpers import (
-    ARTIFACT_PREFIX,
-    UPLOAD_PREFIX,
-    CountingStore,
-    add_merge_record,
-    make_artifact,
-    tree_bytes,
-)
+from archive_helpers import CountingStore, add_merge_record
 
 from ckptflow.archive.fetch import fetch_artifact
 from ckptflow.archive.publish import publish_artifact
@@ -19,6 +12,8 @@ from ckptflow.fsutil import walk_files
 from ckptflow.records import manifest as manifest_record
 from ckptflow.records import staging as staging_record
 from ckptflow.store.local import LocalStore
+from helpers.artifacts import ARTIFACT_PREFIX, UPLOAD_PREFIX, make_artifact
+from helpers.trees import tree_bytes
 
 PAYLOADS = ["model.pt", "optim/.metadata", "optim/__0_0.distcp", "optim/__1_0.distcp", "optim/__2_0.distcp"]
 STAGED = sorted([*PAYLOADS, manifest_record.FILENAME, staging_record.FILENAME])

@@ -7,13 +7,14 @@ import json
 import random
 
 import pytest
-from archive_helpers import ARTIFACT_PREFIX, UPLOAD_PREFIX, tree_bytes
 
 from ckptflow.archive.fetch import fetch_artifact
 from ckptflow.archive.publish import publish_artifact
 from ckptflow.errors import Refused, VerificationFailed
 from ckptflow.records import manifest as manifest_record
 from ckptflow.records import staging as staging_record
+from helpers.artifacts import ARTIFACT_PREFIX, UPLOAD_PREFIX
+from helpers.trees import tree_bytes
 
 MODEL = random.Random(5).randbytes(200_000)
 TRAINER = random.Random(6).randbytes(3_000)

@@ -6,16 +6,7 @@ import json
 import signal
 
 import pytest
-from archive_helpers import (
-    ARTIFACT_PREFIX,
-    UPLOAD_PREFIX,
-    CountingStore,
-    make_artifact,
-    run_cli,
-    start_cli,
-    tree_bytes,
-    wait_for_file,
-)
+from archive_helpers import CountingStore, wait_for_file
 
 from ckptflow.archive.fetch import fetch_artifact
 from ckptflow.archive.publish import publish_artifact
@@ -24,6 +15,9 @@ from ckptflow.jsonio import validate
 from ckptflow.records import manifest as manifest_record
 from ckptflow.records import staging as staging_record
 from ckptflow.store.transfer import DEFAULT_RANGE_SIZE
+from helpers.artifacts import ARTIFACT_PREFIX, UPLOAD_PREFIX, make_artifact
+from helpers.cli import run_cli, start_cli
+from helpers.trees import tree_bytes
 
 MiB = 1024 * 1024
 PAYLOADS = ["model.pt", "optim/.metadata", "optim/__0_0.distcp", "optim/__1_0.distcp", "optim/__2_0.distcp"]

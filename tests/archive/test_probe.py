@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +12,7 @@ from ckptflow.records import probe as probe_record
 from ckptflow.store.credentials import load_credentials
 from ckptflow.store.local import LocalStore
 from ckptflow.store.s3 import S3Store
-
-REPO = Path(__file__).resolve().parents[1]
+from helpers.cli import run_cli
 
 
 @pytest.fixture(autouse=True)
@@ -27,9 +22,8 @@ def cache(tmp_path, monkeypatch):
 
 
 def ckptflow(*args, env=None):
-    proc = subprocess.run([sys.executable, "-m", "ckptflow", *args], capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ, **(env or {})}, timeout=120)
-    return proc, json.loads(proc.stdout)
+    proc = run_cli(*args, env=env, timeout=120)
+    return proc, proc.report
 
 
 def test_probe_passes_on_seaweedfs_and_cleans_up(seaweedfs_bucket, seaweedfs_credentials_path):

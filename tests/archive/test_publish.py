@@ -6,7 +6,7 @@ import base64
 import hashlib
 
 import pytest
-from archive_helpers import ARTIFACT_PREFIX, UPLOAD_PREFIX, make_artifact, remote_snapshot
+from archive_helpers import remote_snapshot
 
 from ckptflow.archive.keys import artifact_prefix
 from ckptflow.archive.publish import publish_artifact
@@ -17,6 +17,7 @@ from ckptflow.records import manifest as manifest_record
 from ckptflow.records import receipt as receipt_record
 from ckptflow.store.local import LocalStore
 from ckptflow.store.s3 import S3Store
+from helpers.artifacts import ARTIFACT_PREFIX, UPLOAD_PREFIX, make_artifact
 
 SELECTED = [
     ".posttrain-archive.json",

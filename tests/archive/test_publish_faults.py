@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
-from archive_helpers import UPLOAD_PREFIX, make_artifact
 
 from ckptflow.archive.publish import publish_artifact
 from ckptflow.errors import StoreError
@@ -18,9 +15,8 @@ from ckptflow.fsutil import walk_files
 from ckptflow.records import receipt as receipt_record
 from ckptflow.store.credentials import load_credentials
 from ckptflow.store.s3 import S3Store
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import servers
+from helpers import servers
+from helpers.artifacts import UPLOAD_PREFIX, make_artifact
 
 # A private SeaweedFS on its own fixed loopback ports: stopping it must not disturb the shared one.
 FAULT_PROFILE = servers.Profile("fault", 18533, 19533, 19540, 19088, 18534, 19546,

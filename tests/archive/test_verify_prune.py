@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-from archive_helpers import ARTIFACT_PREFIX, UPLOAD_PREFIX
 
 from ckptflow.archive.probe import run_probe
 from ckptflow.archive.prune import prune_verified
@@ -15,6 +14,7 @@ from ckptflow.errors import NotFound, Refused
 from ckptflow.fsutil import walk_files
 from ckptflow.records import receipt as receipt_record
 from ckptflow.store.s3 import S3Store
+from helpers.artifacts import ARTIFACT_PREFIX, UPLOAD_PREFIX
 
 PAYLOAD = ["model.pt", "optim/.metadata", "optim/__0_0.distcp", "optim/__1_0.distcp", "optim/__2_0.distcp"]
 

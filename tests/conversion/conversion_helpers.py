@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-import tiny_models as tm
 from ckptflow.conversion.hf import convert_checkpoint
+from helpers import tiny_models as tm
 
 # Small enough that every tiny export has several shards.
 SHARD_CAP = 100_000

@@ -10,10 +10,10 @@ import pytest
 import torch
 from conversion_helpers import add_tensor_to_base, base_tensors, copy_tree
 
-import tiny_models as tm
 from ckptflow.conversion.hf import convert_checkpoint
 from ckptflow.conversion.layout import KeyMapper, TensorInfo, describe
 from ckptflow.errors import InvalidRecord, NotFound, Refused
+from helpers import tiny_models as tm
 
 
 def _refused(tiny, kind, state_dict, tmp_path) -> Refused:

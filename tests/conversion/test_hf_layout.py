@@ -6,10 +6,10 @@ import pytest
 import torch
 from conversion_helpers import ALL_KINDS, HUB, MOE_KINDS, assert_same_tensors, base_tensors
 
-import tiny_models as tm
 from ckptflow.conversion.hf import convert_checkpoint
 from ckptflow.conversion.layout import KeyMapper, TensorInfo, describe, to_in_memory, to_on_disk
 from ckptflow.errors import InvalidRecord
+from helpers import tiny_models as tm
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS)

@@ -9,8 +9,8 @@ import torch
 from conversion_helpers import ALL_KINDS, model_kind
 from transformers import AutoImageProcessor, AutoTokenizer, GenerationConfig
 
-import tiny_models as tm
 from ckptflow.conversion.sidecars import load_with_transformers
+from helpers import tiny_models as tm
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS)
@@ -57,11 +57,3 @@ def test_sidecars_load_with_the_teacher_loaders(tiny, kind):
         assert type(AutoImageProcessor.from_pretrained(export)).__name__.startswith("Qwen2VLImageProcessor")
         assert report["AutoImageProcessor"] == "ok"
         assert report["AutoProcessor"].startswith("ok" if importlib.util.find_spec("torchvision") else "skipped")
-
-
-def test_auto_processor_loads_a_vlm_export(tiny):
-    if importlib.util.find_spec("torchvision") is None:
-        pytest.skip("AutoProcessor of a Qwen-VL model imports torchvision, which is not installed (FACTS.md)")
-    from transformers import AutoProcessor
-
-    AutoProcessor.from_pretrained(tiny.export("qwen2_5_vl"))

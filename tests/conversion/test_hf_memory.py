@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-import tiny_models as tm
 from ckptflow.conversion.verify import verify_output
+from helpers import tiny_models as tm
 
 MiB = 1 << 20
 

@@ -6,8 +6,8 @@ import os
 
 import torch
 
-import tiny_models as tm
 from ckptflow.conversion.source import open_checkpoint
+from helpers import tiny_models as tm
 
 
 def test_checkpoint_is_memory_mapped_and_release_keeps_values(tiny, tmp_path):

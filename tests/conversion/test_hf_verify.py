@@ -1,4 +1,5 @@
-"""verify_output: every check of the issue, each shown to catch the fault it exists for."""
+"""verify_output: every check it makes (shards and index, sidecars, tensor count, tensor bits against the
+checkpoint), each shown to catch the fault it exists for."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import re
 import pytest
 from conversion_helpers import ALL_KINDS, MOE_KINDS, copy_tree, drop_tensor, flip_tensor_byte, shard_of
 
-import tiny_models as tm
 from ckptflow.conversion.verify import verify_output
 from ckptflow.errors import VerificationFailed
+from helpers import tiny_models as tm
 
 ALL = dict(min_tensors=0, probe_count=10_000, expert_probe_count=10_000)
 IDENTITY_CHECKS = ("tensor_count", "index_headers", "key_coverage", "config_identity", "sidecar_identity")

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
 
-import tiny_models as tm
 from ckptflow.artifact import ComponentSpec, seal_artifact
+from helpers import tiny_models as tm
 
-REPO = Path(__file__).resolve().parents[2]
 # Tiny bases hold a few dozen tensors: the default floor of 800 would refuse them.
 MIN = 1
 SHARD_CAP = 100_000  # several shards per tiny export
@@ -91,16 +87,4 @@ def cli_args(source: Path | str, base: Path, out: Path, *more: str) -> list[str]
             "--min-tensors", str(MIN), "--max-shard-size", str(SHARD_CAP), *more]
 
 
-def run_cli(args: list[str], *, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """The real ``python -m ckptflow``; stdout must be exactly one JSON report (parsed into ``.report``)."""
-    proc = subprocess.run([sys.executable, "-m", "ckptflow", *args], capture_output=True, text=True,
-                          env=env or cli_env(), timeout=timeout, cwd=REPO)
-    proc.report = json.loads(proc.stdout) if proc.stdout.strip() else None  # type: ignore[attr-defined]
-    if proc.report is not None:
-        assert proc.stdout.count("\n") == 1, proc.stdout
-    return proc
 
-
-def start_cli(args: list[str], *, env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ckptflow", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)

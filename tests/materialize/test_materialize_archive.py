@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from materialize_helpers import DEFAULTS, cli_args, copy_tree, run_cli, siblings, tree_state
+from materialize_helpers import DEFAULTS, cli_args, copy_tree, siblings, tree_state
 
 from ckptflow.archive.publish import publish_artifact
 from ckptflow.errors import NotFound, Refused
@@ -14,6 +14,7 @@ from ckptflow.materialize import materialize
 from ckptflow.records import materialized as marker
 from ckptflow.store import LocalStore, load_credentials
 from ckptflow.store.s3 import S3Store
+from helpers.cli import run_cli
 
 UPLOAD_PREFIX = "proj/group/run1/20261129T000000Z/checkpoints"
 ARTIFACT_PREFIX = "proj/group/run1/20261129T000000Z/checkpoint_artifacts/iter_000300"
@@ -76,14 +77,14 @@ def test_cli_materializes_from_seaweedfs_with_credentials(models, tmp_path, sw, 
     published_copy(models, tmp_path, sw)
     out = tmp_path / "teacher"
     uri = f"s3://{seaweedfs_bucket}/{ARTIFACT_PREFIX}"
-    proc = run_cli(cli_args(uri, models.base(), out, "--credentials", str(seaweedfs_credentials_path), "--keep-staged"))
+    proc = run_cli(*cli_args(uri, models.base(), out, "--credentials", str(seaweedfs_credentials_path), "--keep-staged"))
     assert proc.returncode == 0, proc.stderr
     validate(proc.report, "report_materialize", what="materialize report")
     assert proc.report["status"] == "built" and proc.report["source"]["uri"] == uri
     assert proc.report["staging"]["kept"] is True and siblings(out) == ["teacher.stage"]
     # A request with other identity options is refused on the marker alone, nothing fetched or touched.
     before = tree_state(out)
-    proc = run_cli(cli_args(uri, models.base(), out, "--credentials", str(seaweedfs_credentials_path),
+    proc = run_cli(*cli_args(uri, models.base(), out, "--credentials", str(seaweedfs_credentials_path),
                             "--max-shard-size", "1MB"))
     assert proc.returncode == 1 and proc.report["status"] == "refused"
     assert "option max_shard_bytes" in proc.report["error"]["message"]

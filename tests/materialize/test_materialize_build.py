@@ -8,11 +8,11 @@ import pytest
 import torch
 from materialize_helpers import DEFAULTS, copy_tree, siblings, tree_state
 
-import tiny_models as tm
 from ckptflow.errors import NotFound, Refused, UsageError, VerificationFailed
 from ckptflow.materialize import materialize
 from ckptflow.records import manifest as manifest_record
 from ckptflow.records import materialized as marker
+from helpers import tiny_models as tm
 
 
 def build(models, out, *, kind="qwen3", seed=1, ckpt_dir=None, **kw):

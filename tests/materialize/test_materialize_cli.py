@@ -3,26 +3,27 @@
 from __future__ import annotations
 
 import pytest
-from materialize_helpers import cli_args, cli_env, run_cli, siblings
+from materialize_helpers import cli_args, cli_env, siblings
 
 from ckptflow.commands.materialize import parse_size
 from ckptflow.errors import UsageError
 from ckptflow.jsonio import validate
+from helpers.cli import run_cli
 
 
 def test_build_then_skip_then_refuse(models, tmp_path):
     out = tmp_path / "teacher"
     args = cli_args(models.artifact(), models.base(), out)
-    proc = run_cli(args, env=cli_env(CKPTFLOW_PROGRESS="1"))  # bars go to stderr; stdout stays one JSON line
+    proc = run_cli(*args, env=cli_env(CKPTFLOW_PROGRESS="1"))  # bars go to stderr; stdout stays one JSON line
     assert proc.returncode == 0, proc.stderr
     validate(proc.report, "report_materialize", what="materialize report")
     assert proc.report["status"] == "built" and proc.report["out"] == str(out)
 
-    proc = run_cli(args)
+    proc = run_cli(*args)
     assert proc.returncode == 0 and proc.report["status"] == "skipped"
     validate(proc.report, "report_materialize", what="materialize report")
 
-    proc = run_cli(cli_args(models.artifact("qwen3", 2), models.base(), out))
+    proc = run_cli(*cli_args(models.artifact("qwen3", 2), models.base(), out))
     assert proc.returncode == 1
     validate(proc.report, "report_error", what="error report")
     assert proc.report["status"] == "refused"
@@ -32,13 +33,13 @@ def test_build_then_skip_then_refuse(models, tmp_path):
 
 @pytest.mark.parametrize("extra", [
     ["--artifact-uri", "file:///x/iter_000001"],  # two sources
-    ["--unified-chat-template"],  # a later issue's flag: not registered yet
+    ["--unified-chat-template"],  # documented in DESIGN, not implemented yet: refused as unknown
     ["--lock-wait-seconds", "5"],
     ["--max-shard-size", "lots"],
 ])
 def test_usage_errors_exit_2_and_touch_nothing(models, tmp_path, extra):
     out = tmp_path / "teacher"
-    proc = run_cli(cli_args(models.artifact(), models.base(), out, *extra))
+    proc = run_cli(*cli_args(models.artifact(), models.base(), out, *extra))
     assert proc.returncode == 2, proc.stderr
     assert not out.exists() and siblings(out) == []
 

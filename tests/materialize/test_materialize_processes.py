@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from materialize_helpers import DEFAULTS, cli_args, cli_env, run_cli, siblings, start_cli, tree_state
+from materialize_helpers import DEFAULTS, cli_args, cli_env, siblings, tree_state
 
 from ckptflow.digest import sha256_file
 from ckptflow.errors import Refused
 from ckptflow.materialize import materialize
 from ckptflow.records import materialized as marker
+from helpers.cli import run_cli, start_cli
 
 
 def sha_of(models, seed: int) -> str:
@@ -25,7 +26,7 @@ def test_kill_during_a_forced_replacement_never_loses_the_old_output(models, tmp
     out = tmp_path / "teacher"
     rerun(models, out, seed=1)
     old = tree_state(out)
-    proc = run_cli(cli_args(models.artifact("qwen3", 2), models.base(), out, "--force"),
+    proc = run_cli(*cli_args(models.artifact("qwen3", 2), models.base(), out, "--force"),
                    env=cli_env(CKPTFLOW_TEST_KILL_AT=f"materialize:{point}"))
     assert proc.returncode == -9, proc.stderr
 
@@ -57,10 +58,10 @@ def test_kill_during_a_forced_replacement_never_loses_the_old_output(models, tmp
 def test_kill_before_the_first_publication_then_the_same_command_completes(models, tmp_path):
     out = tmp_path / "teacher"
     args = cli_args(models.artifact("qwen3", 1), models.base(), out)
-    proc = run_cli(args, env=cli_env(CKPTFLOW_TEST_KILL_AT="materialize:after-marker"))
+    proc = run_cli(*args, env=cli_env(CKPTFLOW_TEST_KILL_AT="materialize:after-marker"))
     assert proc.returncode == -9
     assert not out.exists() and [n.split(".")[1] for n in siblings(out)] == ["tmp"]
-    proc = run_cli(args)
+    proc = run_cli(*args)
     assert proc.returncode == 0, proc.stderr
     assert proc.report["status"] == "built" and len(proc.report["removed_leftovers"]) == 1
     assert siblings(out) == []
@@ -71,7 +72,7 @@ def test_kill_before_the_first_publication_then_the_same_command_completes(model
 def test_racing_requests_for_one_out_never_overwrite_each_other(models, tmp_path, same):
     out = tmp_path / "teacher"
     flag = tmp_path / "paused"
-    slow = start_cli(cli_args(models.artifact("qwen3", 1 if same else 2), models.base(), out),
+    slow = start_cli(*cli_args(models.artifact("qwen3", 1 if same else 2), models.base(), out),
                      env=cli_env(CKPTFLOW_TEST_PAUSE_AT="materialize:before-swap", CKPTFLOW_TEST_PAUSE_FILE=str(flag)))
     try:
         _wait_for(flag, slow)

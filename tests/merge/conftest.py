@@ -15,7 +15,7 @@ import pytest
 import torch
 from merge_helpers import disk_state_dict, to_disk_layout
 
-from tiny_models import build_tiny_base, in_memory_state_dict, perturbed, save_consolidated
+from helpers.tiny_models import build_tiny_base, in_memory_state_dict, perturbed, save_consolidated
 
 N_EXPERTS = 3
 

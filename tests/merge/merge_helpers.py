@@ -1,6 +1,6 @@
 """Helpers for the merge tests: the exactness oracles, an independent layout converter, the real CLI.
 
-The oracles are the issue's definitions written as plainly as possible (whole tensors, no chunking):
+The oracles are the merge methods' definitions written as plainly as possible (whole tensors, no chunking):
 ``avg = ((a.float() + b.float() + ...) / n).to(bf16)`` and
 ``tv = (base.float() + lam * ((e1.float() - base) + (e2.float() - base) + ...)).to(bf16)``.
 """
@@ -8,16 +8,12 @@ The oracles are the issue's definitions written as plainly as possible (whole te
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
-REPO = Path(__file__).resolve().parents[2]
 FUSED = re.compile(r"^(?P<pre>.+\.experts)\.(?P<kind>gate_up_proj|down_proj)$")
 
 
@@ -89,17 +85,4 @@ def assert_bits_equal(found: dict[str, torch.Tensor], expected: dict[str, torch.
     assert not bad, f"{len(bad)} tensors differ in their bits, first {bad[:3]}"
 
 
-def run_cli(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """The real ``python -m ckptflow`` in a subprocess; stdout must hold exactly one JSON report."""
-    full_env = {**os.environ, **(env or {})}
-    proc = subprocess.run([sys.executable, "-m", "ckptflow", *args], capture_output=True, text=True,
-                          env=full_env, timeout=timeout, cwd=REPO)
-    proc.report = json.loads(proc.stdout) if proc.stdout.strip() else None  # type: ignore[attr-defined]
-    if proc.report is not None:
-        assert proc.stdout.count("\n") == 1, proc.stdout
-    return proc
 
-
-def snapshot(directory: Path) -> dict[str, bytes]:
-    """Every file under ``directory`` with its bytes: 'byte-identical' compares two of these."""
-    return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}

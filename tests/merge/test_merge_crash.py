@@ -5,10 +5,11 @@ from __future__ import annotations
 import signal
 
 import pytest
-from merge_helpers import assert_bits_equal, avg_oracle, load_net, run_cli, tv_oracle
+from merge_helpers import assert_bits_equal, avg_oracle, load_net, tv_oracle
 
 from ckptflow.digest import sha256_file
 from ckptflow.records import merge_record
+from helpers.cli import run_cli
 
 POINTS = [
     "merge:mid-model-write",

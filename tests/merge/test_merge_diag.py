@@ -11,7 +11,7 @@ import torch
 
 from ckptflow.merge import merge_experts
 from ckptflow.records import merge_record
-from tiny_models import save_consolidated
+from helpers.tiny_models import save_consolidated
 
 
 def _expected(base: torch.Tensor, experts: list[torch.Tensor]) -> dict:

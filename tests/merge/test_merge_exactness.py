@@ -1,4 +1,4 @@
-"""The merged tensors are bit-identical to the issue's fp32 oracles, whatever layout the inputs use."""
+"""The merged tensors are bit-identical to fp32 oracles (``merge_helpers``), whatever layout the inputs use."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from merge_helpers import assert_bits_equal, avg_oracle, load_net, to_disk_layout, tv_oracle
 
 from ckptflow.merge import merge_experts
-from tiny_models import load_direct, sample_input_ids
+from helpers.tiny_models import load_direct, sample_input_ids
 
 
 @pytest.mark.parametrize("layout", ["mem", "disk"])

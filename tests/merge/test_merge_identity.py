@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from merge_helpers import assert_bits_equal, avg_oracle, load_net, run_cli, snapshot, tv_oracle
+from merge_helpers import assert_bits_equal, avg_oracle, load_net, tv_oracle
 
 from ckptflow.artifact import ComponentSpec, seal_artifact
 from ckptflow.digest import sha256_file
@@ -14,6 +14,8 @@ from ckptflow.jsonio import validate
 from ckptflow.merge import merge_experts
 from ckptflow.records import manifest as manifest_record
 from ckptflow.records import merge_record
+from helpers.cli import run_cli
+from helpers.trees import file_bytes
 
 
 def _record(out):
@@ -24,13 +26,13 @@ def test_same_request_on_completed_output_is_skipped_without_touching_it(moe, ou
     experts = ",".join(map(str, moe.paths()))
     first = run_cli("merge", "--mode", "avg", "--experts", experts, "--out", str(out))
     assert first.returncode == 0, first.stderr
-    before = snapshot(out.parent)
+    before = file_bytes(out.parent)
     mtime = out.stat().st_mtime_ns
     again = run_cli("merge", "--mode", "avg", "--experts", experts, "--out", str(out))
     assert again.returncode == 0 and again.report["status"] == "skipped"
     assert again.report["request_identity"] == first.report["request_identity"]
     assert again.report["model"] == first.report["model"]
-    assert snapshot(out.parent) == before and out.stat().st_mtime_ns == mtime
+    assert file_bytes(out.parent) == before and out.stat().st_mtime_ns == mtime
     for report in (first.report, again.report):
         validate(report, "report_merge", what="merge report")
 
@@ -52,13 +54,13 @@ def test_commit_records_manifest_and_merge_record_describe_model_pt(moe, out):
 
 def test_expert_order_is_part_of_the_identity_and_a_reorder_is_refused_naming_both(moe, out):
     first = merge_experts("avg", moe.paths(), out, progress=False)
-    before = snapshot(out.parent)
+    before = file_bytes(out.parent)
     reordered = list(reversed(moe.paths()))
     with pytest.raises(Refused) as err:
         merge_experts("avg", reordered, out, progress=False)
     message = str(err.value)
     assert first.identity[:12] in message and "expert order" in message and "--force" in message
-    assert snapshot(out.parent) == before
+    assert file_bytes(out.parent) == before
     forced = merge_experts("avg", reordered, out, force=True, progress=False)
     assert forced.status == "built" and forced.replaced_identity == first.identity
     assert forced.identity != first.identity and forced.identity[:12] in message
@@ -97,10 +99,10 @@ def test_record_without_protocol_from_the_retired_tool_is_refused_unless_forced(
     out.write_bytes(b"written by merge_model_pt.py")
     legacy = {"mode": "avg", "experts": [str(p) for p in moe.paths()], "out": str(out)}
     (out.parent / merge_record.FILENAME).write_text(json.dumps(legacy))
-    before = snapshot(out.parent)
+    before = file_bytes(out.parent)
     with pytest.raises(Refused, match="older merge tool"):
         merge_experts("avg", moe.paths(), out, progress=False)
-    assert snapshot(out.parent) == before
+    assert file_bytes(out.parent) == before
     assert merge_experts("avg", moe.paths(), out, force=True, progress=False).status == "built"
     assert _record(out)["protocol"] == merge_record.PROTOCOL
 
@@ -119,20 +121,20 @@ def test_an_artifact_committed_by_another_producer_is_not_replaced_without_force
     out.parent.mkdir(parents=True)
     out.write_bytes(b"a trainer's model")
     seal_artifact(out.parent, 300, [ComponentSpec("model", "model.pt")], progress=False)
-    before = snapshot(out.parent)
+    before = file_bytes(out.parent)
     with pytest.raises(Refused, match="ckptflow seal"):
         merge_experts("avg", moe.paths(), out, progress=False)
-    assert snapshot(out.parent) == before
+    assert file_bytes(out.parent) == before
 
 
 def test_a_published_artifact_is_never_rebuilt_even_with_force(moe, out):
     merge_experts("avg", moe.paths(), out, progress=False)
     (out.parent / ".uploaded").write_text("{}")
     out.unlink()  # e.g. released by prune-verified after publication
-    before = snapshot(out.parent)
+    before = file_bytes(out.parent)
     with pytest.raises(Refused, match="published"):
         merge_experts("avg", moe.paths(), out, force=True, progress=False)
-    assert snapshot(out.parent) == before
+    assert file_bytes(out.parent) == before
 
 
 def test_diagnostics_asked_for_later_rebuild_and_a_replaced_diag_is_removed(moe, out):

@@ -2,8 +2,8 @@
 
 The merge runs as the real CLI in a child process; its anonymous RSS (``RssAnon`` in
 ``/proc/<pid>/status``: memory-mapped expert pages are file-backed and not counted) is sampled until it
-exits. The ceiling is the issue's: 2 x the largest tensor + 200 MiB, which includes the interpreter
-and torch themselves. Loading the experts (768 MiB) or holding the whole output (256 MiB) breaks it.
+exits. The ceiling is 2 x the largest tensor (the output tensor being computed and the one being
+written) + 200 MiB (the interpreter and torch themselves). Loading the experts (768 MiB) or holding the whole output (256 MiB) breaks it.
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ import sys
 
 import pytest
 import torch
-from merge_helpers import REPO, bits_equal
+from merge_helpers import bits_equal
 from safetensors.torch import load_file, save_file
 
 from ckptflow.merge.reader import SINGLE_NAME
-from memory import peak_rss_anon
+from helpers import REPO
+from helpers.memory import peak_rss_anon
 
 MiB = 1 << 20
 SHAPE = (4096, 4096)  # 32 MiB in bf16

@@ -7,11 +7,12 @@ import shutil
 
 import pytest
 import torch
-from merge_helpers import run_cli, snapshot
 
 from ckptflow.errors import InvalidRecord, Refused, UsageError, VerificationFailed
 from ckptflow.merge import merge_experts, run
-from tiny_models import save_consolidated
+from helpers.cli import run_cli
+from helpers.tiny_models import save_consolidated
+from helpers.trees import file_bytes
 
 
 def _variant(tmp_path, sd, name, edit):
@@ -75,11 +76,11 @@ def test_inconsistent_flags_are_usage_errors(moe, out, mode, extra, message):
 
 def test_refused_request_leaves_existing_output_byte_identical(moe, out, tmp_path):
     merge_experts("avg", moe.paths(), out, progress=False)
-    before = snapshot(out.parent)
+    before = file_bytes(out.parent)
     odd = _variant(tmp_path, moe.mem[1], "odd", lambda sd: sd.pop("model.norm.weight"))
     with pytest.raises(Refused):
         merge_experts("avg", [moe.mem_paths[0], odd], out, force=True, progress=False)
-    assert snapshot(out.parent) == before
+    assert file_bytes(out.parent) == before
 
 
 def test_cli_usage_error_exits_2_and_refusal_exits_1(moe, out):

@@ -16,7 +16,7 @@ from ckptflow.digest import sha256_file
 from ckptflow.store.base import ObjectStore
 from ckptflow.store.credentials import Credentials
 from ckptflow.store.gcs import DEFAULT_GCS_ENDPOINT, GCSStore
-from moto_bodies import mock_aws_bytes_bodies
+from helpers.moto_bodies import mock_aws_bytes_bodies
 
 BUCKET = "gcs-interop-bucket"
 SECRET = "interop/secret+not-shown"

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ClientError
 
-import servers
 from ckptflow.digest import FileDigest, sha256_bytes, sha256_file
 from ckptflow.errors import CkptflowError, StoreError, UsageError, VerificationFailed
 from ckptflow.store import Credentials, S3Store, load_credentials
 from ckptflow.store.s3 import MAX_SINGLE_PART, _check_composite, _full_object_sha256
+from helpers import servers
 
 MiB = 1024 * 1024
 

@@ -9,12 +9,10 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "archive"))
-from archive_helpers import make_artifact
-
 from ckptflow.fsutil import walk_files
+from helpers import REPO
+from helpers.artifacts import make_artifact
 
-REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 
 

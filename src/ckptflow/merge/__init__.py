@@ -1,6 +1,6 @@
 """Streaming expert merge: ``avg`` and ``tv`` (task vector), diagnostics, request identity.
 
-``merge_experts`` (``run.py``) is the entry point the CLI and the workflow call; ``layout`` normalises
+``merge_experts`` (``run.py``) is the entry point ``ckptflow merge`` calls; ``layout`` normalises
 key layouts, ``reader`` maps inputs, ``methods`` holds the arithmetic, ``writer`` the incremental
 ``torch.save`` writer, ``build`` the plan and the streamed write, ``identity`` the skip/build/refuse
 rules, ``diagnostics`` the per-tensor delta statistics.

@@ -1,8 +1,8 @@
 """Start, stop and describe the real object-store servers the tests (and the demo) talk to.
 
-    python tests/servers.py up [--only seaweedfs|s3rver] [--root DIR] [--profile test|demo]
-    python tests/servers.py down [--root DIR] [--profile test|demo]
-    python tests/servers.py status [--root DIR] [--profile test|demo]
+    python tests/helpers/servers.py up [--only seaweedfs|s3rver] [--root DIR] [--profile test|demo]
+    python tests/helpers/servers.py down [--root DIR] [--profile test|demo]
+    python tests/helpers/servers.py status [--root DIR] [--profile test|demo]
 
 Both servers listen on 127.0.0.1 only, on fixed ports, and keep every file under ``--root``:
 
@@ -34,7 +34,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # also run as a script, so it cannot import helpers.REPO
 S3RVER_VERSION = "3.7.1"
 REGION = "us-east-1"
 HOST = "127.0.0.1"
@@ -205,7 +205,7 @@ def _check_ports_free(name: str, ports: list[int], root: Path) -> None:
     if busy:
         raise ServerError(
             f"{name}: port(s) {busy} on {HOST} are already in use; stop the other server "
-            f"(`python tests/servers.py down --root DIR` for the root that started it) or use another profile"
+            f"(`python tests/helpers/servers.py down --root DIR` for the root that started it) or use another profile"
         )
 
 
