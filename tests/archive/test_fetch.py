@@ -18,6 +18,7 @@ from ckptflow.errors import ConflictError, NotFound, Refused, UnsafePath, Verifi
 from ckptflow.fsutil import walk_files
 from ckptflow.records import manifest as manifest_record
 from ckptflow.records import staging as staging_record
+from ckptflow.store.credentials import load_credentials
 from ckptflow.store.local import LocalStore
 
 PAYLOADS = ["model.pt", "optim/.metadata", "optim/__0_0.distcp", "optim/__1_0.distcp", "optim/__2_0.distcp"]
@@ -45,7 +46,8 @@ def no_parts(root):
 
 def test_round_trip_is_byte_identical_complete_and_the_second_fetch_downloads_nothing(
         artifact, published, sw_store, seaweedfs_credentials_path, tmp_path):
-    result = fetch_artifact(published, tmp_path / "stage", credentials=seaweedfs_credentials_path, progress=False)
+    result = fetch_artifact(published, tmp_path / "stage", credentials=load_credentials(seaweedfs_credentials_path),
+                           progress=False)
     staged = tmp_path / "stage" / "iter_000300"
     assert result.status == "fetched" and result.path == staged
     assert_identical(artifact, staged)
