@@ -40,7 +40,7 @@ def test_credentials_come_from_the_flag_then_the_environment(tmp_path, no_env) -
     no_env.setenv(ENV_VAR, str(env))
     assert load_credentials_arg(None).endpoint_url == "http://127.0.0.1:1"
     assert load_credentials_arg(str(flag)).endpoint_url == "http://127.0.0.1:2"
-    with pytest.raises(NotFound, match="missing.json"):
+    with pytest.raises(NotFound, match=r"missing\.json"):
         load_credentials_arg(str(tmp_path / "missing.json"))
 
 
@@ -50,7 +50,7 @@ def test_file_uris_never_read_credentials(tmp_path, no_env) -> None:
     no_env.setenv(ENV_VAR, str(broken))
     assert credentials_for(f"file://{tmp_path}", None) is None
     assert credentials_for(StoreURI("file", str(tmp_path), ""), str(tmp_path / "missing.json")) is None
-    with pytest.raises(InvalidRecord, match="broken.json"):
+    with pytest.raises(InvalidRecord, match=r"broken\.json"):
         credentials_for("s3://bucket/p", None)
     store = open_bucket_arg(f"file://{tmp_path}", str(tmp_path / "missing.json"))
     assert isinstance(store, LocalStore) and store.root == tmp_path
