@@ -492,11 +492,6 @@ class S3Store:
             raise self._error(exc, "PUT (wrong checksum probe)", key) from None
         return True
 
-    @property
-    def boto_config(self):
-        """The botocore Config this store uses (benchmarks give the raw client the same one)."""
-        return self._client.meta.config
-
     @contextlib.contextmanager
     def open_range(self, key: str, offset: int, length: int):
         """A reader of bytes ``[offset, offset + length)`` of ``key`` (see ``ObjectStore.open_range``)."""
@@ -575,27 +570,3 @@ class S3Store:
                 raise self._error(exc, "DELETE", key) from None
         except BotoCoreError as exc:
             raise self._error(exc, "DELETE", key) from None
-
-    # ------------------------------------------------------------------ helpers
-
-    def ensure_bucket(self) -> None:
-        """Create the bucket if it does not exist (tests, demo); an existing one is left alone."""
-        try:
-            self._client.head_bucket(Bucket=self.bucket)
-            return
-        except ClientError as exc:
-            if _code(exc) not in _NOT_FOUND | _NO_BUCKET:
-                raise self._error(exc, "HEAD bucket", "") from None
-        except BotoCoreError as exc:
-            raise self._error(exc, "HEAD bucket", "") from None
-        kwargs: dict = {"Bucket": self.bucket}
-        region = self._client.meta.region_name
-        if region and region != "us-east-1":
-            kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
-        try:
-            self._client.create_bucket(**kwargs)
-        except ClientError as exc:
-            if _code(exc) not in ("BucketAlreadyOwnedByYou",):
-                raise self._error(exc, "CREATE bucket", "") from None
-        except BotoCoreError as exc:
-            raise self._error(exc, "CREATE bucket", "") from None
