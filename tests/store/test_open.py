@@ -91,3 +91,17 @@ def test_check_destination_names_the_record_and_both_endpoints(tmp_path) -> None
     other = ReceiptDestination("file", str(tmp_path / "other"), "", "run/iter_5")
     with pytest.raises(Refused, match=r"receipt X is bound to .*other.*but the credentials reach"):
         check_destination(store, other, what="receipt X")
+
+
+def test_one_artifact_uri_parser_for_fetch_and_materialize() -> None:
+    from ckptflow.archive.keys import parse_artifact_uri
+
+    s3 = parse_artifact_uri("s3://bucket/p/checkpoint_artifacts/iter_000300")
+    assert (s3.uri.scheme, s3.uri.bucket, s3.prefix, s3.name, s3.iteration) == (
+        "s3", "bucket", "p/checkpoint_artifacts/iter_000300", "iter_000300", 300)
+    local = parse_artifact_uri("file:///archive/p/iter_5")
+    assert (local.uri.bucket, local.prefix, local.iteration) == ("/archive/p/iter_5", "", 5)
+    with pytest.raises(UsageError, match=r"--artifact-uri s3://bucket/p does not end in iter_<N>"):
+        parse_artifact_uri("s3://bucket/p", what="--artifact-uri")
+    with pytest.raises(UsageError, match="artifact URI 'ftp://x' has the unsupported scheme"):
+        parse_artifact_uri("ftp://x")
