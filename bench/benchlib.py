@@ -31,8 +31,9 @@ def write_random(path: Path, size: int) -> None:
             left -= n
 
 
-def raw_client(creds, config):
-    """The peer: a plain boto3 client with the same endpoint, keys and botocore config as ckptflow's."""
+def raw_client(creds, store):
+    """The peer: a plain boto3 client with the same endpoint, keys and botocore config as ``store``'s."""
+    config = store._client.meta.config  # the S3Store's own botocore Config
     return boto3.client(
         "s3",
         aws_access_key_id=creds.aws_access_key_id,
@@ -102,7 +103,7 @@ def interleaved(steps: list[Callable[[], object]], run: int) -> None:
 def scratch_bucket(creds, kind: str, **options):
     """An ``S3Store`` on a fresh bucket for one benchmark, emptied and removed afterwards (also on failure)."""
     store = S3Store(f"bench-{kind}-{uuid.uuid4().hex[:8]}", creds, **options)
-    store.ensure_bucket()
+    raw_client(creds, store).create_bucket(Bucket=store.bucket)
     try:
         yield store
     finally:

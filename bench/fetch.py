@@ -50,8 +50,7 @@ ARTIFACT_PREFIX = "bench/run/20260101T000000Z/checkpoint_artifacts/iter_000001"
 def _raw_child(args: argparse.Namespace) -> int:
     """The peer: ``download_file`` of each object, largest first, in a fresh interpreter like ckptflow's."""
     creds = load_credentials(args.credentials)
-    config = S3Store(args.bucket, creds).boto_config
-    raw = raw_client(creds, config)
+    raw = raw_client(creds, S3Store(args.bucket, creds))
     transfer = TransferConfig(multipart_threshold=DEFAULT_RANGE_SIZE, multipart_chunksize=DEFAULT_RANGE_SIZE,
                               max_concurrency=base.DEFAULT_CONCURRENCY)
     out = Path(args.out)

@@ -48,7 +48,7 @@ def _publish_child(art: Path, bucket: str, creds: str, prefix: str) -> tuple[flo
 def _raw_child(args: argparse.Namespace) -> int:
     """The peer: ``upload_file`` of each file, in a fresh interpreter like ckptflow's."""
     creds = load_credentials(args.credentials)
-    raw = raw_client(creds, S3Store(args.bucket, creds).boto_config)
+    raw = raw_client(creds, S3Store(args.bucket, creds))
     config = TransferConfig(
         multipart_threshold=base.DEFAULT_MULTIPART_THRESHOLD, multipart_chunksize=base.DEFAULT_PART_SIZE,
         max_concurrency=base.DEFAULT_CONCURRENCY,

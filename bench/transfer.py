@@ -47,7 +47,7 @@ def main() -> int:
     times: dict[str, list[float]] = {"raw_up": [], "ck_up": [], "raw_down": [], "ck_down": []}
     with scratch_bucket(creds, "transfer", **options) as store, tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         bucket = store.bucket
-        raw = raw_client(creds, store.boto_config)
+        raw = raw_client(creds, store)
         src = Path(tmp) / "payload.bin"
         write_random(src, size)
         dst = Path(tmp) / "down.bin"

@@ -27,9 +27,9 @@ say "starting SeaweedFS on 127.0.0.1 (data: $SERVER)"
 $BIN/python tests/helpers/servers.py up --only seaweedfs --profile demo --root "$SERVER" >/dev/null
 $BIN/python - "$CREDS" "$BUCKET" <<'PY'
 import sys
-from ckptflow.store.credentials import load_credentials
-from ckptflow.store.s3 import S3Store
-S3Store(sys.argv[2], load_credentials(sys.argv[1])).ensure_bucket()
+sys.path.insert(0, "tests/helpers")
+import servers
+servers.create_bucket(sys.argv[1], sys.argv[2])
 PY
 
 say "writing a synthetic artifact: a consolidated model.pt and a DCP optimizer shard directory"

@@ -15,10 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ckptflow.store import Credentials, S3Store
-from helpers import (
-    servers,  # tests/helpers/servers.py: pytest puts this directory on sys.path for the root conftest
-)
+from ckptflow.store import Credentials
+from helpers import servers  # tests/helpers/servers.py
 from helpers.moto_bodies import mock_aws_bytes_bodies
 
 NOT_RUNNING = "test servers are not running; run `make test` or `python tests/helpers/servers.py up`"
@@ -91,5 +89,5 @@ def moto_s3(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     with mock_aws_bytes_bodies():
         target = S3Target("ckptflow-moto", Credentials("moto-testing", "moto-testing-secret", None, "us-east-1"))
-        S3Store(target.bucket, target.credentials).ensure_bucket()
+        servers.create_bucket(target.credentials, target.bucket)
         yield target

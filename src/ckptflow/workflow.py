@@ -13,10 +13,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from .commands import open_store_from_args, store_factory
 from .errors import VerificationFailed
 from .fsutil import atomic_write_bytes
 from .jsonio import encode_json
+from .store.open import open_bucket_arg, store_factory
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ def publish_step(artifact_dir: str, upload_prefix: str, bucket: str | None, cred
     """Publish one artifact; its ``.uploaded`` receipt is the rule's output."""
     from .archive.publish import publish_artifact
 
-    store = open_store_from_args(bucket, credentials)
+    store = open_bucket_arg(bucket, credentials)
     result = publish_artifact(Path(artifact_dir), store, upload_prefix, progress=False)
     log.info("publish %s: %s", artifact_dir, result.status)
     return result.to_report()

@@ -11,6 +11,7 @@ from ckptflow.errors import ConflictError, NotFound, Refused, UnsafePath, Verifi
 from ckptflow.fsutil import walk_files
 from ckptflow.records import manifest as manifest_record
 from ckptflow.records import staging as staging_record
+from ckptflow.store.credentials import load_credentials
 from ckptflow.store.local import LocalStore
 from helpers.artifacts import ARTIFACT_PREFIX, UPLOAD_PREFIX, make_artifact
 from helpers.trees import tree_bytes
@@ -40,7 +41,8 @@ def no_parts(root):
 
 def test_round_trip_is_byte_identical_complete_and_the_second_fetch_downloads_nothing(
         artifact, published, sw_store, seaweedfs_credentials_path, tmp_path):
-    result = fetch_artifact(published, tmp_path / "stage", credentials=seaweedfs_credentials_path, progress=False)
+    result = fetch_artifact(published, tmp_path / "stage", credentials=load_credentials(seaweedfs_credentials_path),
+                           progress=False)
     staged = tmp_path / "stage" / "iter_000300"
     assert result.status == "fetched" and result.path == staged
     assert_identical(artifact, staged)

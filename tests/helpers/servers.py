@@ -257,26 +257,37 @@ def _stopped_on_failure(entry: dict):
         raise
 
 
-def s3_client(credentials_path: Path | str):
-    """A plain boto3 client for a credentials file (test set-up and low-level checks, not the library)."""
+def s3_client(credentials: Path | str | object):
+    """A plain boto3 client for a credentials file or a loaded ``Credentials`` (test set-up and low-level
+    checks, not the library)."""
     import boto3
     from botocore.config import Config
 
-    creds = json.loads(Path(credentials_path).read_text())
+    if isinstance(credentials, Path | str):
+        creds = json.loads(Path(credentials).read_text())
+    else:
+        creds = {k: getattr(credentials, k) for k in
+                 ("aws_access_key_id", "aws_secret_access_key", "endpoint_url", "region_name")}
     session = boto3.session.Session(
         aws_access_key_id=creds["aws_access_key_id"], aws_secret_access_key=creds["aws_secret_access_key"],
-        region_name=creds["region_name"],
+        region_name=creds.get("region_name") or "us-east-1",
     )
     config = Config(request_checksum_calculation="when_required", response_checksum_validation="when_required",
                     s3={"addressing_style": "path"}, retries={"mode": "standard", "max_attempts": 3})
-    return session.client("s3", endpoint_url=creds["endpoint_url"], config=config)
+    return session.client("s3", endpoint_url=creds.get("endpoint_url"), config=config)
 
 
-def create_bucket(credentials_path: Path | str, bucket: str) -> None:
+def create_bucket(credentials: Path | str | object, bucket: str) -> None:
+    """Create ``bucket`` (a credentials file or a loaded ``Credentials``); an existing one is left alone."""
     from botocore.exceptions import ClientError
 
+    client = s3_client(credentials)
+    kwargs: dict = {"Bucket": bucket}
+    region = client.meta.region_name
+    if region and region != "us-east-1":
+        kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
     try:
-        s3_client(credentials_path).create_bucket(Bucket=bucket)
+        client.create_bucket(**kwargs)
     except ClientError as exc:
         if exc.response["Error"]["Code"] not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
             raise

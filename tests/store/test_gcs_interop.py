@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from helpers import servers
 
 from ckptflow.digest import sha256_file
 from ckptflow.store.base import ObjectStore
@@ -30,7 +31,7 @@ def store(monkeypatch):
     with mock_aws_bytes_bodies():
         creds = Credentials(aws_access_key_id="GOOG1INTEROP", aws_secret_access_key=SECRET)
         s = GCSStore(BUCKET, creds, multipart_threshold=6 * 1024 * 1024, part_size=5 * 1024 * 1024)
-        s.ensure_bucket()  # delegated to the S3-interop part
+        servers.create_bucket(Credentials(creds.aws_access_key_id, SECRET, DEFAULT_GCS_ENDPOINT, "auto"), BUCKET)
         yield s
 
 

@@ -224,3 +224,31 @@ def test_listing_shows_objects_only_never_temporaries_or_metadata(backend: Backe
     store.put_bytes_create_once("a/g.json", b"{}", sha256=sha256_bytes(b"{}"))
     assert [o.key for o in store.list("")] == ["a/f.bin", "a/g.json"]
     assert [(o.key, o.size) for o in store.list("a/")] == [("a/f.bin", 1000), ("a/g.json", 2)]
+
+
+class _AlmostAStore:
+    """Everything but ``delete``: not an ObjectStore."""
+
+    destination = None
+    supports_checksum_sha256 = False
+
+    def __getattr__(self, name):
+        if name == "delete":
+            raise AttributeError(name)
+        return lambda *a, **k: None
+
+
+def test_only_stores_are_object_stores(tmp_path: Path) -> None:
+    from ckptflow.store.credentials import Credentials
+    from ckptflow.store.gcs import GCSStore
+
+    assert isinstance(LocalStore(tmp_path), ObjectStore)
+    assert not isinstance(object(), ObjectStore)
+    assert not isinstance("s3://bucket/key", ObjectStore)
+    assert not isinstance(_AlmostAStore(), ObjectStore)
+    gcs = GCSStore("bucket", Credentials("GOOG1ID", "secret", "http://127.0.0.1:9"))
+    assert isinstance(gcs, ObjectStore)
+    # No catch-all forwarding: what the protocol and the archive do not use does not exist on a GCS store.
+    assert not hasattr(gcs, "put_bytes_wrong_checksum")
+    assert not hasattr(gcs, "no_such_method")
+    assert gcs._s3_obj is None  # and asking did not build the S3-interop client

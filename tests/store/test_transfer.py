@@ -14,19 +14,15 @@ import pytest
 
 from ckptflow.errors import UnsafePath, VerificationFailed
 from ckptflow.store.transfer import (
-    MAX_PARTS,
-    BufferCache,
-    MiB,
     PartedFile,
     RangedFile,
     TransientRead,
     download_batch,
     download_ranges,
-    ordered_map,
     part_size_for,
-    split_ranges,
     upload_batch,
 )
+from ckptflow.store.transfer.stream import MAX_PARTS, BufferCache, MiB, ordered_map, split_ranges
 
 
 def test_results_are_consumed_in_order_even_when_later_items_finish_first() -> None:

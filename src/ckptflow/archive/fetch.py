@@ -53,16 +53,17 @@ from pathlib import Path, PurePosixPath
 from .. import testhooks
 from ..artifact import ITER_DIR_RE
 from ..digest import FileDigest, hash_files, sha256_bytes
-from ..errors import InvalidRecord, NotFound, Refused, UnsafePath, UsageError, VerificationFailed
+from ..errors import InvalidRecord, NotFound, Refused, UnsafePath, VerificationFailed
 from ..records import declaration as declaration_record
 from ..records import manifest as manifest_record
 from ..records import staging as staging_record
 from ..records.inventory import FileEntry, sorted_entries
-from ..store import Credentials, StoreURI, load_credentials, open_store, parse_store_uri
+from ..store import Credentials, StoreURI
 from ..store.base import ObjectStore
+from ..store.open import open_uri
 from . import stage
 from .download import download_files
-from .keys import object_key
+from .keys import object_key, parse_artifact_uri
 from .verify import check_remote_inventory
 
 log = logging.getLogger(__name__)
@@ -132,45 +133,10 @@ class FetchResult:
 # --------------------------------------------------------------------------------------------- source
 
 
-def _parse_source(artifact_uri: str | StoreURI) -> tuple[StoreURI, str]:
-    if isinstance(artifact_uri, StoreURI):
-        uri = artifact_uri
-    else:
-        try:
-            uri = parse_store_uri(artifact_uri, what="artifact URI")
-        except InvalidRecord as exc:
-            raise UsageError(exc.message, remedy=exc.remedy) from None
-    name = PurePosixPath(uri.bucket if uri.scheme == "file" else uri.key).name
-    if not ITER_DIR_RE.match(name):
-        raise UsageError(f"artifact URI {uri} does not end in iter_<N>",
-                         remedy="pass the artifact's own prefix, .../checkpoint_artifacts/iter_N")
-    return uri, name
-
-
-def _prefix_in(store: ObjectStore, uri: StoreURI) -> str:
-    """The key prefix of ``uri`` in a store the caller opened; refuse a store of another bucket."""
-    dest = store.destination
-    if uri.scheme == "file" and dest.scheme == "file":
-        root = dest.endpoint.rstrip("/")
-        if uri.bucket == root:
-            return ""
-        if uri.bucket.startswith(root + "/"):
-            return uri.bucket[len(root) + 1:]
-    elif (dest.scheme, dest.bucket) == (uri.scheme, uri.bucket):
-        return uri.key
-    raise UsageError(f"the store passed in ({dest.scheme}://{dest.bucket or dest.endpoint}) does not hold {uri}",
-                     remedy="pass the store of the URI's bucket, or no store")
-
-
 def _open_source(artifact_uri, store, credentials) -> tuple[ObjectStore, StoreURI, str, str]:
-    uri, name = _parse_source(artifact_uri)
-    if store is not None:
-        return store, uri, _prefix_in(store, uri), name
-    if uri.scheme == "file":
-        return open_store(uri), uri, "", name
-    if credentials is not None and not isinstance(credentials, Credentials):
-        credentials = load_credentials(credentials)
-    return open_store(uri, credentials), uri, uri.key, name
+    artifact = parse_artifact_uri(artifact_uri)
+    store, prefix = open_uri(artifact.uri, store, credentials)
+    return store, artifact.uri, prefix, artifact.name
 
 
 # --------------------------------------------------------------------------------------------- plan
@@ -287,13 +253,13 @@ def fetch_artifact(
     dst: Path | str,
     *,
     store: ObjectStore | None = None,
-    credentials: Credentials | str | os.PathLike | None = None,
+    credentials: Credentials | None = None,
     progress: bool | None = None,
 ) -> FetchResult:
     """Fetch the artifact at ``artifact_uri`` into ``dst/iter_N``; see the module docstring for the order.
 
     ``store`` (optional) is an open store of the URI's bucket (for ``file://``: of a directory holding
-    it); otherwise one is opened from the URI with ``credentials`` (a ``Credentials`` or a file path).
+    it); otherwise one is opened from the URI with ``credentials`` (None: the default chain; unused for file://).
     ``progress``: None shows bars when stderr is a terminal (or ``CKPTFLOW_PROGRESS=1``).
     """
     store, uri, prefix, name = _open_source(artifact_uri, store, credentials)

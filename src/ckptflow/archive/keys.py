@@ -2,12 +2,18 @@
 
 The trainer's upload prefix is ``<project>/<group>/<run>/<ts>/checkpoints`` (full checkpoints); an
 artifact ``iter_NNNNNN`` goes to the sibling ``<project>/<group>/<run>/<ts>/checkpoint_artifacts/iter_NNNNNN``.
+An archived artifact is named by its URI (``parse_artifact_uri``), which fetch and materialize read alike.
 """
 
 from __future__ import annotations
 
-from ..errors import UsageError
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from ..artifact import ITER_DIR_RE
+from ..errors import InvalidRecord, UsageError
 from ..fsutil import safe_relpath
+from ..store.uri import StoreURI, parse_store_uri
 
 ARTIFACTS_DIR = "checkpoint_artifacts"
 
@@ -25,3 +31,34 @@ def artifact_prefix(upload_prefix: str, artifact_name: str) -> str:
 
 def object_key(prefix: str, relpath: str) -> str:
     return f"{prefix}/{relpath}" if prefix else relpath
+
+
+@dataclass(frozen=True)
+class ArtifactURI:
+    """An archived artifact's URI: ``s3://B/.../iter_N``, ``gs://B/.../iter_N`` or ``file:///DIR/.../iter_N``."""
+
+    uri: StoreURI
+    name: str  # iter_N
+    iteration: int
+
+    @property
+    def prefix(self) -> str:
+        """The artifact's key prefix in the store the URI itself opens ("" for ``file://``: it is its own root)."""
+        return self.uri.key
+
+
+def parse_artifact_uri(artifact_uri: str | StoreURI, *, what: str = "artifact URI") -> ArtifactURI:
+    """Parse and check an artifact URI; a refusal names ``what`` and the URI and says what to pass."""
+    if isinstance(artifact_uri, StoreURI):
+        uri = artifact_uri
+    else:
+        try:
+            uri = parse_store_uri(artifact_uri, what=what)
+        except InvalidRecord as exc:
+            raise UsageError(exc.message, remedy=exc.remedy) from None
+    name = PurePosixPath(uri.bucket if uri.scheme == "file" else uri.key).name
+    m = ITER_DIR_RE.match(name)
+    if not m:
+        raise UsageError(f"{what} {uri} does not end in iter_<N>",
+                         remedy="pass the artifact's own prefix, .../checkpoint_artifacts/iter_N")
+    return ArtifactURI(uri, name, int(m.group(1)))

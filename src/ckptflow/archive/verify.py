@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..digest import sha256_bytes
-from ..errors import NotFound, Refused, VerificationFailed
+from ..errors import NotFound, VerificationFailed
 from ..records import declaration as declaration_record
 from ..records import receipt as receipt_record
 from ..records.inventory import FileEntry
 from ..store.base import ObjectStore
+from ..store.open import check_destination as open_check_destination
 from .keys import object_key
 
 HEAD_WORKERS = 16
@@ -98,14 +99,7 @@ def require_all_ok(states: list[ObjectState], where: str) -> None:
 
 def check_destination(store: ObjectStore, receipt: receipt_record.Receipt, artifact_dir: Path) -> None:
     """Refuse a receipt bound to another endpoint or bucket than the one the credentials reach."""
-    ours = store.destination
-    theirs = receipt.destination
-    if (ours.scheme, ours.endpoint, ours.bucket) != (theirs.scheme, theirs.endpoint, theirs.bucket):
-        raise Refused(
-            f"{receipt_record.path_in(artifact_dir)} is bound to {theirs.scheme}://{theirs.bucket} at "
-            f"{theirs.endpoint}, but the credentials reach {ours.scheme}://{ours.bucket} at {ours.endpoint}",
-            remedy="pass the credentials of the endpoint the artifact was published to",
-        )
+    open_check_destination(store, receipt.destination, what=str(receipt_record.path_in(artifact_dir)))
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from . import _credentials
-
 
 def register(sub) -> None:
     s = sub.add_parser("fetch", help="download an archived artifact into a staging directory, verified and resumable")
@@ -22,7 +20,8 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from ..archive.fetch import fetch_artifact
+    from ..store.open import credentials_for
 
-    credentials = None if args.artifact_uri.startswith("file://") else _credentials(args.credentials)
+    credentials = credentials_for(args.artifact_uri, args.credentials)
     result = fetch_artifact(args.artifact_uri, Path(args.dst), credentials=credentials)
     return result.to_report()

@@ -7,7 +7,6 @@ import re
 from typing import Any
 
 from ..errors import UsageError
-from . import _credentials
 
 _SIZE_RE = re.compile(r"^\s*([0-9]+)\s*([KMGT]i?B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -51,10 +50,9 @@ def parse_size(text: str) -> int:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from ..materialize import materialize
+    from ..store.open import credentials_for
 
-    credentials = None
-    if args.artifact_uri is not None and not args.artifact_uri.startswith("file://"):
-        credentials = _credentials(args.credentials)
+    credentials = credentials_for(args.artifact_uri, args.credentials) if args.artifact_uri is not None else None
     result = materialize(
         base=args.base, out=args.out, ckpt_dir=args.ckpt_dir, artifact_uri=args.artifact_uri,
         expect_tensors=args.expect_tensors, min_tensors=args.min_tensors, verify_tensors=not args.no_verify,

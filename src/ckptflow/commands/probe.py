@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from . import ReportedFailure, open_store_from_args
+from . import ReportedFailure
 
 
 def register(sub) -> None:
@@ -27,8 +27,9 @@ def _at_least_two(text: str) -> int:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from ..archive.probe import run_probe
     from ..records.probe import probe_record_path
+    from ..store.open import open_bucket_arg
 
-    store = open_store_from_args(args.bucket, args.credentials)
+    store = open_bucket_arg(args.bucket, args.credentials)
     outcome = run_probe(store, args.prefix, creators=args.creators)
     rec = outcome.record
     dest = rec.destination.to_dict()

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from . import ReportedFailure, store_factory
+from . import ReportedFailure
 
 
 def register(sub) -> None:
@@ -20,6 +20,7 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from ..archive.prune import prune_verified
+    from ..store.open import store_factory
 
     paths = [Path(p) for p in args.paths.split(",") if p.strip()]
     if not paths:

@@ -6,8 +6,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from . import open_store_from_args
-
 
 def register(sub) -> None:
     s = sub.add_parser("publish", help="archive an artifact under an immutable, digest-bound inventory")
@@ -27,7 +25,8 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from ..archive.publish import publish_artifact
+    from ..store.open import open_bucket_arg
 
-    store = open_store_from_args(args.bucket, args.credentials)
+    store = open_bucket_arg(args.bucket, args.credentials)
     result = publish_artifact(Path(args.artifact_dir), store, args.upload_prefix, delete_local=args.delete_local)
     return result.to_report()

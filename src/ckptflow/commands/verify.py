@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from . import ReportedFailure, store_factory
+from . import ReportedFailure
 
 
 def register(sub) -> None:
@@ -19,6 +19,7 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from ..archive.verify import verify_artifact
+    from ..store.open import store_factory
 
     result = verify_artifact(Path(args.artifact_dir), store_factory(args.credentials), read_data=args.read_data)
     report = result.to_report()

@@ -177,7 +177,7 @@ def materialize(
     """Build (or reuse) the HF directory ``out`` for one artifact's model.pt and ``base``; see the module doc.
 
     Exactly one of ``ckpt_dir`` and ``artifact_uri``. ``store`` (optional) is an open store of the URI's
-    bucket; otherwise one is opened with ``credentials`` (a ``Credentials`` or a file path).
+    bucket; otherwise one is opened with ``credentials`` (a ``Credentials`` or None; unused for file://).
     ``verify_tensors=False`` (--no-verify) skips only the bitwise tensor probes of ``verify_output``.
     """
     base_dir, out = Path(os.path.abspath(base)), Path(os.path.abspath(out))

@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
-from ..artifact import ITER_DIR_RE
+from ..archive.keys import parse_artifact_uri
 from ..digest import hash_files
-from ..errors import InvalidRecord, NotFound, Refused, UsageError, VerificationFailed
+from ..errors import InvalidRecord, NotFound, Refused, VerificationFailed
 from ..fsutil import resolve_inside
 from ..records import manifest as manifest_record
 from ..records.materialized import SourceIdentity
-from ..store import Credentials, StoreURI, load_credentials, open_store, parse_store_uri
+from ..store import Credentials, StoreURI
 from ..store.base import ObjectStore
+from ..store.open import open_uri
 
 MODEL_COMPONENT = "model"
 
@@ -66,7 +67,7 @@ def resolve_source(
     ckpt_dir: Path | str | None = None,
     artifact_uri: str | None = None,
     store: ObjectStore | None = None,
-    credentials: Credentials | str | os.PathLike | None = None,
+    credentials: Credentials | None = None,
 ) -> ModelSource:
     if ckpt_dir is not None:
         return _local_source(Path(os.path.abspath(ckpt_dir)))
@@ -107,16 +108,9 @@ def _local_source(artifact_dir: Path) -> ModelSource:
 
 
 def _archive_source(artifact_uri: str, store: ObjectStore | None, credentials) -> ModelSource:
-    try:
-        uri = parse_store_uri(artifact_uri, what="--artifact-uri")
-    except InvalidRecord as exc:
-        raise UsageError(exc.message, remedy=exc.remedy) from None
-    name = PurePosixPath(uri.bucket if uri.scheme == "file" else uri.key).name
-    m = ITER_DIR_RE.match(name)
-    if not m:
-        raise UsageError(f"--artifact-uri {uri} does not end in iter_<N>",
-                         remedy="pass the artifact's own prefix, .../checkpoint_artifacts/iter_N")
-    store, prefix = _open(uri, store, credentials)
+    artifact = parse_artifact_uri(artifact_uri, what="--artifact-uri")
+    uri, name = artifact.uri, artifact.name
+    store, prefix = open_uri(uri, store, credentials)
     key = f"{prefix}/{manifest_record.FILENAME}" if prefix else manifest_record.FILENAME
     try:
         data = store.get_bytes(key)
@@ -125,9 +119,9 @@ def _archive_source(artifact_uri: str, store: ObjectStore | None, credentials) -
                        remedy="check --artifact-uri and the endpoint in the credentials; an unfinished publication "
                        "is completed by rerunning `ckptflow publish` from the local copy") from None
     manifest = manifest_record.parse_manifest(data, what=f"{manifest_record.FILENAME} at {uri}")
-    if manifest.iteration != int(m.group(1)):
+    if manifest.iteration != artifact.iteration:
         raise InvalidRecord(f"{manifest_record.FILENAME} at {uri} records iteration {manifest.iteration}, not the "
-                            f"{int(m.group(1))} of its prefix", remedy="the archive is misplaced or corrupt; check the URI")
+                            f"{artifact.iteration} of its prefix", remedy="the archive is misplaced or corrupt; check the URI")
     model = _model_component(manifest, str(uri))
     sha256 = model.sha256
     if sha256 is None:
@@ -138,24 +132,3 @@ def _archive_source(artifact_uri: str, store: ObjectStore | None, credentials) -
                           remedy="republish the artifact from its local copy with `ckptflow publish`")
     return ModelSource("artifact-uri", str(uri), model.path, SourceIdentity(str(uri), sha256, model.size),
                        model.sha256, uri=uri, store=store, artifact_name=name)
-
-
-def _open(uri: StoreURI, store: ObjectStore | None, credentials) -> tuple[ObjectStore, str]:
-    """The store holding ``uri`` and the artifact's key prefix in it."""
-    if store is None:
-        if uri.scheme == "file":
-            return open_store(uri), ""
-        if credentials is not None and not isinstance(credentials, Credentials):
-            credentials = load_credentials(credentials)
-        return open_store(uri, credentials), uri.key
-    dest = store.destination
-    if uri.scheme == "file" and dest.scheme == "file":
-        root = dest.endpoint.rstrip("/")
-        if uri.bucket == root:
-            return store, ""
-        if uri.bucket.startswith(root + "/"):
-            return store, uri.bucket[len(root) + 1:]
-    elif (dest.scheme, dest.bucket) == (uri.scheme, uri.bucket):
-        return store, uri.key
-    raise UsageError(f"the store passed in ({dest.scheme}://{dest.bucket or dest.endpoint}) does not hold {uri}",
-                     remedy="pass the store of the URI's bucket, or no store")

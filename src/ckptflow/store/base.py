@@ -17,7 +17,6 @@ from typing import Protocol, runtime_checkable
 
 from ..digest import FileDigest
 from ..progress import ByteProgress
-from .transfer import RangeReader
 
 # Above this size put_file uses a multipart upload with parts sent concurrently. Parts in flight are
 # held in memory (at most 2 * concurrency of them), so 8 MiB parts keep an upload under ~128 MiB;
@@ -49,6 +48,12 @@ class Destination:
 
     def as_dict(self) -> dict[str, str]:
         return {"scheme": self.scheme, "endpoint": self.endpoint, "bucket": self.bucket}
+
+
+class RangeReader(Protocol):
+    """What ``open_range`` yields: ``readinto`` of the next bytes of the range (0 at its end)."""
+
+    def readinto(self, view: memoryview, /) -> int: ...
 
 
 @runtime_checkable
@@ -114,7 +119,7 @@ class ObjectStore(Protocol):
     def open_range(self, key: str, offset: int, length: int) -> AbstractContextManager[RangeReader]:
         """A reader (``readinto``) of bytes ``[offset, offset + length)`` of ``key``, for ranged downloads.
 
-        A body that breaks off raises ``transfer.TransientRead`` (the range is fetched again); an object
+        A body that breaks off raises ``transfer.stream.TransientRead`` (the range is fetched again); an object
         whose size differs from the span asked for is a ``VerificationFailed``.
         """
 

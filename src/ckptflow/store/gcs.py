@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import requests
@@ -52,6 +52,9 @@ from . import gcs_sign
 from .base import Destination, ObjectInfo
 from .credentials import Credentials, endpoint_authority
 from .uri import validate_key
+
+if TYPE_CHECKING:
+    from .s3 import S3Store
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +107,11 @@ class GCSStore:
     Remaining keyword arguments (``multipart_threshold``, ``part_size``, ``concurrency``,
     ``path_style``, ...) go to the underlying :class:`~ckptflow.store.s3.S3Store`, which is built on
     first use (create-once alone never needs boto3). ``clock`` and ``sleep`` are injectable for tests.
+
+    Composition, not inheritance: create-once is this class's own (GOOG4 XML PUT); every other method
+    of the protocol, and the tuning attributes the archive reads, are forwarded explicitly below.
+    Nothing else is: S3-only operations (the probe's wrong-checksum PUT, part-checksum checks) do not
+    exist on a GCS store.
     """
 
     supports_checksum_sha256 = False
@@ -151,7 +159,7 @@ class GCSStore:
         self._backoff_cap_s = backoff_cap_s
         self._timeout = timeout
         self._s3_kwargs = s3_kwargs
-        self._s3_obj: Any = None
+        self._s3_obj: S3Store | None = None
         self._s3_lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -160,7 +168,7 @@ class GCSStore:
     # ------------------------------------------------------------------ S3-interop part (lazy)
 
     @property
-    def _s3(self) -> Any:
+    def _s3(self) -> S3Store:
         if self._s3_obj is None:
             with self._s3_lock:
                 if self._s3_obj is None:
@@ -217,6 +225,10 @@ class GCSStore:
     @property
     def download_range_size(self) -> int:
         return self._s3.download_range_size
+
+    @property
+    def multipart_threshold(self) -> int:
+        return self._s3.multipart_threshold
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         return self._s3.list(prefix)
@@ -324,11 +336,3 @@ class GCSStore:
                 f"create-once PUT {where} at {self._host}: HTTP {status}{code}{tries}", remedy=remedy
             )
         raise AssertionError("unreachable")  # pragma: no cover
-
-    # ------------------------------------------------------------------ anything else S3Store offers
-
-    def __getattr__(self, name: str) -> Any:
-        # Only reached for attributes GCSStore does not define (e.g. helpers S3Store adds later).
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._s3, name)

@@ -293,7 +293,3 @@ class LocalStore:
             os.unlink(meta)
         with contextlib.suppress(FileNotFoundError):
             fsync_dir(obj.parent)
-
-    def ensure_bucket(self) -> None:
-        """Create the archive root (tests, demo); writes never create it, so a missing mount is not masked."""
-        self.root.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ upload before it is completed. A conditional multipart complete is never used: c
 are not atomic on common servers.
 
 Every botocore failure becomes a ckptflow error that names the object, the endpoint authority and the
-error code, never a key or a server-provided message (which may quote request details).
+error code, never a key or a server-provided message (which may quote request details): ``s3_errors.py``.
 """
 
 from __future__ import annotations
@@ -28,29 +28,27 @@ from pathlib import Path
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import (
-    BotoCoreError,
-    ClientError,
-    ConnectionClosedError,
-    HTTPClientError,
-    IncompleteReadError,
-    NoCredentialsError,
-    PartialCredentialsError,
-    ReadTimeoutError,
-    ResponseStreamingError,
-)
-from botocore.exceptions import ConnectionError as BotoConnectionError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from ..digest import FileDigest, is_sha256_hex, sha256_bytes
 from ..errors import CkptflowError, NotFound, Refused, StoreError, UsageError, VerificationFailed
 from ..progress import ByteProgress
 from . import base
-from .credentials import ENV_VAR, Credentials, endpoint_authority
+from .credentials import Credentials, endpoint_authority
+from .s3_errors import (
+    BAD_DIGEST,
+    NOT_FOUND,
+    STREAM_ERRORS,
+    BodyReader,
+    ConditionalConflict,
+    error_code,
+    http_status,
+    translate,
+)
 from .transfer import (
     DEFAULT_RANGE_SIZE,
     MIN_PART_SIZE,
     PartedFile,
-    TransientRead,
     download_ranges,
     part_size_for,
     retry_call,
@@ -62,12 +60,6 @@ log = logging.getLogger(__name__)
 
 # A single-part upload is held in memory while it is checked and sent, so it stays small.
 MAX_SINGLE_PART = 64 * 1024 * 1024
-_NOT_FOUND = frozenset({"404", "NoSuchKey", "NotFound"})
-_NO_BUCKET = frozenset({"NoSuchBucket"})
-_BAD_DIGEST = frozenset({"BadDigest", "XAmzContentSHA256Mismatch", "InvalidDigest"})
-_AUTH = frozenset({"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "ExpiredToken",
-                   "InvalidToken", "AuthorizationHeaderMalformed"})
-_STREAM_ERRORS = (ResponseStreamingError, IncompleteReadError, ReadTimeoutError, ConnectionClosedError)
 
 
 def _check_composite(value: str | None, parts: Sequence[bytes], where: str) -> None:
@@ -80,35 +72,6 @@ def _check_composite(value: str | None, parts: Sequence[bytes], where: str) -> N
         raise VerificationFailed(f"{where}: the completed upload's checksum {value} is not that of the parts "
                                  f"sent ({expected}-{len(parts)}); the object was deleted",
                                  remedy="the endpoint assembled other parts; publish again")
-
-
-class _ConditionalConflict(StoreError):
-    """409 ConditionalRequestConflict: a concurrent conditional write is in progress; retried."""
-
-
-class _BodyReader:
-    """``readinto`` on a GetObject body (read straight into the caller's buffer); a body that breaks off
-    (connection reset, timeout, fewer bytes than its Content-Length) raises ``TransientRead``."""
-
-    def __init__(self, body, where: str):
-        self._body, self._where = body, where
-
-    def readinto(self, view: memoryview) -> int:
-        try:
-            return self._body.readinto(view)
-        except _STREAM_ERRORS as exc:
-            raise TransientRead(f"GET {self._where}: body broke off ({type(exc).__name__})",
-                                remedy="retry") from None
-
-
-def _code(exc: ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", "")) or str(
-        exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "?")
-    )
-
-
-def _status(exc: ClientError) -> object:
-    return exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "?")
 
 
 def _b64(raw: bytes) -> str:
@@ -207,33 +170,7 @@ class S3Store:
         return f"{self.scheme}://{self.bucket}/{key} at {self.destination.endpoint}"
 
     def _error(self, exc: Exception, op: str, key: str) -> CkptflowError:
-        where = self._where(key)
-        if isinstance(exc, ClientError):
-            code, status = _code(exc), _status(exc)
-            if code in _NOT_FOUND:
-                return NotFound(f"{op} {where}: no such object", remedy="check the bucket and prefix")
-            if code in _NO_BUCKET:
-                return StoreError(f"{op} {where}: bucket {self.bucket!r} does not exist (NoSuchBucket)",
-                                  remedy="create the bucket or pass the right --bucket")
-            if code in _BAD_DIGEST:
-                return VerificationFailed(
-                    f"{op} {where}: the server rejected the bytes as not matching their checksum ({code})",
-                    remedy="the file changed after it was hashed or was corrupted in transit; hash it again")
-            if code in _AUTH:
-                remedy = f"check the keys in the credentials file (--credentials or ${ENV_VAR}) for this endpoint"
-            else:
-                remedy = "retry; if it persists, check the endpoint's logs"
-            err = StoreError(f"{op} {where} failed: {code} (HTTP {status})", remedy=remedy)
-            err.code = code
-            return err
-        if isinstance(exc, NoCredentialsError | PartialCredentialsError):
-            return StoreError(f"{op} {where}: no credentials found",
-                              remedy=f"pass --credentials FILE or set ${ENV_VAR}")
-        if isinstance(exc, BotoConnectionError | HTTPClientError):
-            return StoreError(f"{op} {where}: cannot reach the endpoint ({type(exc).__name__})",
-                              remedy="check endpoint_url in the credentials file and that the server is up")
-        return StoreError(f"{op} {where} failed: {type(exc).__name__}",
-                          remedy="retry; if it persists, check the endpoint and the credentials file")
+        return translate(exc, op, self._where(key), self.bucket)
 
     def _call(self, op: str, key: str, fn, **kwargs):
         try:
@@ -251,7 +188,7 @@ class S3Store:
         try:
             resp = self._client.head_object(**kwargs)
         except ClientError as exc:
-            if _code(exc) in _NOT_FOUND:
+            if error_code(exc) in NOT_FOUND:
                 return None
             raise self._error(exc, "HEAD", key) from None
         except BotoCoreError as exc:
@@ -283,17 +220,17 @@ class S3Store:
                 self._client.put_object(**kwargs)
                 return True
             except ClientError as exc:
-                if _code(exc) == "PreconditionFailed" or _status(exc) == 412:
+                if error_code(exc) == "PreconditionFailed" or http_status(exc) == 412:
                     return False
-                if _code(exc) == "ConditionalRequestConflict":
-                    raise _ConditionalConflict(
+                if error_code(exc) == "ConditionalRequestConflict":
+                    raise ConditionalConflict(
                         f"create-once PUT {self._where(key)} kept conflicting with a concurrent write "
                         "(409 ConditionalRequestConflict)", remedy="retry later") from None
                 raise self._error(exc, "PUT (create-once)", key) from None
             except BotoCoreError as exc:
                 raise self._error(exc, "PUT (create-once)", key) from None
 
-        return retry_call(once, retry_on=(_ConditionalConflict,), attempts=6)
+        return retry_call(once, retry_on=(ConditionalConflict,), attempts=6)
 
     def put_file(
         self, key: str, path: Path, *, digest: FileDigest, progress: ByteProgress | None = None
@@ -452,7 +389,7 @@ class S3Store:
                 client.upload_part(**part, ChecksumSHA256=_b64_sha256(sha256_bytes(body + b"?")))
                 return False  # stored under a checksum its bytes do not have
             except ClientError as exc:
-                if _code(exc) not in _BAD_DIGEST:
+                if error_code(exc) not in BAD_DIGEST:
                     return False
             client.upload_part(**part, ChecksumSHA256=_b64_sha256(sha256_bytes(body)))
             return True
@@ -485,17 +422,12 @@ class S3Store:
             self._client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentLength=len(data),
                                     ChecksumSHA256=_b64_sha256(wrong))
         except ClientError as exc:
-            if _status(exc) in (400, 422) or _code(exc) in _BAD_DIGEST:
+            if http_status(exc) in (400, 422) or error_code(exc) in BAD_DIGEST:
                 return False
             raise self._error(exc, "PUT (wrong checksum probe)", key) from None
         except BotoCoreError as exc:
             raise self._error(exc, "PUT (wrong checksum probe)", key) from None
         return True
-
-    @property
-    def boto_config(self):
-        """The botocore Config this store uses (benchmarks give the raw client the same one)."""
-        return self._client.meta.config
 
     @contextlib.contextmanager
     def open_range(self, key: str, offset: int, length: int):
@@ -504,7 +436,7 @@ class S3Store:
         try:
             resp = self._client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={offset}-{offset + length - 1}")
         except ClientError as exc:
-            if _code(exc) == "InvalidRange":
+            if error_code(exc) == "InvalidRange":
                 raise VerificationFailed(f"{self._where(key)} has no bytes at offset {offset}",
                                          remedy="the object is shorter than its recorded size") from None
             raise self._error(exc, "GET", key) from None
@@ -517,7 +449,7 @@ class S3Store:
                 raise VerificationFailed(
                     f"{self._where(key)} answered {sent} bytes for the range at {offset}, expected {length}",
                     remedy="the object's size differs from the archive's record; check it")
-            yield _BodyReader(body, self._where(key))
+            yield BodyReader(body, self._where(key))
         finally:
             body.close()
 
@@ -542,7 +474,7 @@ class S3Store:
         try:
             length = int(resp.get("ContentLength") or 0)
             data = b"" if length > max_bytes else body.read(max_bytes + 1)
-        except _STREAM_ERRORS as exc:
+        except STREAM_ERRORS as exc:
             raise StoreError(f"GET {self._where(key)}: body broke off ({type(exc).__name__})",
                              remedy="retry") from None
         finally:
@@ -571,31 +503,7 @@ class S3Store:
         try:
             self._client.delete_object(Bucket=self.bucket, Key=key)
         except ClientError as exc:
-            if _code(exc) not in _NOT_FOUND:
+            if error_code(exc) not in NOT_FOUND:
                 raise self._error(exc, "DELETE", key) from None
         except BotoCoreError as exc:
             raise self._error(exc, "DELETE", key) from None
-
-    # ------------------------------------------------------------------ helpers
-
-    def ensure_bucket(self) -> None:
-        """Create the bucket if it does not exist (tests, demo); an existing one is left alone."""
-        try:
-            self._client.head_bucket(Bucket=self.bucket)
-            return
-        except ClientError as exc:
-            if _code(exc) not in _NOT_FOUND | _NO_BUCKET:
-                raise self._error(exc, "HEAD bucket", "") from None
-        except BotoCoreError as exc:
-            raise self._error(exc, "HEAD bucket", "") from None
-        kwargs: dict = {"Bucket": self.bucket}
-        region = self._client.meta.region_name
-        if region and region != "us-east-1":
-            kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
-        try:
-            self._client.create_bucket(**kwargs)
-        except ClientError as exc:
-            if _code(exc) not in ("BucketAlreadyOwnedByYou",):
-                raise self._error(exc, "CREATE bucket", "") from None
-        except BotoCoreError as exc:
-            raise self._error(exc, "CREATE bucket", "") from None

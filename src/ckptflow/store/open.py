@@ -1,0 +1,169 @@
+"""Opening a store: the one place that turns ``--bucket``, ``--credentials``, the environment
+(``CKPTFLOW_BUCKET``, ``CKPTFLOW_CREDENTIALS``) or a recorded ``Destination`` into an ``ObjectStore``.
+
+Two levels. The front ends (commands, workflow) hand over the raw ``--credentials`` value (a path or
+None): ``open_bucket_arg``, ``credentials_for`` and ``store_factory`` resolve it (flag, then
+environment) and load it, only for a scheme that uses credentials: a ``file://`` store needs none, so a
+missing or broken credentials file never matters for it (``_needs_credentials``, the one place that
+says so). Everything below the front ends receives a loaded ``Credentials`` or None (None: the default
+AWS chain for ``s3``) and opens with ``open_store``, ``open_uri`` or ``open_destination``.
+
+* ``open_store("s3://bucket/prefix", creds)``: the store of the URI's bucket (the key part is the
+  caller's prefix); ``open_store("s3", creds, bucket="b")`` the same from a scheme and a bucket;
+  ``file:///dir`` makes ``dir`` the ``LocalStore`` root; ``gs://`` loads the GCS backend lazily.
+* ``open_bucket_arg(bucket, credentials_arg)``: ``--bucket`` (a bare name means S3, or an ``s3://``,
+  ``gs://``, ``file://`` URI), else ``$CKPTFLOW_BUCKET``.
+* ``open_uri(uri, store, creds)``: the store holding a URI and the URI's key prefix in it, either a
+  store the caller opened (refused when it does not hold the URI) or one opened from the URI.
+* ``open_destination(destination, creds)``: reopen the store a receipt or probe record names, and
+  ``check_destination``: the one check that a store is the one a record was written against.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import Refused, UsageError
+from .base import Destination, ObjectStore
+from .credentials import Credentials, load_credentials, resolve_credentials_path
+from .local import LocalStore
+from .uri import SCHEMES, StoreURI, parse_store_uri
+
+BUCKET_ENV = "CKPTFLOW_BUCKET"
+
+
+CredentialsArg = str | os.PathLike[str] | None  # the raw --credentials value
+
+
+def _needs_credentials(scheme: str) -> bool:
+    return scheme != "file"  # a file:// archive is reached through the file system
+
+
+def load_credentials_arg(arg: CredentialsArg) -> Credentials | None:
+    """``--credentials``, else ``$CKPTFLOW_CREDENTIALS``, loaded and validated; None when neither is set."""
+    path = resolve_credentials_path(arg)
+    return load_credentials(path) if path else None
+
+
+def credentials_for(uri: str | StoreURI, arg: CredentialsArg) -> Credentials | None:
+    """The credentials to open ``uri`` with: ``load_credentials_arg(arg)``, or None for a scheme that needs none."""
+    scheme = uri.scheme if isinstance(uri, StoreURI) else uri.partition("://")[0]
+    return load_credentials_arg(arg) if _needs_credentials(scheme) else None
+
+
+def open_store(
+    uri_or_scheme: str | StoreURI,
+    credentials: Credentials | None = None,
+    *,
+    bucket: str | None = None,
+    **options: Any,
+) -> ObjectStore:
+    """The store for a URI (``s3://b/p``, ``gs://b/p``, ``file:///dir``) or for ``scheme`` + ``bucket``.
+
+    ``options`` go to the backend's constructor (``part_size``, ``concurrency``, ...). ``file://``
+    ignores any credentials given.
+    """
+    if isinstance(uri_or_scheme, StoreURI):
+        scheme, name = uri_or_scheme.scheme, uri_or_scheme.bucket
+    elif "://" in uri_or_scheme:
+        parsed = parse_store_uri(uri_or_scheme)
+        scheme, name = parsed.scheme, parsed.bucket
+    else:
+        scheme, name = uri_or_scheme, bucket
+    if bucket is not None and bucket != name:
+        raise UsageError(f"bucket {bucket!r} contradicts the URI's bucket {name!r}", remedy="pass one of them")
+    if scheme not in SCHEMES:
+        raise UsageError(f"unsupported store scheme {scheme!r}", remedy=f"use one of {', '.join(SCHEMES)}")
+    if not name:
+        raise UsageError(f"no bucket given for a {scheme} store", remedy="pass --bucket or a full URI")
+    if scheme == "file":
+        return LocalStore(parse_store_uri(f"file://{name}").bucket, **options)
+    if scheme == "s3":
+        from .s3 import S3Store  # boto3 is loaded only when an S3 store is asked for
+
+        return S3Store(name, credentials, **options)
+    from .gcs import GCSStore  # written separately; imported only when a gs:// store is asked for
+
+    return GCSStore(name, credentials, **options)
+
+
+def open_bucket_arg(bucket: str | None, credentials_arg: CredentialsArg, **options: Any) -> ObjectStore:
+    """The store for ``--bucket`` (a name → S3, or an ``s3://``, ``gs://``, ``file://`` URI), else
+    ``$CKPTFLOW_BUCKET``, with ``--credentials`` (else ``$CKPTFLOW_CREDENTIALS``) where the scheme uses them."""
+    bucket = bucket or os.environ.get(BUCKET_ENV) or None
+    if not bucket:
+        raise UsageError("no bucket given",
+                         remedy=f"pass --bucket (a name, s3://B, gs://B or file:///DIR) or set {BUCKET_ENV}")
+    uri = parse_store_uri(bucket, what="--bucket") if "://" in bucket else StoreURI("s3", bucket, "")
+    if uri.key:
+        raise UsageError(f"--bucket {bucket!r} names a key inside the bucket",
+                         remedy="pass the bucket alone; keys come from --prefix")
+    return open_store(uri, credentials_for(uri, credentials_arg), **options)
+
+
+def prefix_in(store: ObjectStore, uri: StoreURI) -> str:
+    """The key prefix of ``uri`` in a store the caller opened; refuse a store that does not hold it.
+
+    A ``file://`` store holds every directory below its root (see ``uri.py``).
+    """
+    dest = store.destination
+    if uri.scheme == "file" and dest.scheme == "file":
+        root = dest.endpoint.rstrip("/")
+        if uri.bucket == root:
+            return ""
+        if uri.bucket.startswith(root + "/"):
+            return uri.bucket[len(root) + 1:]
+    elif (dest.scheme, dest.bucket) == (uri.scheme, uri.bucket):
+        return uri.key
+    raise UsageError(f"the store passed in ({dest.scheme}://{dest.bucket or dest.endpoint}) does not hold {uri}",
+                     remedy="pass the store of the URI's bucket, or no store")
+
+
+def open_uri(uri: StoreURI, store: ObjectStore | None = None,
+             credentials: Credentials | None = None) -> tuple[ObjectStore, str]:
+    """The store holding ``uri`` (``store`` if given, else one opened from the URI) and its key prefix there."""
+    if store is not None:
+        return store, prefix_in(store, uri)
+    return open_store(uri, credentials), uri.key  # a file:// URI is its own root: key ""
+
+
+def _open_recorded(destination: Destination, credentials: Credentials | None, **options: Any) -> ObjectStore:
+    if destination.scheme == "file":  # the endpoint of a file:// destination is its root directory
+        return open_store(StoreURI("file", destination.endpoint, ""), **options)
+    return open_store(destination.scheme, credentials, bucket=destination.bucket, **options)
+
+
+def check_destination(store: ObjectStore, recorded: Any, *, what: str) -> None:
+    """Refuse a ``store`` other than the one ``recorded`` (scheme, endpoint, bucket) names; ``what`` is the record."""
+    ours = store.destination
+    if (ours.scheme, ours.endpoint, ours.bucket) != (recorded.scheme, recorded.endpoint, recorded.bucket):
+        raise Refused(
+            f"{what} is bound to {recorded.scheme}://{recorded.bucket} at {recorded.endpoint}, but the "
+            f"credentials reach {ours.scheme}://{ours.bucket} at {ours.endpoint}",
+            remedy="pass the credentials of the endpoint the record was written against",
+        )
+
+
+def open_destination(destination: Destination, credentials: Credentials | None = None, *,
+                     what: str = "the record", **options: Any) -> ObjectStore:
+    """Reopen the store a receipt or probe record names; refuse credentials that reach another endpoint."""
+    store = _open_recorded(destination, credentials, **options)
+    check_destination(store, destination, what=what)
+    return store
+
+
+def store_factory(credentials_arg: CredentialsArg) -> Callable[[Destination], ObjectStore]:
+    """``store_for(destination)`` for verify and prune: the store a receipt names, opened with the
+    credentials of ``--credentials`` (else ``$CKPTFLOW_CREDENTIALS``), loaded when a destination needs them.
+
+    The receipt supplies the scheme and bucket, the credentials the endpoint; the caller then refuses
+    a mismatch with ``check_destination``, naming the receipt. A credentials file that cannot be read
+    fails the opening of that one destination (prune keeps that artifact and says why).
+    """
+
+    def store_for(destination: Destination) -> ObjectStore:
+        return _open_recorded(destination, credentials_for(f"{destination.scheme}://", credentials_arg))
+
+    return store_for

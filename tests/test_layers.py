@@ -1,0 +1,96 @@
+"""The package's layers import one way: front ends → steps → records / store / conversion → base.
+
+Every import in ``src/ckptflow`` (module level and inside functions) is resolved and checked against the
+layer table below; a private module (``_x``) may be imported only from inside its own package. A new
+module must be placed in the table, so the architecture is a decision, not an accident.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO
+
+SRC = REPO / "src" / "ckptflow"
+
+BASE, CORE, STEP, FRONT = 0, 1, 2, 3
+# Top-level names under ckptflow/ and their layer. Core packages (records, store, conversion) stand on
+# the base only, side by side: none of them imports another.
+LAYERS = {
+    "__init__": BASE, "errors": BASE, "jsonio": BASE, "fsutil": BASE, "digest": BASE, "progress": BASE,
+    "testhooks": BASE, "schemas": BASE,
+    "records": CORE, "store": CORE, "conversion": CORE,
+    "artifact": STEP, "archive": STEP, "merge": STEP, "materialize": STEP, "trainer": STEP,
+    "cli": FRONT, "commands": FRONT, "workflow": FRONT, "__main__": FRONT,
+}
+# Front ends the library side of the workflow may not lean on: it imports steps and store.open only.
+WORKFLOW_MAY_NOT_IMPORT = {"cli", "commands"}
+
+
+def module_name(path: Path) -> list[str]:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    return parts[:-1] if parts[-1] == "__init__" else parts
+
+
+def imported_modules(path: Path) -> list[tuple[int, list[str]]]:
+    """(line, dotted name as a list) of every ckptflow module or name ``path`` imports."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me[:-1]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name.split(".")) for a in node.names if a.name.split(".")[0] == "ckptflow"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)] + (node.module.split(".") if node.module else [])
+            else:
+                base = node.module.split(".")
+            if base[0] != "ckptflow":
+                continue
+            for alias in node.names:
+                found.append((node.lineno, [*base, alias.name]))
+    return found
+
+
+def violations(path: Path) -> list[str]:
+    me = module_name(path)
+    top = me[1] if len(me) > 1 else "__init__"
+    assert top in LAYERS, f"{path}: place the new top-level module {top!r} in LAYERS"
+    out = []
+    for line, target in imported_modules(path):
+        where = f"{path.relative_to(REPO)}:{line} imports {'.'.join(target)}"
+        if len(target) < 2 or target[1] == "__version__":
+            continue
+        other = target[1]
+        assert other in LAYERS, f"{where}: unknown top-level name {other!r}"
+        if other != top:
+            if LAYERS[other] > LAYERS[top]:
+                out.append(f"{where}: a lower layer imports a higher one")
+            elif LAYERS[other] == LAYERS[top] == CORE:
+                out.append(f"{where}: records, store and conversion stand side by side")
+            if top == "workflow" and other in WORKFLOW_MAY_NOT_IMPORT:
+                out.append(f"{where}: the workflow must not depend on the command line")
+        private = [i for i, part in enumerate(target) if part.startswith("_") and not part.startswith("__")]
+        if private and target[: private[0]] != me[: private[0]]:
+            out.append(f"{where}: a private module of another package")
+    return out
+
+
+def test_every_import_goes_down_the_layers():
+    found = [v for path in sorted(SRC.rglob("*.py")) for v in violations(path)]
+    assert found == []
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("from ..commands import open_store_from_args\n", "a lower layer imports a higher one"),
+    ("from ..records._record import LegacyRecord\n", "a private module of another package"),
+    ("from ..conversion import shards\n", "records, store and conversion stand side by side"),
+])
+def test_the_check_catches_a_wrong_way_import(tmp_path, monkeypatch, source, expected):
+    fake = SRC / "store" / "zz_layer_probe.py"  # never written: only its path is used
+    monkeypatch.setattr(Path, "read_text", lambda self, encoding=None: source)
+    assert any(expected in v for v in violations(fake))
