@@ -142,7 +142,25 @@ def test_an_older_receipt_without_server_checksums_needs_read_data(published, qu
     result = verify_artifact(published, store_for(qualified))
     assert {o.state for o in result.objects[1:]} == {"unverifiable"} and not result.ok
     assert prune_verified([published], store_for(qualified)).removed == []
+    again = publish_artifact(published, qualified, UPLOAD_PREFIX, progress=False)  # rewrites it with them
+    assert again.status == "skipped" and receipt_record.read_receipt(published).server_checksums
+    data = json.loads(path.read_bytes())
+    del data["server_checksums"]
+    path.write_text(json.dumps(data))
     assert prune_verified([published], store_for(qualified), read_data=True).freed_bytes > 0
+
+
+def test_delete_local_reads_back_what_no_server_checksum_proves(tmp_path, qualified, seaweedfs_credentials_path):
+    plain = S3Store(qualified.bucket, load_credentials(seaweedfs_credentials_path), checksum_sha256=False)
+    local = LocalStore(tmp_path / "archive")
+    local.ensure_bucket()
+    assert run_probe(local, "scratch").record.passed
+    for i, store in enumerate((plain, local)):
+        art = make_artifact(tmp_path / f"run{i}")
+        (art / "optim.pt").unlink()
+        result = publish_artifact(art, store, UPLOAD_PREFIX, delete_local=True, progress=False)
+        assert receipt_record.read_receipt(art).server_checksums == {}
+        assert sorted(result.removed) == PAYLOAD and not any((art / p).exists() for p in PAYLOAD)
 
 
 # ------------------------------------------------------------------ the unlinked file is the checked one (defect 7)
