@@ -78,7 +78,7 @@ def is_sha256_hex(value: object) -> bool:
 
 
 def sha256_file(
-    path: Path | str, *, chunk_size: int = CHUNK_SIZE, on_bytes: Callable[[int], None] | None = None,
+    path: Path | str | int, *, chunk_size: int = CHUNK_SIZE, on_bytes: Callable[[int], None] | None = None,
     part_size: int | None = None,
 ) -> FileDigest:
     """Hash one file in a single streaming pass; the size is what was read, not what stat said.
@@ -87,8 +87,9 @@ def sha256_file(
     while a helper thread hashes the last (``PIPE_BUFFERS`` pieces of ``PIPE_PIECE`` bytes), so the
     copy out of the page cache hides behind the hash when a core is free. With ``part_size`` the
     per-part digests (``FileDigest.parts``) are taken from the same pieces on a second helper thread.
+    ``path`` may be an open descriptor (read from its current offset, left open).
     """
-    with open(path, "rb", buffering=0) as fh:
+    with open(path, "rb", buffering=0, closefd=not isinstance(path, int)) as fh:
         if os.fstat(fh.fileno()).st_size > PIPE_BUFFERS * PIPE_PIECE:
             return _sha256_piped(fh, on_bytes, part_size)
         h = hashlib.sha256()

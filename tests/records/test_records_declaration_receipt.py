@@ -121,3 +121,27 @@ def test_receipt_time_must_be_iso_8601_utc(stamp):
     data["uploaded_at"] = stamp
     with pytest.raises(InvalidRecord, match=r"uploaded_at"):
         parse_receipt(encode_json(data))
+
+
+def test_receipt_server_checksums_round_trip_and_are_optional_on_read(tmp_path):
+    import dataclasses
+
+    b64 = "A" * 43 + "="
+    record = dataclasses.replace(make_receipt(0), server_checksums={"model.pt": b64, "optim/.metadata": b64 + "-3"})
+    write_receipt(tmp_path, record)
+    assert read_receipt(tmp_path) == record
+    older = make_receipt(0).to_dict()
+    assert "server_checksums" not in older  # a receipt written before the field existed still reads
+    assert parse_receipt(encode_json(older)).server_checksums is None
+    assert dataclasses.replace(make_receipt(0), server_checksums={}).to_dict()["server_checksums"] == {}
+
+
+@pytest.mark.parametrize("checksums, match", [
+    ({"other.pt": "A" * 43 + "="}, r"server_checksums names \['other\.pt'\]"),
+    ({"model.pt": "not base64"}, r"server_checksums"),
+])
+def test_receipt_server_checksums_are_validated(checksums, match):
+    data = make_receipt(0).to_dict()
+    data["server_checksums"] = checksums
+    with pytest.raises(InvalidRecord, match=match):
+        parse_receipt(encode_json(data))

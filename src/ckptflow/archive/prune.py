@@ -4,15 +4,19 @@ Applies only to ``checkpoint_artifacts/iter_*`` directories (full checkpoints un
 have their own retention). An artifact's payload files are removed only when all of these hold:
 
 - a valid native manifest whose ``file`` components all carry digests;
-- a JSON receipt (a legacy plain-text ``.uploaded`` proves nothing) bound to the endpoint the
-  credentials reach, with a passing probe record for that endpoint;
+- a JSON receipt (a legacy plain-text ``.uploaded`` proves nothing) bound to this artifact (its prefix
+  names this ``iter_N``, it records this manifest's digest) and to the endpoint the credentials reach,
+  with a passing probe record for that endpoint;
 - the receipt covers every file in the directory (an extra local file blocks pruning: publication
   never silently includes it);
-- every local payload still hashes to the receipt's digest;
-- every remote object still has the recorded size and ``sha256``.
+- the checks of ``release.prove_release``: every local payload still hashes to the receipt's digest,
+  and every remote object is proven by its recorded server checksum or, with ``read_data`` (always on
+  ``file://``), by reading and hashing its bytes; user metadata alone proves nothing.
 
-Anything else keeps the copy with a reason. A remote object that claims the expected digest with
-another size is reported as an error (the archive is inconsistent) and keeps the artifact.
+Each file is then unlinked only while it is still the file that was hashed (``release.unlink_checked``).
+Anything else keeps the copy with a reason; a failure on one path (an unsafe file, an unreachable
+endpoint) is a kept entry too, so the report always lists everything already removed. A remote object
+that claims the expected digest with another size, or any unexpected failure, is reported as an error.
 """
 
 from __future__ import annotations
@@ -27,8 +31,8 @@ from ..fsutil import walk_files
 from ..records import manifest as manifest_record
 from ..records import receipt as receipt_record
 from .keys import ARTIFACTS_DIR
-from .publish import present_payload, rehash_against, remove_payload_files
-from .verify import check_destination, check_remote_inventory, describe_failures
+from .release import Checked, NotProven, prove_release, unlink_checked
+from .verify import READ_ALL, READ_NONE, check_binding
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +46,7 @@ class PruneReport:
     kept: list[dict] = field(default_factory=list)
     freed_bytes: int = 0
     dry_run: bool = False
+    read_data: bool = False
 
     @property
     def has_errors(self) -> bool:
@@ -51,6 +56,7 @@ class PruneReport:
         return {
             "status": "failed" if self.has_errors else ("dry-run" if self.dry_run else "done"),
             "dry_run": self.dry_run,
+            "read_data": self.read_data,
             "removed": self.removed,
             "kept": self.kept,
             "freed_bytes": self.freed_bytes,
@@ -76,8 +82,8 @@ def _check_location(artifact_dir: Path) -> None:
         raise _Keep("directory does not exist")
 
 
-def _plan_one(artifact_dir: Path, store_for, progress: bool | None) -> tuple[list[str], int]:
-    """All the checks; returns the payload paths to remove and their size, or raises _Keep."""
+def _plan_one(artifact_dir: Path, store_for, read: str, progress: bool | None) -> Checked:
+    """All the checks; returns the payload files proven (by identity), or raises _Keep."""
     _check_location(artifact_dir)
     try:
         manifest = manifest_record.read_manifest(artifact_dir)
@@ -94,36 +100,32 @@ def _plan_one(artifact_dir: Path, store_for, progress: bool | None) -> tuple[lis
         raise _Keep(f"no valid receipt: {exc}") from None
     try:
         store = store_for(receipt.destination)
-        check_destination(store, receipt, artifact_dir)
+        check_binding(store, receipt, artifact_dir)
         from .probe import require_qualified
 
         require_qualified(store, receipt.destination.prefix)
     except CkptflowError as exc:
         raise _Keep(str(exc)) from None
 
-    recorded = {e.path: e for e in receipt.files}
     present = [p for p in walk_files(artifact_dir) if p not in _NOT_ARCHIVED and not _is_temp(p)]
-    extra = [p for p in present if p not in recorded]
+    extra = [p for p in present if receipt.entry(p) is None]
     if extra:
         raise _Keep(f"files not covered by the receipt: {extra[:5]}; they would be lost — publish a new artifact instead")
-    payload = present_payload(artifact_dir, manifest)
-    if not payload:
-        return [], 0
-    local, changed = rehash_against(artifact_dir, payload, recorded, progress=progress)
-    if changed:
-        raise _Keep(f"local bytes changed since publication: {changed[:5]}")
-    states = check_remote_inventory(store, receipt.destination.prefix, receipt.files)
-    bad = [s for s in states if s.state != "ok"]
-    if bad:
+    try:
+        return prove_release(artifact_dir, store, receipt, manifest, read=read, progress=progress)
+    except NotProven as exc:
         # Same digest, other size: the store is inconsistent, not merely incomplete.
-        lying = any(s.state == "changed" and s.detail.startswith("size") and _claims_digest(store, s, recorded) for s in bad)
-        raise _Keep(f"remote copy not verified: {describe_failures(states)}", error=lying)
-    return payload, sum(d.size for d in local.values())
+        lying = any(s.state == "changed" and s.detail.startswith("size") and _claims_digest(store, s, receipt)
+                    for s in exc.states)
+        raise _Keep(str(exc), error=lying) from None
+    except CkptflowError as exc:
+        raise _Keep(str(exc)) from None
 
 
-def _claims_digest(store, state, recorded) -> bool:
+def _claims_digest(store, state, receipt) -> bool:
     info = store.head(state.key)
-    return info is not None and info.sha256 == recorded[state.path].sha256
+    entry = receipt.entry(state.path)
+    return info is not None and entry is not None and info.sha256 == entry.sha256
 
 
 def _is_temp(relpath: str) -> bool:
@@ -132,9 +134,11 @@ def _is_temp(relpath: str) -> bool:
     return name.startswith(".") and name.endswith(".tmp")
 
 
-def prune_verified(paths: list[Path], store_for, *, dry_run: bool = False, progress: bool | None = None) -> PruneReport:
-    """Check and prune each path; ``store_for(receipt_destination)`` opens the store with the caller's credentials."""
-    report = PruneReport(dry_run=dry_run)
+def prune_verified(paths: list[Path], store_for, *, dry_run: bool = False, read_data: bool = False,
+                   progress: bool | None = None) -> PruneReport:
+    """Check and prune each path; ``store_for(receipt_destination)`` opens the store with the caller's
+    credentials. With ``read_data`` every remote object is read back and hashed before anything goes."""
+    report = PruneReport(dry_run=dry_run, read_data=read_data)
     seen: set[Path] = set()
     for raw in paths:
         artifact_dir = artifact_dir_of(Path(raw))
@@ -142,19 +146,38 @@ def prune_verified(paths: list[Path], store_for, *, dry_run: bool = False, progr
         if key in seen:
             continue
         seen.add(key)
-        try:
-            payload, size = _plan_one(artifact_dir, store_for, progress)
-        except _Keep as keep:
-            entry = {"path": str(artifact_dir), "reason": keep.reason}
-            if keep.error:
-                entry["error"] = True
-            report.kept.append(entry)
-            continue
-        if dry_run:
-            report.removed.append({"path": str(artifact_dir), "files": payload, "bytes": size, "dry_run": True})
-            report.freed_bytes += size
-            continue
-        freed = remove_payload_files(artifact_dir, payload) if payload else 0
-        report.removed.append({"path": str(artifact_dir), "files": payload, "bytes": freed})
-        report.freed_bytes += freed
+        _prune_one(report, artifact_dir, store_for, READ_ALL if read_data else READ_NONE, progress)
     return report
+
+
+def _prune_one(report: PruneReport, artifact_dir: Path, store_for, read: str, progress: bool | None) -> None:
+    """One path's outcome into ``report``; a failure here never hides what other paths removed."""
+    try:
+        checked = _plan_one(artifact_dir, store_for, read, progress)
+    except _Keep as keep:
+        report.kept.append(_kept(artifact_dir, keep.reason, keep.error))
+        return
+    except (CkptflowError, OSError) as exc:
+        log.warning("prune %s: %s", artifact_dir, exc)
+        report.kept.append(_kept(artifact_dir, str(exc), True))
+        return
+    files = sorted(checked.files)
+    if report.dry_run:
+        report.removed.append({"path": str(artifact_dir), "files": files, "bytes": checked.size, "dry_run": True})
+        report.freed_bytes += checked.size
+        return
+    released = unlink_checked(artifact_dir, checked)  # per-file failures come back as kept reasons
+    if released.removed:
+        report.removed.append({"path": str(artifact_dir), "files": released.removed, "bytes": released.freed_bytes})
+        report.freed_bytes += released.freed_bytes
+    if released.kept:
+        report.kept.append(_kept(artifact_dir, "; ".join(released.kept), False))
+    elif not released.removed:
+        report.removed.append({"path": str(artifact_dir), "files": [], "bytes": 0})
+
+
+def _kept(artifact_dir: Path, reason: str, error: bool) -> dict:
+    entry = {"path": str(artifact_dir), "reason": reason}
+    if error:
+        entry["error"] = True
+    return entry

@@ -14,15 +14,17 @@ Order (each step is safe to interrupt; a rerun resumes or refuses by name):
    whole remote inventory, then write the local ``.uploaded`` receipt.
 
 A remote manifest means a committed archive: it is adopted (verified, receipt written) when it matches
-the local inventory, and refused when it does not. ``delete_local`` removes the manifest's payload
-files only after re-hashing them and re-checking the live remote copy, and only on an endpoint with a
-passing probe record (``probe.require_qualified``).
+the local inventory, and refused when it does not. The receipt records the server checksums the
+endpoint reported for the published bytes. ``delete_local`` removes the manifest's payload files only
+through ``release`` (the checks prune-verified runs: receipt bound to the artifact, payloads re-hashed
+by descriptor, the live remote copy proven by server checksum or by reading it back, each file
+unlinked only if it is still the one hashed), and only on an endpoint with a passing probe record
+(``probe.require_qualified``). A ``file://`` archive root that overlaps the artifact is refused.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -40,9 +42,16 @@ from ..records import legacy_manifest as legacy_record
 from ..records import manifest as manifest_record
 from ..records import receipt as receipt_record
 from ..records.inventory import FileEntry
-from ..store.base import DEFAULT_MULTIPART_THRESHOLD, ObjectStore
+from ..store.base import DEFAULT_MULTIPART_THRESHOLD, ObjectStore, server_checksums_of
 from .keys import artifact_prefix, object_key
-from .verify import check_declaration, check_remote_inventory, require_all_ok
+from .verify import (
+    READ_UNPROVEN,
+    ObjectState,
+    check_declaration,
+    check_remote_inventory,
+    refuse_overlapping_archive,
+    require_all_ok,
+)
 
 log = logging.getLogger(__name__)
 
@@ -283,6 +292,7 @@ def publish_artifact(
         raise NotFound(f"artifact directory {artifact_dir} does not exist", remedy="check --artifact-dir")
     prefix = artifact_prefix(upload_prefix, artifact_dir.name)
     dest = receipt_record.ReceiptDestination.at(store.destination, prefix)
+    refuse_overlapping_archive(store, artifact_dir)
     if delete_local:
         from .probe import require_qualified
 
@@ -317,74 +327,46 @@ def publish_artifact(
     where = f"{dest.scheme}://{dest.bucket}/{prefix}"
     states = [check_declaration(store, prefix, decl_sha), *check_remote_inventory(store, prefix, inv.files)]
     require_all_ok(states, where)
-    if result.status != "skipped":
+    if result.status != "skipped" or receipt_record.read_receipt(artifact_dir).server_checksums is None:
         testhooks.reached("publish:before-receipt")
         receipt = receipt_record.Receipt(
             destination=dest, declaration_sha256=decl_sha, files=inv.files,
-            uploaded_at=utc_timestamp(),
+            uploaded_at=utc_timestamp(), server_checksums=_proven_checksums(states[1:], inv),
         )
         receipt_record.write_receipt(artifact_dir, receipt)
     if delete_local:
-        result.removed, result.freed_bytes = delete_verified_payloads(artifact_dir, inv.manifest, store, prefix, inv.files, progress)
+        result.removed, result.freed_bytes = delete_verified_payloads(artifact_dir, inv.manifest, store, progress)
     return result
+
+
+def _proven_checksums(states: list[ObjectState], inv: LocalInventory) -> dict[str, str]:
+    """The server checksums HEAD reported that are those of the local bytes (whole-object, or the
+    composite of the per-part digests taken when hashing); an object with none, or with one not shown to
+    be of these bytes, is left out (proving it later takes reading its bytes)."""
+    out = {}
+    for state in states:
+        entry = next(e for e in inv.files if e.path == state.path)
+        digest = _digest_of(entry, inv.digests)
+        if state.checksum is not None and state.checksum in server_checksums_of(digest):
+            out[state.path] = state.checksum
+    return out
 
 
 def delete_verified_payloads(
     artifact_dir: Path,
     manifest: manifest_record.Manifest,
     store: ObjectStore,
-    prefix: str,
-    recorded: tuple[FileEntry, ...],
     progress: bool | None = None,
 ) -> tuple[list[str], int]:
-    """Remove the manifest's payload files after re-hashing them and re-checking the live remote copy.
+    """Remove the manifest's payload files once the receipt on disk proves the live remote copy
+    (``release.prove_release``: the same checks as prune-verified; objects without a recorded server
+    checksum are read back and hashed). The manifest, the receipt and every record stay. Raises
+    (deleting nothing) if any check fails; a file replaced after its check is kept."""
+    from .release import prove_release, unlink_checked
 
-    The manifest, the receipt and every record stay. Raises (deleting nothing) if any check fails.
-    """
-    by_path = {e.path: e for e in recorded}
-    payload = present_payload(artifact_dir, manifest)
-    missing = [p for p in payload if p not in by_path]
-    if missing:
-        raise Refused(f"{artifact_dir}: {missing[:5]} are not covered by the receipt", remedy="republish the artifact")
-    _, changed = rehash_against(artifact_dir, payload, by_path, progress=progress)
-    if changed:
-        raise Refused(
-            f"{artifact_dir}: local bytes of {changed[:5]} differ from the archived copy; nothing deleted",
-            remedy="the local copy changed after publication; keep it and publish it as a new artifact",
-        )
-    require_all_ok(check_remote_inventory(store, prefix, [by_path[p] for p in payload]), f"{store.destination.bucket}/{prefix}")
-    return payload, remove_payload_files(artifact_dir, payload)
-
-
-def present_payload(artifact_dir: Path, manifest: manifest_record.Manifest) -> list[str]:
-    """The manifest's payload files still on disk (an earlier prune may have removed them)."""
-    return [e.path for e in manifest.physical_files() if (artifact_dir / e.path).exists()]
-
-
-def rehash_against(
-    artifact_dir: Path, payload: list[str], recorded: dict[str, FileEntry], *, progress: bool | None = None
-) -> tuple[dict[str, FileDigest], list[str]]:
-    """Hash ``payload`` again; return the digests and the paths whose size or digest left ``recorded``."""
-    local = hash_files(artifact_dir, payload, progress=progress, desc="re-check sha256")
-    changed = [p for p, d in local.items() if (d.size, d.sha256) != (recorded[p].size, recorded[p].sha256)]
-    return local, changed
-
-
-def remove_payload_files(artifact_dir: Path, payload: list[str]) -> int:
-    """Unlink checked payload files and the directories they leave empty; return the bytes freed."""
-    freed = 0
-    for rel in payload:
-        path = artifact_dir / rel
-        freed += path.stat().st_size
-        path.unlink()
-    _remove_empty_dirs(artifact_dir, payload)
-    return freed
-
-
-def _remove_empty_dirs(artifact_dir: Path, removed: list[str]) -> None:
-    dirs = sorted({p for rel in removed for p in Path(rel).parents if str(p) != "."}, key=lambda p: -len(p.parts))
-    for d in dirs:
-        try:
-            os.rmdir(artifact_dir / d)
-        except OSError:
-            pass  # not empty: something else lives there; leave it
+    receipt = receipt_record.read_receipt(artifact_dir)
+    checked = prove_release(artifact_dir, store, receipt, manifest, read=READ_UNPROVEN, progress=progress)
+    released = unlink_checked(artifact_dir, checked)
+    for reason in released.kept:
+        log.warning("%s: %s", artifact_dir, reason)
+    return released.removed, released.freed_bytes

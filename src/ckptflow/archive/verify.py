@@ -1,9 +1,17 @@
-"""Receipt-bound remote verification by HEAD (size + ``sha256`` metadata), optionally by content.
+"""Receipt-bound remote verification, the one check that verify, prune-verified and publish
+--delete-local share before they trust (or delete) anything.
 
-``check_remote_inventory`` is the one remote check: the publisher runs it before writing a receipt,
-``verify`` runs it on a receipt, ``prune-verified`` runs it before deleting local bytes. Each object
-ends in one state: ``ok``, ``missing``, ``changed`` (size or digest differs), or ``unverifiable``
-(no ``sha256`` metadata). With ``read_data`` the bytes are downloaded and hashed as well.
+``check_remote_inventory`` HEADs objects against an inventory: the publisher runs it before it writes
+a receipt (and records the server checksums it saw). ``check_receipt`` is the proof a receipt gives:
+the remote declaration hashes to the receipt's digest, and every recorded object still has its size,
+its ``sha256`` metadata and, where the receipt recorded one, the *same server checksum* (S3
+``ChecksumSHA256``, asked for with ``ChecksumMode=ENABLED``). User metadata alone never proves an
+object: anyone can write it beside other bytes. An object whose receipt records no server checksum
+(the endpoint computes none, or an older receipt) is ``unverifiable`` unless its bytes are read and
+hashed; on ``file://`` the bytes are local, so they are always read.
+
+Each object ends in one state: ``ok``, ``missing``, ``changed`` (size, digest or server checksum
+differs, or the recorded server checksum is gone: the object was replaced), or ``unverifiable``.
 """
 
 from __future__ import annotations
@@ -13,9 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..artifact import iteration_from_dir
 from ..digest import sha256_bytes
 from ..errors import NotFound, VerificationFailed
 from ..records import declaration as declaration_record
+from ..records import manifest as manifest_record
 from ..records import receipt as receipt_record
 from ..records.inventory import FileEntry
 from ..store.base import ObjectStore
@@ -24,6 +34,10 @@ from .keys import object_key
 
 HEAD_WORKERS = 16
 
+# How much of the remote content is read: none (HEAD proofs only), the objects without a recorded
+# server checksum, or all of them.
+READ_NONE, READ_UNPROVEN, READ_ALL = "none", "unproven", "all"
+
 
 @dataclass(frozen=True, slots=True)
 class ObjectState:
@@ -31,6 +45,7 @@ class ObjectState:
     key: str
     state: str  # ok | missing | changed | unverifiable
     detail: str = ""
+    checksum: str | None = None  # the server checksum HEAD reported (for the publisher to record)
 
     def to_dict(self) -> dict[str, str]:
         out = {"path": self.path, "key": self.key, "state": self.state}
@@ -39,7 +54,14 @@ class ObjectState:
         return out
 
 
-def _check_one(store: ObjectStore, prefix: str, entry: FileEntry, read_data: bool) -> ObjectState:
+_NO_PROOF = ("no server checksum was recorded at publication (the endpoint computes none, or the receipt "
+             "predates them) and user metadata proves nothing; --read-data hashes the bytes")
+
+
+def _check_one(store: ObjectStore, prefix: str, entry: FileEntry, read: str, recorded: str | None,
+               proof: bool) -> ObjectState:
+    """HEAD one object; with ``proof`` (a receipt's check) it is ``ok`` only when a recorded server
+    checksum is reported unchanged or its bytes were read and hashed."""
     key = object_key(prefix, entry.path)
     info = store.head(key)
     if info is None:
@@ -52,22 +74,53 @@ def _check_one(store: ObjectStore, prefix: str, entry: FileEntry, read_data: boo
         return ObjectState(entry.path, key, "changed", f"sha256 metadata {info.sha256}, expected {entry.sha256}")
     if info.checksum_sha256 is not None and info.checksum_sha256 != entry.sha256:
         return ObjectState(entry.path, key, "changed", f"server checksum {info.checksum_sha256}, expected {entry.sha256}")
-    if read_data:
+    proven = False
+    if proof and recorded is not None:
+        if info.checksum != recorded:
+            found = "none" if info.checksum is None else info.checksum
+            return ObjectState(entry.path, key, "changed",
+                               f"server checksum {found}, recorded {recorded} at publication: the object was replaced")
+        proven = True
+    if read == READ_ALL or (read == READ_UNPROVEN and not proven):
         with tempfile.TemporaryDirectory(prefix="ckptflow-verify-") as tmp:
             got = store.download_file(key, Path(tmp) / "object", size=info.size)
         if got.sha256 != entry.sha256 or got.size != entry.size:
             return ObjectState(entry.path, key, "changed", f"content sha256 {got.sha256}, expected {entry.sha256}")
-    return ObjectState(entry.path, key, "ok")
+        proven = True
+    if proof and not proven:
+        return ObjectState(entry.path, key, "unverifiable", _NO_PROOF)
+    return ObjectState(entry.path, key, "ok", checksum=info.checksum)
 
 
 def check_remote_inventory(
     store: ObjectStore, prefix: str, entries: list[FileEntry] | tuple[FileEntry, ...], *, read_data: bool = False
 ) -> list[ObjectState]:
-    """HEAD every entry under ``prefix`` concurrently; states in inventory order."""
+    """HEAD every entry under ``prefix`` concurrently (size, ``sha256`` metadata, a whole-object server
+    checksum where reported); states in inventory order. Not a proof by itself: see ``check_receipt``."""
+    return _check_all(store, prefix, entries, READ_ALL if read_data else READ_NONE, None)
+
+
+def _check_all(store: ObjectStore, prefix: str, entries, read: str, recorded: dict[str, str] | None,
+               proof: bool = False) -> list[ObjectState]:
     if not entries:
         return []
+    checksums = recorded or {}
     with ThreadPoolExecutor(max_workers=min(HEAD_WORKERS, len(entries)), thread_name_prefix="verify") as pool:
-        return list(pool.map(lambda e: _check_one(store, prefix, e, read_data), entries))
+        return list(pool.map(lambda e: _check_one(store, prefix, e, read, checksums.get(e.path), proof), entries))
+
+
+def effective_read(store: ObjectStore, read: str) -> str:
+    """``file://`` bytes are local: reading them is the cheap proof, so they are always read."""
+    return READ_ALL if store.destination.scheme == "file" else read
+
+
+def check_receipt(store: ObjectStore, receipt: receipt_record.Receipt, *, read: str = READ_NONE) -> list[ObjectState]:
+    """The proof a receipt gives, the one check verify, prune-verified and publish --delete-local run:
+    the declaration first, then every recorded file, in receipt order."""
+    prefix = receipt.destination.prefix
+    states = [check_declaration(store, prefix, receipt.declaration_sha256)]
+    return states + _check_all(store, prefix, receipt.files, effective_read(store, read), receipt.server_checksums,
+                               proof=True)
 
 
 def check_declaration(store: ObjectStore, prefix: str, expected_sha256: str) -> ObjectState:
@@ -102,6 +155,47 @@ def check_destination(store: ObjectStore, receipt: receipt_record.Receipt, artif
     open_check_destination(store, receipt.destination, what=str(receipt_record.path_in(artifact_dir)))
 
 
+def refuse_overlapping_archive(store: ObjectStore, artifact_dir: Path) -> None:
+    """A ``file://`` archive root that contains the artifact, or lies inside it, would put archive objects
+    and metadata into the artifact (or make the local copy its own "remote" one): refused."""
+    if store.destination.scheme != "file":
+        return
+    root = Path(store.destination.endpoint).resolve()
+    art = Path(artifact_dir).resolve()
+    if root == art or root in art.parents or art in root.parents:
+        raise Refused(
+            f"archive root {root} overlaps the artifact {art}: the archive must live outside the runs tree "
+            "holding the artifact, and not inside it",
+            remedy="choose a file:// archive root that neither contains nor lies inside the artifact directory",
+        )
+
+
+def check_binding(store: ObjectStore, receipt: receipt_record.Receipt, artifact_dir: Path) -> None:
+    """The receipt belongs to this artifact, at the endpoint the credentials reach: its prefix names this
+    ``iter_N``, it records this artifact's manifest digest, and that manifest is of iteration N."""
+    artifact_dir = Path(artifact_dir)
+    check_destination(store, receipt, artifact_dir)
+    refuse_overlapping_archive(store, artifact_dir)
+    where = receipt_record.path_in(artifact_dir)
+    prefix = receipt.destination.prefix
+    if prefix.rstrip("/").rsplit("/", 1)[-1] != artifact_dir.name:
+        raise Refused(f"{where} records the archive at {prefix}, which is not {artifact_dir.name}: "
+                      "it was written for another artifact",
+                      remedy="publish this artifact to write its own receipt")
+    recorded = receipt.entry(manifest_record.FILENAME)
+    local = manifest_record.path_in(artifact_dir)
+    try:
+        data = local.read_bytes()
+        iteration = manifest_record.read_manifest(artifact_dir).iteration
+    except (OSError, ValueError) as exc:
+        raise Refused(f"{where} cannot be bound to {local}: {exc}",
+                      remedy="restore the artifact's manifest, or publish the artifact again") from None
+    if recorded is None or recorded.sha256 != sha256_bytes(data) or iteration != iteration_from_dir(artifact_dir):
+        raise Refused(f"{where} records another manifest than {local} (iteration {iteration}) at {prefix}: "
+                      "it was written for another artifact",
+                      remedy="publish this artifact to write its own receipt")
+
+
 @dataclass(frozen=True)
 class VerifyResult:
     artifact_dir: Path
@@ -131,7 +225,8 @@ class VerifyResult:
 
 
 def verify_artifact(artifact_dir: Path | str, store_for, *, read_data: bool = False) -> VerifyResult:
-    """Check the remote objects recorded in ``artifact_dir/.uploaded``.
+    """Check the remote objects recorded in ``artifact_dir/.uploaded`` (``check_receipt``); on ``file://``
+    the bytes are always read.
 
     ``store_for(receipt_destination)`` returns the store for the receipt's scheme and bucket, opened
     with the caller's credentials; its endpoint must equal the receipt's.
@@ -142,8 +237,7 @@ def verify_artifact(artifact_dir: Path | str, store_for, *, read_data: bool = Fa
         raise NotFound(f"{path} does not exist: the artifact has no upload receipt", remedy="run `ckptflow publish` first")
     receipt = receipt_record.read_receipt(artifact_dir)
     store = store_for(receipt.destination)
-    check_destination(store, receipt, artifact_dir)
-    prefix = receipt.destination.prefix
-    states = [check_declaration(store, prefix, receipt.declaration_sha256)]
-    states += check_remote_inventory(store, prefix, receipt.files, read_data=read_data)
-    return VerifyResult(artifact_dir=artifact_dir, receipt=receipt, objects=states, read_data=read_data)
+    check_binding(store, receipt, artifact_dir)
+    read = effective_read(store, READ_ALL if read_data else READ_NONE)
+    states = check_receipt(store, receipt, read=read)
+    return VerifyResult(artifact_dir=artifact_dir, receipt=receipt, objects=states, read_data=read == READ_ALL)

@@ -14,8 +14,15 @@ Written in the artifact directory after every remote object matched the declarat
                       "scheme": "s3"},
       "files": [{"path": "model.pt", "sha256": "<hex>", "size": 1234}, ...],
       "protocol": "posttrain.archive-marker.v1",
+      "server_checksums": {"model.pt": "<base64>", "optim/__0_0.distcp": "<base64>-3", ...},
       "uploaded_at": "2025-01-31T12:00:00Z"
     }
+
+``server_checksums`` holds, per file, the checksum the endpoint itself computed and reported at
+publication (S3 ``ChecksumSHA256``: whole-object, or ``-N`` composite of N parts) where it was shown to
+be the checksum of the published bytes. A file without one (the endpoint computes none: GCS, file://,
+servers without checksums) can be proven only by reading its bytes. The field is optional on read:
+a receipt without it (written before it existed) proves no file by checksum.
 
 The endpoint is an authority (host[:port]; for ``file``, the archive root path) and never a secret:
 a value with ``@``, ``?``, ``#`` or whitespace is refused on write and on read.
@@ -31,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import InvalidRecord
 from ..jsonio import decode_json_object
 from . import _record
 from .inventory import FileEntry, inventory_from_list, inventory_to_list, sorted_entries
@@ -82,9 +90,16 @@ class Receipt:
     declaration_sha256: str
     files: tuple[FileEntry, ...]
     uploaded_at: str
+    # path -> server checksum recorded at publication; None: an older receipt that records none.
+    server_checksums: Mapping[str, str] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", sorted_entries(self.files))
+        if self.server_checksums is not None:
+            object.__setattr__(self, "server_checksums", dict(sorted(self.server_checksums.items())))
+
+    def entry(self, path: str) -> FileEntry | None:
+        return next((e for e in self.files if e.path == path), None)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, what: str = FILENAME) -> Receipt:
@@ -97,16 +112,35 @@ class Receipt:
             declaration_sha256=_record.require_sha256(data["declaration_sha256"], what, "declaration_sha256"),
             files=inventory_from_list(data["files"], what),
             uploaded_at=_record.require_utc_timestamp(data["uploaded_at"], what, "uploaded_at"),
+            server_checksums=_checksums(data, what),
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "protocol": PROTOCOL,
             "destination": self.destination.to_dict(),
             "declaration_sha256": self.declaration_sha256,
             "files": inventory_to_list(self.files),
             "uploaded_at": self.uploaded_at,
         }
+        if self.server_checksums is not None:
+            out["server_checksums"] = dict(self.server_checksums)
+        return out
+
+
+def _checksums(data: Mapping[str, Any], what: str) -> dict[str, str] | None:
+    """``server_checksums`` (schema-checked), every key a file of the receipt; None when absent."""
+    if "server_checksums" not in data:
+        return None
+    checksums = dict(data["server_checksums"])
+    paths = {f["path"] for f in data["files"]}
+    unknown = sorted(set(checksums) - paths)
+    if unknown:
+        raise InvalidRecord(
+            f"{what}: server_checksums names {unknown[:5]}, which are not among its files",
+            remedy="the receipt is corrupt; publish or verify the artifact again to rewrite it",
+        )
+    return checksums
 
 
 def path_in(directory: Path | str) -> Path:

@@ -9,6 +9,8 @@ relative paths. ``sha256`` is the lowercase hex SHA-256 of the whole object, car
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -36,6 +38,19 @@ class ObjectInfo:
     etag: str | None = None
     # Server-verified SHA-256 (hex) where the endpoint stores one for single-part uploads.
     checksum_sha256: str | None = None
+    # The server checksum exactly as the endpoint reports it (S3 ``ChecksumSHA256``: "<b64>" for a
+    # single part, "<b64>-N" for a composite of N parts); None where it computes none for this object.
+    checksum: str | None = None
+
+
+def server_checksums_of(digest: FileDigest) -> tuple[str, ...]:
+    """The ``ChecksumSHA256`` values an S3 endpoint reports for bytes with this digest: the whole-object
+    one, and with per-part digests the composite (sha256 of the part digests, ``-N``)."""
+    out = [base64.b64encode(bytes.fromhex(digest.sha256)).decode("ascii")]
+    if digest.parts:
+        joined = hashlib.sha256(b"".join(digest.parts)).digest()
+        out.append(f"{base64.b64encode(joined).decode('ascii')}-{len(digest.parts)}")
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)

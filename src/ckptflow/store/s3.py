@@ -93,6 +93,18 @@ def _full_object_sha256(value: str | None, checksum_type: str | None) -> str | N
     return raw.hex() if len(raw) == 32 else None
 
 
+def _reported_checksum(value: str | None) -> str | None:
+    """A ``ChecksumSHA256`` as reported ("<b64>" or "<b64>-N"); None when absent or malformed."""
+    if not value:
+        return None
+    head, _, count = value.partition("-")
+    try:
+        ok = len(base64.b64decode(head, validate=True)) == 32 and (not count or count.isdigit())
+    except ValueError:
+        ok = False
+    return value if ok else None
+
+
 class S3Store:
     """One bucket on one S3 endpoint. Thread-safe: the boto3 client is shared by the worker threads."""
 
@@ -199,6 +211,7 @@ class S3Store:
             sha256=(resp.get("Metadata") or {}).get("sha256"),
             etag=(resp.get("ETag") or "").strip('"') or None,
             checksum_sha256=_full_object_sha256(resp.get("ChecksumSHA256"), resp.get("ChecksumType")),
+            checksum=_reported_checksum(resp.get("ChecksumSHA256")),
         )
 
     def put_bytes_create_once(self, key: str, data: bytes, *, sha256: str) -> bool:

@@ -1,0 +1,193 @@
+"""Releasing local payloads whose remote copy is proven: the one path ``prune-verified`` and
+``publish --delete-local`` share.
+
+``prove_release`` runs every check and returns what may go; ``unlink_checked`` deletes exactly that:
+
+1. The receipt belongs to this artifact and to the endpoint the credentials reach (``check_binding``).
+2. Every payload file present is recorded by the receipt, and is hashed again through one open
+   descriptor whose identity (device, inode, size, mtime) is taken before and after the hash: a file
+   written while it was hashed is "changed".
+3. The remote copy is proven by ``verify.check_receipt`` (declaration, size, ``sha256`` metadata and
+   the recorded server checksum, or the bytes read and hashed).
+4. Each file is renamed aside, its identity compared with the one hashed, and only then unlinked; a
+   file that was replaced (an atomic re-save) or rewritten after its check is put back and kept. A
+   file already gone (another prune of the same artifact) is reported, never counted as freed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import testhooks
+from ..digest import default_workers, sha256_file
+from ..errors import Refused, UnsafePath, VerificationFailed
+from ..fsutil import resolve_inside, unique_temp_path
+from ..progress import ByteProgress
+from ..records import manifest as manifest_record
+from ..records import receipt as receipt_record
+from ..store.base import ObjectStore
+from .verify import READ_NONE, ObjectState, check_binding, check_receipt, describe_failures
+
+Identity = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
+
+
+def _identity(st: os.stat_result) -> Identity:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class NotProven(VerificationFailed):
+    """The remote copy does not prove every recorded object; ``states`` says which and how."""
+
+    def __init__(self, message: str, states: list[ObjectState], **kw):
+        super().__init__(message, **kw)
+        self.states = states
+
+
+@dataclass
+class Checked:
+    """Payload files hashed and proven, by the identity of the file that was hashed."""
+
+    files: dict[str, Identity] = field(default_factory=dict)
+    gone: list[str] = field(default_factory=list)  # vanished before they were hashed
+
+    @property
+    def size(self) -> int:
+        return sum(ident[2] for ident in self.files.values())
+
+
+@dataclass
+class Released:
+    removed: list[str] = field(default_factory=list)
+    freed_bytes: int = 0
+    kept: list[str] = field(default_factory=list)  # one reason per file not removed
+
+
+def present_payload(artifact_dir: Path, manifest: manifest_record.Manifest) -> list[str]:
+    """The manifest's payload files still on disk (an earlier prune may have removed them)."""
+    return [e.path for e in manifest.physical_files() if os.path.lexists(artifact_dir / e.path)]
+
+
+def _hash_one(path: Path, bar: ByteProgress) -> tuple[Identity, str] | None:
+    """(identity, sha256) of the file at ``path``, read through one descriptor; None when it is gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise UnsafePath(f"{path} cannot be opened as a regular file ({exc.strerror})",
+                         remedy="artifacts hold regular files only") from None
+    try:
+        before = os.fstat(fd)
+        if not stat.S_ISREG(before.st_mode):
+            raise UnsafePath(f"{path} is not a regular file", remedy="artifacts hold regular files only")
+        digest = sha256_file(fd, on_bytes=bar.update)
+        after = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if _identity(before) != _identity(after) or digest.size != after.st_size:
+        return _identity(after), "written while it was hashed"
+    return _identity(after), digest.sha256
+
+
+def hash_bound(artifact_dir: Path, payload: list[str], receipt: receipt_record.Receipt,
+               progress: bool | None) -> Checked:
+    """Hash ``payload`` again, bound to the files' identities; refuse any that left the receipt."""
+    paths = {rel: resolve_inside(artifact_dir, rel, what=f"payload {rel}") for rel in payload}
+    total = sum(os.lstat(p).st_size for p in paths.values() if os.path.lexists(p))
+    with ByteProgress(total, "re-check sha256", progress) as bar:
+        with ThreadPoolExecutor(max_workers=max(1, min(default_workers(), len(payload))),
+                                thread_name_prefix="sha256") as pool:
+            results = dict(zip(payload, pool.map(lambda rel: _hash_one(paths[rel], bar), payload), strict=True))
+    checked = Checked()
+    changed = []
+    for rel, got in results.items():
+        if got is None:
+            checked.gone.append(rel)
+            continue
+        ident, sha = got
+        entry = receipt.entry(rel)
+        if entry is None or (entry.size, entry.sha256) != (ident[2], sha):
+            changed.append(rel)
+        checked.files[rel] = ident
+    if changed:
+        raise Refused(
+            f"{artifact_dir}: local bytes of {changed[:5]} differ from the archived copy; nothing deleted",
+            remedy="the local copy changed after publication; keep it and publish it as a new artifact",
+        )
+    return checked
+
+
+def prove_release(artifact_dir: Path, store: ObjectStore, receipt: receipt_record.Receipt,
+                  manifest: manifest_record.Manifest, *, read: str = READ_NONE,
+                  progress: bool | None = None) -> Checked:
+    """Every check before local payloads may go; raises (deleting nothing) when one fails."""
+    check_binding(store, receipt, artifact_dir)
+    payload = present_payload(artifact_dir, manifest)
+    missing = [p for p in payload if receipt.entry(p) is None]
+    if missing:
+        raise Refused(f"{artifact_dir}: {missing[:5]} are not covered by the receipt", remedy="republish the artifact")
+    if not payload:
+        return Checked()  # already released: nothing to prove
+    checked = hash_bound(artifact_dir, payload, receipt, progress)
+    states = check_receipt(store, receipt, read=read)
+    if any(s.state != "ok" for s in states):
+        raise NotProven(
+            f"remote copy of {artifact_dir} not proven: {describe_failures(states)}", states,
+            remedy="keep the local copy; an unverifiable object needs --read-data, a changed or missing one "
+            "means the archive is damaged (republish to a new destination)",
+        )
+    return checked
+
+
+def unlink_checked(artifact_dir: Path, checked: Checked) -> Released:
+    """Delete exactly the files that were hashed and proven (by identity), then the directories left empty."""
+    testhooks.reached("release:before-unlink")
+    out = Released()
+    gone = list(checked.gone)
+    for rel, ident in checked.files.items():
+        try:
+            outcome = _unlink_if_same(artifact_dir, rel, ident)
+        except OSError as exc:
+            outcome = f"{rel} could not be deleted ({exc.strerror}); kept"
+        if outcome is None:
+            gone.append(rel)
+        elif outcome == "removed":
+            out.removed.append(rel)
+            out.freed_bytes += ident[2]
+        else:
+            out.kept.append(outcome)
+    if gone:
+        out.kept.append(f"{sorted(gone)[:5]} were already removed (by another prune of this artifact?)")
+    _remove_empty_dirs(artifact_dir, out.removed)
+    return out
+
+
+def _unlink_if_same(artifact_dir: Path, rel: str, ident: Identity) -> str | None:
+    """"removed" when ``rel`` was still the file hashed; None when it is gone; else why it was kept."""
+    path = artifact_dir / rel
+    aside = unique_temp_path(path)
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return None
+    if _identity(os.lstat(aside)) == ident:
+        os.unlink(aside)
+        return "removed"
+    try:  # not the file that was checked: put it back, never over a newer one
+        os.link(aside, path)
+    except FileExistsError:
+        return f"{rel} was replaced twice after it was checked; the earlier replacement is kept as {aside}"
+    os.unlink(aside)
+    return f"{rel} was replaced or rewritten after it was checked; kept"
+
+
+def _remove_empty_dirs(artifact_dir: Path, removed: list[str]) -> None:
+    dirs = sorted({p for rel in removed for p in Path(rel).parents if str(p) != "."}, key=lambda p: -len(p.parts))
+    for d in dirs:
+        with contextlib.suppress(OSError):  # not empty: something else lives there; leave it
+            os.rmdir(artifact_dir / d)
