@@ -14,14 +14,7 @@ import random
 import shutil
 
 import pytest
-from archive_helpers import (
-    ARTIFACT_PREFIX,
-    UPLOAD_PREFIX,
-    make_artifact,
-    start_cli,
-    tree_bytes,
-    wait_for_file,
-)
+from archive_helpers import wait_for_file
 
 from ckptflow.archive.probe import run_probe
 from ckptflow.archive.prune import prune_verified
@@ -33,6 +26,9 @@ from ckptflow.records import receipt as receipt_record
 from ckptflow.store.credentials import load_credentials
 from ckptflow.store.local import LocalStore
 from ckptflow.store.s3 import S3Store
+from helpers.artifacts import ARTIFACT_PREFIX, UPLOAD_PREFIX, make_artifact
+from helpers.cli import start_cli
+from helpers.trees import tree_bytes
 
 PAYLOAD = ["model.pt", "optim/.metadata", "optim/__0_0.distcp", "optim/__1_0.distcp", "optim/__2_0.distcp"]
 
@@ -100,7 +96,7 @@ def test_multipart_overwrite_with_forged_metadata_fails_verify_and_keeps_the_cop
 
 def test_file_archive_overwritten_in_place_fails_verify_and_keeps_the_copy(artifact, tmp_path):
     store = LocalStore(tmp_path / "archive")
-    store.ensure_bucket()
+    store.root.mkdir()
     assert run_probe(store, "scratch").record.passed
     publish_artifact(artifact, store, UPLOAD_PREFIX, progress=False)
     (artifact / "optim.pt").unlink()
@@ -153,7 +149,7 @@ def test_an_older_receipt_without_server_checksums_needs_read_data(published, qu
 def test_delete_local_reads_back_what_no_server_checksum_proves(tmp_path, qualified, seaweedfs_credentials_path):
     plain = S3Store(qualified.bucket, load_credentials(seaweedfs_credentials_path), checksum_sha256=False)
     local = LocalStore(tmp_path / "archive")
-    local.ensure_bucket()
+    local.root.mkdir()
     assert run_probe(local, "scratch").record.passed
     for i, store in enumerate((plain, local)):
         art = make_artifact(tmp_path / f"run{i}")

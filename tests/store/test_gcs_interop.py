@@ -11,12 +11,12 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-from helpers import servers
 
 from ckptflow.digest import sha256_file
 from ckptflow.store.base import ObjectStore
 from ckptflow.store.credentials import Credentials
 from ckptflow.store.gcs import DEFAULT_GCS_ENDPOINT, GCSStore
+from helpers import servers
 from helpers.moto_bodies import mock_aws_bytes_bodies
 
 BUCKET = "gcs-interop-bucket"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..artifact import iteration_from_dir
 from ..digest import sha256_bytes
-from ..errors import NotFound, VerificationFailed
+from ..errors import NotFound, Refused, VerificationFailed
 from ..records import declaration as declaration_record
 from ..records import manifest as manifest_record
 from ..records import receipt as receipt_record
