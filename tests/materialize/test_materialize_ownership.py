@@ -109,6 +109,25 @@ def test_a_file_added_to_out_during_the_build_is_never_deleted_by_the_swap(model
     assert siblings(out) == []
 
 
+@pytest.mark.slow
+def test_removing_the_replaced_tree_deletes_only_what_a_build_wrote(models, tmp_path):
+    out = tmp_path / "teacher"
+    build(models, out)
+    flag = tmp_path / "paused"
+    proc = start_cli(cli_args(models.artifact("qwen3", 1), models.base(), out, "--force"),
+                     env=cli_env(CKPTFLOW_TEST_PAUSE_AT="materialize:after-swap", CKPTFLOW_TEST_PAUSE_FILE=str(flag)))
+    wait_for(flag, proc)
+    [aside] = [out.parent / n for n in siblings(out) if n.startswith("teacher.previous.")]
+    (aside / "late.txt").write_text("written into the old tree by a process still inside it")
+    flag.unlink()
+    stdout, stderr = finish(proc)
+    assert proc.returncode == 0 and '"status": "built"' in stdout, stderr
+    assert tree_state(aside).keys() == {"late.txt"}  # the build's files went, the other one stayed
+    assert (aside / "late.txt").read_text().startswith("written into")
+    assert build(models, out).status == "skipped"  # a later run leaves the kept tree alone too
+    assert (aside / "late.txt").is_file()
+
+
 # --------------------------------------------------------------------------------------------- 2: stage cleanup
 
 
@@ -190,3 +209,17 @@ def test_a_tampered_staged_copy_is_fetched_again_before_a_build(models, tmp_path
     reference = build(models, tmp_path / "reference")
     assert [(e.path, e.size, e.sha256) for e in record.shards] == [
         (e.path, e.size, e.sha256) for e in reference.record.shards]
+
+
+@pytest.mark.slow
+def test_a_killed_requests_private_stage_is_adopted_and_its_download_kept(models, tmp_path):
+    uri = file_archive(models, tmp_path)
+    out = tmp_path / "teacher"
+    proc = run_cli(cli_args(uri, models.base(), out), env=cli_env(CKPTFLOW_TEST_KILL_AT="fetch:before-complete"))
+    assert proc.returncode == -9
+    [left] = siblings(out)  # the killed request's own stage, model.pt verified inside
+    assert left.startswith("teacher.stage.")
+    proc = run_cli(cli_args(uri, models.base(), out))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.report["fetch"]["status"] == "resumed" and proc.report["fetch"]["downloaded"] == []
+    assert proc.report["status"] == "built" and siblings(out) == []

@@ -9,13 +9,17 @@ that step 3 renames back an output a killed swap left aside)::
     2. base identity     sha256 of config.json and of the weight index (or of a lone shard's header)
     3. decision          on <out> (see below); a crash-orphaned previous tree is renamed back first
     4. preflight         the base is read and validated, the tensor floor / count checked (torch-free)
-    5. payload           archive: ``archive.reader.fetch_artifact`` into the stage (default <out>.stage),
-                         verified by content hash; local: model.pt re-hashed against the manifest
+    5. payload           archive: ``archive.fetch.fetch_artifact`` into the stage (``staging.py``: the
+                         named <stage-dir>/iter_N when kept or already there, else a private one), every
+                         byte hashed by this fetch (downloaded, or re-hashed in an existing copy) against
+                         the source identity; local: model.pt re-hashed against the manifest
     6. staged build      convert into <out>.tmp.<host>.<pid>.<token> beside <out>, verify_output,
                          hash the shards, write ``.materialized`` inside the staged tree (commit record)
-    7. publish           <out> absent or empty: rename; otherwise swap: <out> -> <out>.previous.<...>,
-                         staged tree -> <out>, then the previous tree is removed (marker first)
-    8. cleanup           the stage paths this invocation created (unless keep_staged)
+    7. publish           <out> absent or empty: rename; otherwise swap: <out> -> <out>.previous.<...>
+                         (a file no build writes found there puts it back and refuses), staged tree ->
+                         <out>, then of the previous tree only what a build wrote is removed (marker first)
+    8. cleanup           a private stage: only this tool's files in it, then the directories this
+                         invocation created while they are empty (never a named or kept stage)
 
 Decision on <out> (identity = conversion version + source sha256/size + base config/index sha256 +
 identity options; the source URI and the base path are recorded but are not identity):
@@ -32,6 +36,11 @@ identity options; the source URI and the base path are recorded but are not iden
 * ``force`` and the same identity -> rebuilt (how an output built with --no-verify gets verified);
 * anything else (a non-empty directory without our marker, a file, a symlink) is foreign -> refused,
   with or without ``force``: this tool never deletes bytes it did not write.
+
+A rebuild (with or without ``force``) removes from <out> only what a build writes there: the marker,
+config.json, the index, the shards (``model-NNNNN-of-NNNNN.safetensors`` and those the marker lists) and
+the base's sidecars. Any other entry (``eval/results.json``, ``NOTES.md``) refuses the request by name
+before anything is fetched, and again at the swap, once the old tree is aside.
 
 A refusal writes nothing: <out> stays byte-identical. A failure before the swap removes only the staged
 tree; <out> stays byte-identical. ``flock`` is not trusted (Lustre/GPFS/NFS): correctness comes from the

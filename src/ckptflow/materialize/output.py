@@ -10,7 +10,9 @@ The names carry host and pid because ``flock`` is silently a no-op on some Lustr
 processes can pick the same staged name, and each step that publishes is one ``rename``. A sibling whose
 writer is gone (this host, dead pid) is a leftover of a killed run: a staged tree is removed by the next
 build; a previous tree is renamed back to <out> when <out> is absent (the kill fell between the swap's
-two renames) and removed once <out> is complete again.
+two renames) and removed once <out> is complete again. A staged tree is private to its writer and is
+removed whole; of a previous tree (a user's <out>) only the files a build writes are removed
+(``build_files``), and a tree still holding anything else is kept.
 """
 
 from __future__ import annotations
