@@ -212,10 +212,14 @@ def _accounted(rel: str, files: set[str]) -> bool:
     return rel in files or ("/" not in rel and _SHARD_RE.match(rel) is not None)
 
 
+def _build_dirs(files: set[str]) -> set[str]:
+    return {d.as_posix() for f in files for d in PurePosixPath(f).parents if d.as_posix() != "."}
+
+
 def unaccounted(tree: Path, base_dir: Path, record: Materialized | None) -> list[str]:
     """Entries of ``tree`` no build writes (user files, their directories), sorted; nothing followed."""
     files = build_files(base_dir, record)
-    dirs = {d.as_posix() for f in files for d in PurePosixPath(f).parents if d.as_posix() != "."}
+    dirs = _build_dirs(files)
     found: list[str] = []
     for rel, is_dir in _walk(tree):
         if not is_dir:
@@ -239,13 +243,14 @@ def remove_build_files(tree: Path, base_dir: Path) -> list[str]:
     """Remove from ``tree`` what a build wrote there, the marker first, then directories left empty and
     ``tree`` itself. Returns what is left (files no build writes stay, and so does ``tree`` then)."""
     files = build_files(base_dir, record_in(tree))
+    dirs = _build_dirs(files)
     # The marker goes first: a tree half removed must never look complete (restore_orphaned reads it).
     with contextlib.suppress(FileNotFoundError):
         os.unlink(marker.path_in(tree))
     fsync_dir(tree)
     for rel, is_dir in list(_walk(tree)):  # children before their directory
         try:
-            if is_dir:
+            if is_dir and rel in dirs:
                 os.rmdir(tree / rel)  # only once empty: what is left in it is not ours
             elif _accounted(rel, files):
                 os.unlink(tree / rel)
