@@ -258,3 +258,21 @@ def test_a_part_another_live_process_is_writing_is_never_taken_or_removed(artifa
     assert live.read_bytes() == b"in progress"
     assert result.left_beside == []  # a part of an own file is not a user file
     assert_identical(artifact, first.path)
+
+
+def test_a_staged_file_changed_in_place_is_not_already_staged(artifact, tmp_path):
+    """Same size, other bytes: the complete copy's record and sizes still match, its content does not."""
+    (tmp_path / "archive").mkdir()
+    publish_artifact(artifact, LocalStore(tmp_path / "archive"), UPLOAD_PREFIX, progress=False)
+    uri = f"file://{tmp_path}/archive/{ARTIFACT_PREFIX}"
+    staged = fetch_artifact(uri, tmp_path / "stage", progress=False).path
+    data = bytearray((staged / "model.pt").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (staged / "model.pt").write_bytes(bytes(data))
+
+    again = fetch_artifact(uri, tmp_path / "stage", progress=False)
+    assert again.status == "resumed" and again.downloaded == ["model.pt"]
+    assert sorted(again.reused) == [p for p in PAYLOADS if p != "model.pt"]
+    assert_identical(artifact, staged)
+    assert staging_record.read_staging(staged).complete
+    assert fetch_artifact(uri, tmp_path / "stage", progress=False).status == "already-staged"

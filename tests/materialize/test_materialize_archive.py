@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 from materialize_helpers import DEFAULTS, cli_args, copy_tree, siblings, tree_state
@@ -57,7 +59,11 @@ def test_archive_source_builds_then_skips_without_a_payload_get(models, tmp_path
     report = built.to_report()
     validate(report, "report_materialize", what="materialize report")
     assert report["status"] == "built" and report["fetch"]["downloaded"] == ["model.pt"]
-    assert report["staging"] == {"path": str(tmp_path / "teacher.stage" / "iter_000300"), "created": True, "kept": False}
+    # A stage the run removes afterwards is private to it: <out>.stage.<host>.<pid>.<token>/iter_N.
+    staged = Path(report["staging"].pop("path"))
+    assert report["staging"] == {"created": True, "kept": False}
+    assert staged.name == "iter_000300" and re.fullmatch(r"teacher\.stage\.[^./]+\.[0-9]+\.[0-9a-f]{8}", staged.parent.name)
+    assert staged.parent.parent == tmp_path and not staged.parent.exists()
     assert gets.count("/model.pt") >= 1
     assert siblings(out) == []  # the stage this run created is gone
     record = marker.read_materialized(out)
@@ -113,8 +119,10 @@ def test_existing_stage_is_reused_and_kept(models, tmp_path):
     (stage / "keep-me").mkdir(parents=True)
     out = tmp_path / "teacher"
     result = materialize(artifact_uri=uri, base=models.base(), out=out, stage_dir=stage, **DEFAULTS)
-    assert result.staging == {"path": str(stage / "iter_000300"), "created": True, "kept": False}
-    assert sorted(p.name for p in stage.iterdir()) == ["keep-me"]  # only what this run created went
+    private = Path(result.staging["path"]).parent  # fetched beside the named stage, under a name of its own
+    assert result.staging == {"path": str(private / "iter_000300"), "created": True, "kept": False}
+    assert private.parent == tmp_path and private.name.startswith("stage.") and not private.exists()
+    assert sorted(p.name for p in stage.iterdir()) == ["keep-me"]  # the named stage was not touched
 
     shutil.rmtree(out)
     from ckptflow.archive.fetch import fetch_artifact

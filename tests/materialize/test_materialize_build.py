@@ -151,10 +151,10 @@ def test_marker_is_inside_the_tree_before_it_is_published(models, tmp_path, monk
     seen = []
     real = mo.publish
 
-    def spy(tmp, out, wanted, *, replace):
+    def spy(tmp, out, wanted, **kw):
         seen.append(marker.read_materialized(tmp))
         assert not out.exists()
-        return real(tmp, out, wanted, replace=replace)
+        return real(tmp, out, wanted, **kw)
 
     monkeypatch.setattr("ckptflow.materialize.publish", spy)
     out = tmp_path / "teacher"

@@ -18,8 +18,10 @@
    (hashed while written, one pass), check size and sha256, rename into place; then the manifest;
    then the record again with ``complete: true``, last.
 
-A complete copy of the same source (same URI, declaration digest and inventory) is trusted on its
-record and its file sizes, as publish trusts a matching receipt: nothing is read or written. Two
+A complete copy of the same source (same URI, declaration digest and inventory) is ``already-staged``
+only after every payload re-hashed to its declared sha256 (files in parallel, ``digest.hash_files``):
+the answer vouches for content, and a file changed in place with its size kept is downloaded again
+(``resumed``). Nothing is written for a copy that matches. Two
 fetches of one source into one stage are safe (same bytes, atomic renames, no shared temporaries);
 fetches of *different* sources into one stage at the same moment are not serialised (no lock).
 
@@ -270,20 +272,20 @@ def fetch_artifact(
     same = record is not None and (record.source_uri, record.declaration_sha256, record.files) == (
         str(uri), plan.declaration_sha256, inventory)
     result = FetchResult("fetched", staged, plan)
-    if same and record.complete and stage.files_in_place(staged, inventory) and \
-            (staged / manifest_record.FILENAME).read_bytes() == plan.manifest_bytes:
-        result.status = "already-staged"
-        result.left_beside = stage.unowned_files(staged, {e.path for e in inventory})
-        return result
-
     old = record.files if record is not None and not same else ()
     stage.check_room(staged, [e.path for e in inventory], {e.path for e in (inventory if same else old)})
     stage.check_removable(staged, old)
-    present = [e.path for e in plan.payloads if same and os.path.lexists(staged / e.path)]
+    # An own copy of this source is re-hashed, complete or not: sizes alone do not vouch for content.
+    present = [e.path for e in plan.payloads if same and stage.files_in_place(staged, [e])]
     digests = hash_files(staged, present, progress=progress, desc="fetch re-verify") if present else {}
     by_path = {e.path: e for e in plan.payloads}
     result.reused = [p for p in present if digests[p] == FileDigest(by_path[p].size, by_path[p].sha256)]
     todo = [e for e in plan.payloads if e.path not in result.reused]
+    if same and record.complete and not todo and \
+            (staged / manifest_record.FILENAME).read_bytes() == plan.manifest_bytes:
+        result.status = "already-staged"
+        result.left_beside = stage.unowned_files(staged, {e.path for e in inventory})
+        return result
     _require_remote(store, plan, todo)
 
     # First write. Everything above only read.
@@ -295,10 +297,10 @@ def fetch_artifact(
     claim = staging_record.StagingRecord(str(uri), plan.declaration_sha256, inventory, complete=False)
     staging_record.write_staging(staged, claim)
     testhooks.reached("fetch:after-record")
-    for rel in present:
-        if rel not in result.reused:
-            log.warning("%s does not match the archive; downloading it again", staged / rel)
-            os.unlink(staged / rel)  # owned: named in this tool's record for this very source
+    for entry in todo:
+        if same and os.path.lexists(staged / entry.path):
+            log.warning("%s does not match the archive; downloading it again", staged / entry.path)
+            os.unlink(staged / entry.path)  # owned: named in this tool's record for this very source
     result.downloaded_bytes, result.resumed = download_files(
         store, plan.prefix, staged, todo, where=plan.where, progress=progress)
     result.downloaded = sorted(e.path for e in todo)

@@ -268,6 +268,31 @@ def remove_recorded_files(staged: Path, entries: Iterable[FileEntry]) -> list[st
     return sorted(removed)
 
 
+def remove_own_copy(staged: Path) -> list[str]:
+    """Remove this tool's copy in ``staged``: the files its record names (and their leftover parts), then
+    the record and ``staged`` itself when nothing else is in it. Returns what is left, which ckptflow did
+    not write (a directory without a readable record is left whole)."""
+    if not os.path.lexists(staged):
+        return []
+    try:
+        record = read_own_record(staged)
+    except Refused:
+        return unowned_files(staged, set()) or ["."]
+    if record is not None:
+        remove_recorded_files(staged, record.files)
+        left = unowned_files(staged, {e.path for e in record.files})
+        if left:
+            return left
+        os.unlink(staging_record.path_in(staged))
+    try:
+        os.rmdir(staged)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        return unowned_files(staged, set()) or sorted(os.listdir(staged))
+    return []
+
+
 def files_in_place(staged: Path, entries: Iterable[FileEntry]) -> bool:
     """Every entry is a regular file of its recorded size (what a complete copy is trusted on)."""
     for entry in entries:

@@ -29,8 +29,9 @@ def register(sub) -> None:
                    help="skip only the bitwise tensor probes; index, key coverage, config and sidecar checks still run")
     s.add_argument("--force", action="store_true",
                    help="rebuild even over a completed output of another source, base, options or conversion version "
-                   "(never over a directory ckptflow did not build)")
-    s.add_argument("--stage-dir", metavar="DIR", help="where an archived artifact is fetched (default <out>.stage)")
+                   "(never over a directory ckptflow did not build, nor over files in it that no build writes)")
+    s.add_argument("--stage-dir", metavar="DIR", help="where an archived artifact is fetched (default <out>.stage): DIR/iter_N "
+                   "when kept or already there, else a private DIR.<host>.<pid>.<token> removed afterwards")
     s.add_argument("--keep-staged", action="store_true", help="keep the fetched artifact this run staged")
     s.add_argument("--credentials", help="credentials JSON; default $CKPTFLOW_CREDENTIALS (unused for file://)")
     s.add_argument("--max-shard-size", default="5GB", metavar="BYTES",

@@ -9,13 +9,17 @@ that step 3 renames back an output a killed swap left aside)::
     2. base identity     sha256 of config.json and of the weight index (or of a lone shard's header)
     3. decision          on <out> (see below); a crash-orphaned previous tree is renamed back first
     4. preflight         the base is read and validated, the tensor floor / count checked (torch-free)
-    5. payload           archive: ``archive.reader.fetch_artifact`` into the stage (default <out>.stage),
-                         verified by content hash; local: model.pt re-hashed against the manifest
+    5. payload           archive: ``archive.fetch.fetch_artifact`` into the stage (``staging.py``: the
+                         named <stage-dir>/iter_N when kept or already there, else a private one), every
+                         byte hashed by this fetch (downloaded, or re-hashed in an existing copy) against
+                         the source identity; local: model.pt re-hashed against the manifest
     6. staged build      convert into <out>.tmp.<host>.<pid>.<token> beside <out>, verify_output,
                          hash the shards, write ``.materialized`` inside the staged tree (commit record)
-    7. publish           <out> absent or empty: rename; otherwise swap: <out> -> <out>.previous.<...>,
-                         staged tree -> <out>, then the previous tree is removed (marker first)
-    8. cleanup           the stage paths this invocation created (unless keep_staged)
+    7. publish           <out> absent or empty: rename; otherwise swap: <out> -> <out>.previous.<...>
+                         (a file no build writes found there puts it back and refuses), staged tree ->
+                         <out>, then of the previous tree only what a build wrote is removed (marker first)
+    8. cleanup           a private stage: only this tool's files in it, then the directories this
+                         invocation created while they are empty (never a named or kept stage)
 
 Decision on <out> (identity = conversion version + source sha256/size + base config/index sha256 +
 identity options; the source URI and the base path are recorded but are not identity):
@@ -32,6 +36,11 @@ identity options; the source URI and the base path are recorded but are not iden
 * ``force`` and the same identity -> rebuilt (how an output built with --no-verify gets verified);
 * anything else (a non-empty directory without our marker, a file, a symlink) is foreign -> refused,
   with or without ``force``: this tool never deletes bytes it did not write.
+
+A rebuild (with or without ``force``) removes from <out> only what a build writes there: the marker,
+config.json, the index, the shards (``model-NNNNN-of-NNNNN.safetensors`` and those the marker lists) and
+the base's sidecars. Any other entry (``eval/results.json``, ``NOTES.md``) refuses the request by name
+before anything is fetched, and again at the swap, once the old tree is aside.
 
 A refusal writes nothing: <out> stays byte-identical. A failure before the swap removes only the staged
 tree; <out> stays byte-identical. ``flock`` is not trusted (Lustre/GPFS/NFS): correctness comes from the
@@ -50,7 +59,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +90,7 @@ from .output import (
     staged_tree,
 )
 from .source import ModelSource, resolve_source
+from .staging import Stage, open_stage, release
 
 log = logging.getLogger("ckptflow.materialize")
 
@@ -188,35 +197,34 @@ def materialize(
     restored = restore_orphaned(out)
     decision = decide(out, wanted, base_dir, force=force)
     if decision.action == "skip":
-        return _finish_skip(out, source, wanted, decision, restored)
+        return _finish_skip(out, base_dir, source, wanted, decision, restored)
 
     _preflight(base_dir, expect_tensors, min_tensors)
-    removed = remove_dead_leftovers(out, include_staged=True)
+    removed = remove_dead_leftovers(out, base_dir, include_staged=True)
     staging: dict | None = None
     fetched: dict | None = None
-    created_stage: Path | None = None
+    where: Stage | None = None
     try:
         if source.kind == "artifact-uri":
             assert stage is not None
-            created_stage = _first_missing(stage / source.artifact_name)
-            model_pt, fetched, staging = _fetch(source, stage, created_stage is not None, progress)
+            where = open_stage(stage, source.artifact_name, keep=keep_staged)
+            model_pt, fetched = _fetch(source, where.root, progress)
         else:
             model_pt = source.verified_local_path(progress=progress)
         result = _build(out, model_pt, base_dir, wanted, decision, expect_tensors=expect_tensors,
                         min_tensors=min_tensors, verify_tensors=verify_tensors, max_shard_bytes=max_shard_bytes,
                         progress=progress)
     finally:
-        if created_stage is not None and not keep_staged:
-            shutil.rmtree(created_stage, ignore_errors=True)
-            if staging is not None:
-                staging["kept"] = False
+        if where is not None:
+            staging = where.report(kept=release(where))
     record, summary, status, reason = result
     if status == "skipped":  # a concurrent request published the same identity first
         return MaterializeResult("skipped", reason, out, source, wanted, record, None, None, fetched, staging,
                                  restored, removed)
     return MaterializeResult(status, reason, out, source, wanted, record, summary,
                              Identity.of(decision.previous) if decision.previous is not None else None,
-                             fetched, staging, restored, removed + remove_dead_leftovers(out, include_staged=False))
+                             fetched, staging, restored,
+                             removed + remove_dead_leftovers(out, base_dir, include_staged=False))
 
 
 def _check_arguments(base_dir, out, ckpt_dir, artifact_uri, expect_tensors, min_tensors, stage_dir, keep_staged,
@@ -249,8 +257,9 @@ def _overlaps(a: Path, b: Path) -> bool:
     return a == b or a.is_relative_to(b) or b.is_relative_to(a)
 
 
-def _finish_skip(out: Path, source: ModelSource, wanted: Identity, decision: Decision, restored) -> MaterializeResult:
-    removed = remove_dead_leftovers(out, include_staged=False)
+def _finish_skip(out: Path, base_dir: Path, source: ModelSource, wanted: Identity, decision: Decision,
+                 restored) -> MaterializeResult:
+    removed = remove_dead_leftovers(out, base_dir, include_staged=False)
     return MaterializeResult("skipped", decision.reason, out, source, wanted, decision.previous,
                              restored=restored, removed_leftovers=removed)
 
@@ -267,31 +276,28 @@ def _preflight(base_dir: Path, expect_tensors: int, min_tensors: int) -> None:
                       path=str(base_dir), remedy="check the base, or fix --expect-tensors")
 
 
-def _fetch(source: ModelSource, stage: Path, created: bool, progress) -> tuple[Path, dict, dict]:
+def _fetch(source: ModelSource, root: Path, progress) -> tuple[Path, dict]:
+    """Fetch into ``root``/iter_N. Every staged byte the build reads was hashed by this fetch (downloaded
+    and verified, or re-hashed in an existing copy) against the digest the source identity records."""
     from ..archive.fetch import fetch_artifact
     from ..records.manifest import parse_manifest
 
-    result = fetch_artifact(source.uri, stage, store=source.store, progress=progress)
+    result = fetch_artifact(source.uri, root, store=source.store, progress=progress)
     testhooks.reached("materialize:after-fetch")
     model = parse_manifest(result.plan.manifest_bytes, what=f"manifest fetched from {source.location}").components.get("model")
     if model is None or (model.path, model.size, getattr(model, "sha256", None)) != (
             source.model_path, source.identity.size, source.manifest_sha256):
         raise VerificationFailed(f"the manifest at {source.location} changed while this request ran",
                                  remedy="rerun the command; an archived manifest is immutable, so check the archive")
+    verified = {e.path: e for e in result.plan.payloads}.get(source.model_path)
+    if verified is None or (verified.size, verified.sha256) != (source.identity.size, source.identity.sha256):
+        raise VerificationFailed(f"the staged {source.model_path} in {result.path} was verified against another "
+                                 f"digest than the source identity {source.identity.sha256}",
+                                 path=str(result.path / source.model_path),
+                                 remedy="the archive's records disagree; check the archive or republish the artifact")
     fetched = {"status": result.status, "path": str(result.path), "downloaded": result.downloaded,
                "downloaded_bytes": result.downloaded_bytes}
-    staging = {"path": str(result.path), "created": created, "kept": True}
-    return result.path / source.model_path, fetched, staging
-
-
-def _first_missing(path: Path) -> Path | None:
-    """The topmost ancestor of ``path`` (itself included) that does not exist: what a fetch would create."""
-    missing = None
-    for p in (path, *path.parents):
-        if os.path.lexists(p):
-            break
-        missing = p
-    return missing
+    return result.path / source.model_path, fetched
 
 
 def _build(out: Path, model_pt: Path, base_dir: Path, wanted: Identity, decision: Decision, *, expect_tensors: int,
@@ -311,7 +317,7 @@ def _build(out: Path, model_pt: Path, base_dir: Path, wanted: Identity, decision
         fsync_dir(tmp)
         testhooks.reached("materialize:after-marker")
         testhooks.reached("materialize:before-swap")
-        outcome = publish(tmp, out, wanted, replace=decision.replace)
+        outcome = publish(tmp, out, wanted, replace=decision.replace, base_dir=base_dir)
     if outcome is not None:  # lost a race to a request of the same identity; ours was discarded
         return outcome, None, "skipped", "a concurrent request published the same identity first"
     return record, summary, "built", decision.reason

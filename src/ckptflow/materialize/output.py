@@ -10,7 +10,9 @@ The names carry host and pid because ``flock`` is silently a no-op on some Lustr
 processes can pick the same staged name, and each step that publishes is one ``rename``. A sibling whose
 writer is gone (this host, dead pid) is a leftover of a killed run: a staged tree is removed by the next
 build; a previous tree is renamed back to <out> when <out> is absent (the kill fell between the swap's
-two renames) and removed once <out> is complete again.
+two renames) and removed once <out> is complete again. A staged tree is private to its writer and is
+removed whole; of a previous tree (a user's <out>) only the files a build writes are removed
+(``build_files``), and a tree still holding anything else is kept.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import shutil
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .. import testhooks
@@ -95,7 +97,17 @@ class Decision:
 
 
 def decide(out: Path, wanted: Identity, base_dir: Path, *, force: bool) -> Decision:
-    """Skip, build, or raise ``Refused`` (nothing touched); see ``materialize``'s module doc for the table."""
+    """Skip, build, or raise ``Refused`` (nothing touched); see ``materialize``'s module doc for the table.
+
+    A build that replaces <out> is refused while <out> holds a file no build writes (``unaccounted``).
+    """
+    decision = _decide(out, wanted, base_dir, force=force)
+    if decision.replace:
+        refuse_unaccounted(out, unaccounted(out, base_dir, decision.previous))
+    return decision
+
+
+def _decide(out: Path, wanted: Identity, base_dir: Path, *, force: bool) -> Decision:
     if not os.path.lexists(out):
         return Decision("build", "no previous output")
     if out.is_symlink() or not out.is_dir():
@@ -168,6 +180,101 @@ def damage_of(out: Path, record: Materialized, base_dir: Path) -> str | None:
     return None
 
 
+# --------------------------------------------------------------------------------------------- ownership
+
+_SHARD_RE = re.compile(r"^model-[0-9]{5}-of-[0-9]{5}\.safetensors$")  # conversion.shards.shard_name
+_LISTED = 20  # unaccounted files named in a refusal
+
+
+def build_files(base_dir: Path, record: Materialized | None) -> set[str]:
+    """The paths a build writes into its tree (besides shards named like ``shard_name``): what a rebuild
+    may remove from <out>. The marker, config.json, the index, the shards the marker lists, the base's sidecars."""
+    files = {marker.FILENAME, hf_sidecars.CONFIG_NAME, hf_shards.INDEX_NAME, *hf_sidecars.list_sidecars(base_dir).files}
+    if record is not None:
+        files.update(e.path for e in record.shards)
+    return files
+
+
+def _walk(tree: Path, prefix: str = "") -> Iterator[tuple[str, bool]]:
+    """(relative path, is a directory) for every entry under ``tree``, children before their directory."""
+    with os.scandir(tree) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    for entry in entries:
+        rel = prefix + entry.name
+        if entry.is_dir(follow_symlinks=False):
+            yield from _walk(Path(entry.path), rel + "/")
+            yield rel, True
+        else:
+            yield rel, False
+
+
+def _accounted(rel: str, files: set[str]) -> bool:
+    return rel in files or ("/" not in rel and _SHARD_RE.match(rel) is not None)
+
+
+def _build_dirs(files: set[str]) -> set[str]:
+    return {d.as_posix() for f in files for d in PurePosixPath(f).parents if d.as_posix() != "."}
+
+
+def unaccounted(tree: Path, base_dir: Path, record: Materialized | None) -> list[str]:
+    """Entries of ``tree`` no build writes (user files, their directories), sorted; nothing followed."""
+    files = build_files(base_dir, record)
+    dirs = _build_dirs(files)
+    found: list[str] = []
+    for rel, is_dir in _walk(tree):
+        if not is_dir:
+            if not _accounted(rel, files):
+                found.append(rel)
+        elif rel not in dirs and not any(f.startswith(rel + "/") for f in found):
+            found.append(rel + "/")  # someone else's directory, empty
+    return sorted(found)
+
+
+def refuse_unaccounted(out: Path, names: list[str]) -> None:
+    if not names:
+        return
+    shown = ", ".join(names[:_LISTED]) + (f" and {len(names) - _LISTED} more" if len(names) > _LISTED else "")
+    raise Refused(f"{out} holds {len(names)} file(s) that no build writes: {shown}; a rebuild replaces the output "
+                  "and removes only what a build wrote (marker, config.json, index, shards, the base's sidecars)",
+                  path=str(out), remedy=f"move them out of {out} (nothing was changed), then rerun; or choose another --out")
+
+
+def remove_build_files(tree: Path, base_dir: Path) -> list[str]:
+    """Remove from ``tree`` what a build wrote there, the marker first, then directories left empty and
+    ``tree`` itself. Returns what is left (files no build writes stay, and so does ``tree`` then)."""
+    files = build_files(base_dir, record_in(tree))
+    dirs = _build_dirs(files)
+    # The marker goes first: a tree half removed must never look complete (restore_orphaned reads it).
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(marker.path_in(tree))
+    fsync_dir(tree)
+    for rel, is_dir in list(_walk(tree)):  # children before their directory
+        try:
+            if is_dir and rel in dirs:
+                os.rmdir(tree / rel)  # only once empty: what is left in it is not ours
+            elif _accounted(rel, files):
+                os.unlink(tree / rel)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENOTEMPTY, errno.EEXIST):
+                raise
+    try:
+        os.rmdir(tree)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        return unaccounted(tree, base_dir, None)
+    fsync_dir(tree.parent)
+    return []
+
+
+def record_in(tree: Path) -> Materialized | None:
+    """The marker of ``tree`` when it is readable, else None."""
+    try:
+        return marker.read_materialized(tree)
+    except (InvalidRecord, NotFound, OSError):
+        return None
+
+
 # --------------------------------------------------------------------------------------------- siblings
 
 
@@ -219,8 +326,9 @@ def restore_orphaned(out: Path) -> str | None:
     return None
 
 
-def remove_dead_leftovers(out: Path, *, include_staged: bool) -> list[str]:
-    """Remove staged trees (``include_staged``) and, once <out> is complete, previous trees of killed runs."""
+def remove_dead_leftovers(out: Path, base_dir: Path, *, include_staged: bool) -> list[str]:
+    """Remove staged trees (``include_staged``) and, once <out> is complete, previous trees of killed runs
+    (of these, only what a build wrote: a file someone added stays, with the tree holding it)."""
     removed = []
     if include_staged:
         for tmp in _dead_siblings(out, "tmp"):
@@ -228,19 +336,18 @@ def remove_dead_leftovers(out: Path, *, include_staged: bool) -> list[str]:
             removed.append(str(tmp))
     if _has_marker(out):
         for aside in _dead_siblings(out, "previous"):
-            _remove_tree(aside)
-            removed.append(str(aside))
+            if not _remove_previous(aside, base_dir):
+                removed.append(str(aside))
     for path in removed:
         log.info("removed %s, left by a killed materialize", path)
     return removed
 
 
-def _remove_tree(tree: Path) -> None:
-    # The marker goes first: a tree half removed must never look complete (restore_orphaned reads it).
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(marker.path_in(tree))
-    fsync_dir(tree)
-    shutil.rmtree(tree)
+def _remove_previous(aside: Path, base_dir: Path) -> list[str]:
+    left = remove_build_files(aside, base_dir)
+    if left:
+        log.warning("kept %s: it holds files no build writes (%s); move them, then remove it", aside, ", ".join(left))
+    return left
 
 
 # --------------------------------------------------------------------------------------------- stage + swap
@@ -261,9 +368,12 @@ def staged_tree(out: Path) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def publish(tmp: Path, out: Path, wanted: Identity, *, replace: bool) -> Materialized | None:
+def publish(tmp: Path, out: Path, wanted: Identity, *, replace: bool, base_dir: Path) -> Materialized | None:
     """Put the complete staged tree at <out>. Returns None, or the record of a concurrent build of the same
-    identity that took <out> first (then ``tmp`` is left for ``staged_tree`` to remove)."""
+    identity that took <out> first (then ``tmp`` is left for ``staged_tree`` to remove).
+
+    A swap checks the old tree once it is aside (no path under <out> reaches it any more): a file no build
+    writes puts it back and refuses by name; the old tree's removal then deletes only what a build wrote."""
     if not replace:
         try:
             os.rename(tmp, out)  # onto an absent path or an empty directory only: never over content
@@ -276,6 +386,10 @@ def publish(tmp: Path, out: Path, wanted: Identity, *, replace: bool) -> Materia
     aside = _sibling(out, "previous")
     os.rename(out, aside)
     fsync_dir(out.parent)
+    foreign = unaccounted(aside, base_dir, record_in(aside))
+    if foreign:
+        _put_back(aside, out)
+        refuse_unaccounted(out, foreign)
     testhooks.reached("materialize:mid-swap")
     try:
         os.rename(tmp, out)
@@ -288,8 +402,17 @@ def publish(tmp: Path, out: Path, wanted: Identity, *, replace: bool) -> Materia
         raise
     fsync_dir(out.parent)
     testhooks.reached("materialize:after-swap")
-    _remove_tree(aside)
+    _remove_previous(aside, base_dir)
     return None
+
+
+def _put_back(aside: Path, out: Path) -> None:
+    try:
+        os.rename(aside, out)
+    except OSError as exc:
+        raise ConflictError(f"{out} was created by another process during the swap ({exc.strerror})",
+                            path=str(out), remedy=f"the previous output is kept at {aside}; inspect both") from None
+    fsync_dir(out.parent)
 
 
 def _taken_meanwhile(out: Path, wanted: Identity) -> Materialized:
