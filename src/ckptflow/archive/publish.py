@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import testhooks
-from ..artifact import iteration_from_dir
+from ..artifact import iteration_from_dir, refuse_unrestorable_names
 from ..digest import FileDigest, hash_files, sha256_bytes
 from ..errors import ConflictError, NotFound, Refused, UnsafePath
 from ..fsutil import resolve_inside
@@ -180,6 +180,7 @@ def build_local_inventory(artifact_dir: Path, *, progress: bool | None = None,
             f"but the directory is {artifact_dir.name}",
             remedy="publish the directory the manifest belongs to",
         )
+    refuse_unrestorable_names(artifact_dir, [e.path for e in manifest.physical_files()])
     selected, pruned = _selected_paths(artifact_dir, manifest)
     digests = hash_files(artifact_dir, selected, progress=progress, desc="publish sha256", part_size_for=part_size_for)
     manifest = _check_against_manifest(artifact_dir, manifest, digests)
