@@ -18,7 +18,7 @@ from pathlib import Path
 from . import __version__
 from .digest import hash_files
 from .errors import NotFound, Refused, UnsafePath, UsageError
-from .fsutil import resolve_inside, safe_relpath, walk_files
+from .fsutil import resolve_inside, restorable_name_problem, safe_relpath, walk_files
 from .records import manifest as manifest_record
 
 ITER_DIR_RE = re.compile(r"^iter_(\d+)$")
@@ -105,6 +105,7 @@ def seal_artifact(
         else:
             raise UnsafePath(f"component {spec.name}: {target} is not a regular file or directory")
     _refuse_overlaps(plan)
+    refuse_unrestorable_names(artifact_dir, [f for _, _, files in plan for f in files])
 
     digests = hash_files(artifact_dir, [f for _, _, files in plan for f in files], progress=progress, desc="seal sha256")
     comp_dicts: dict[str, dict] = {}
@@ -131,6 +132,16 @@ def seal_artifact(
     )
     manifest_record.write_manifest(artifact_dir, record)
     return record
+
+
+def refuse_unrestorable_names(artifact_dir: Path, paths: list[str]) -> None:
+    """Seal and publish accept only names fetch can write back: each at most ``fsutil.NAME_MAX`` bytes
+    (fetch's own temporaries are short, fixed-length names), no two equal under case folding or NFC."""
+    problem = restorable_name_problem(paths)
+    if problem is not None:
+        raise Refused(f"{artifact_dir}: {problem}; fetch could not restore such an artifact",
+                      remedy="rename the files (and save or seal the artifact again) so that every name fits and no "
+                      "two differ only in case or Unicode form")
 
 
 def _refuse_overlaps(plan: list[tuple[ComponentSpec, str, list[str]]]) -> None:

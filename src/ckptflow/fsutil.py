@@ -8,10 +8,12 @@ from ``os.replace`` being atomic within one directory, and from create-once reco
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import secrets
 import socket
 import stat
+import unicodedata
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
@@ -19,10 +21,25 @@ from .errors import NotFound, UnsafePath
 
 
 def unique_temp_path(path: Path, suffix: str = ".tmp") -> Path:
-    """A sibling of ``path`` no other process or thread will choose (host, pid, random token)."""
+    """A sibling of ``path`` no other process or thread will choose (host, pid, random token).
+
+    Named ``.<stem>.<host>.<pid>.<token><suffix>``, ``<stem>`` being ``temp_stem(path.name)``: the
+    temporary of any name that fits the file system fits too."""
     host = socket.gethostname().split(".")[0] or "host"
     token = secrets.token_hex(4)
-    return path.with_name(f".{path.name}.{host}.{os.getpid()}.{token}{suffix}")
+    return path.with_name(f".{temp_stem(path.name)}.{host}.{os.getpid()}.{token}{suffix}")
+
+
+# Room a temporary name needs besides its stem: ".", a host label (at most 63), a pid, a token, a suffix.
+_TEMP_OVERHEAD = 96
+
+
+def temp_stem(name: str) -> str:
+    """``name`` itself, or 16 hex digits of its SHA-256 when a temporary spelled after it could exceed
+    ``NAME_MAX`` (a 247-byte shard name fits the file system, ``.<name>.<host>.<pid>...`` does not)."""
+    if len(name.encode("utf-8", "surrogateescape")) <= NAME_MAX - _TEMP_OVERHEAD:
+        return name
+    return hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
 def writer_gone(pid: int) -> bool:
@@ -198,3 +215,49 @@ def _walk(root: Path, prefix: PurePosixPath) -> Iterator[str]:
             yield rel.as_posix()
         else:
             raise UnsafePath(f"{root / rel} is not a regular file", remedy="remove it from the artifact directory")
+
+
+# --------------------------------------------------------------------------------------------- names
+
+# Bytes per path component on ext4, XFS, Btrfs, Lustre, GPFS and NFS; the bound seal and publish hold
+# every artifact name to, so that fetch can write it back on any of them.
+NAME_MAX = 255
+
+
+def name_max(directory: Path | str) -> int:
+    """The longest file name (bytes) the file system of ``directory`` or its nearest existing ancestor takes."""
+    path = Path(os.path.abspath(directory))
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    try:
+        return int(os.pathconf(path, "PC_NAME_MAX"))
+    except (OSError, ValueError):
+        return NAME_MAX
+
+
+def restorable_name_problem(paths: list[str], limit: int = NAME_MAX) -> str | None:
+    """Why a set of relative POSIX paths could not all be written back to a directory, or None.
+
+    A name (any component) longer than ``limit`` bytes in UTF-8 cannot be created; two paths that are
+    equal after Unicode NFC normalisation and case folding (``Model.pt`` and ``model.pt``, or a file
+    ``A`` and a directory ``a/``) land on one file on case-insensitive or normalising file systems.
+    """
+    seen: dict[str, str] = {}
+    for path in sorted(paths):
+        parts = PurePosixPath(path).parts
+        for i, part in enumerate(parts):
+            size = len(part.encode("utf-8", "surrogateescape"))
+            if size > limit:
+                return (f"{path!r} has a name of {size} bytes ({part[:24]}...), over the file-system limit of "
+                        f"{limit} bytes per name (NAME_MAX)")
+            spelled = "/".join(parts[: i + 1])
+            key = _fold(spelled)
+            other = seen.setdefault(key, spelled)
+            if other != spelled:
+                return (f"{other!r} and {spelled!r} are one name on case-insensitive or Unicode-normalising "
+                        "file systems (equal after NFC and case folding)")
+    return None
+
+
+def _fold(path: str) -> str:
+    return unicodedata.normalize("NFC", unicodedata.normalize("NFC", path).casefold())

@@ -260,3 +260,52 @@ def test_publish_hashes_each_payload_once_and_the_server_checks_every_part(
     assert sorted(base64.b64decode(p["x-amz-checksum-sha256"]) for p in parts) == expected
     assert {p["x-amz-content-sha256"] for p in parts} == {"UNSIGNED-PAYLOAD"}
     assert store.head(f"{ARTIFACT_PREFIX}/model.pt").sha256 == hashlib.sha256(data).hexdigest()
+
+
+def _prune_locally(artifact):
+    """What prune-verified leaves: the manifest's payload files gone, every record kept."""
+    for entry in manifest_record.read_manifest(artifact).physical_files():
+        (artifact / entry.path).unlink()
+
+
+def test_a_pruned_artifact_whose_receipt_was_lost_is_adopted_from_its_manifest_digests(artifact, any_store):
+    publish_artifact(artifact, any_store, UPLOAD_PREFIX, progress=False)
+    before = receipt_record.read_receipt(artifact)
+    remote = remote_snapshot(any_store)
+    _prune_locally(artifact)
+    receipt_record.path_in(artifact).unlink()  # e.g. removed by a workflow rerun
+    result = publish_artifact(artifact, any_store, UPLOAD_PREFIX, progress=False)
+    assert result.status == "adopted" and result.uploaded == []
+    after = receipt_record.read_receipt(artifact)
+    assert (after.destination, after.declaration_sha256, after.files) == (
+        before.destination, before.declaration_sha256, before.files)
+    assert remote_snapshot(any_store) == remote
+    assert publish_artifact(artifact, any_store, UPLOAD_PREFIX, progress=False).status == "skipped"
+
+
+def test_a_pruned_artifact_is_refused_where_its_archive_is_not_and_nothing_is_written(artifact, sw_store, tmp_path):
+    local = LocalStore(tmp_path / "first-archive")
+    (tmp_path / "first-archive").mkdir()
+    publish_artifact(artifact, local, UPLOAD_PREFIX, progress=False)
+    _prune_locally(artifact)
+    receipt_record.path_in(artifact).unlink()
+    with pytest.raises(NotFound, match=r"gone locally .* holds no \.posttrain-archive\.json") as err:
+        publish_artifact(artifact, sw_store, UPLOAD_PREFIX, progress=False)
+    assert "model.pt" in str(err.value) and "--" not in str(err.value)
+    assert sw_store.list("") == []
+    other = make_artifact(tmp_path / "other-run", seed=7)
+    publish_artifact(other, sw_store, UPLOAD_PREFIX, progress=False)
+    remote = remote_snapshot(sw_store)
+    with pytest.raises(Refused, match="is not this artifact's"):
+        publish_artifact(artifact, sw_store, UPLOAD_PREFIX, progress=False)
+    assert remote_snapshot(sw_store) == remote and not receipt_record.path_in(artifact).exists()
+
+
+def test_adopting_a_pruned_artifact_still_head_verifies_the_whole_remote_inventory(artifact, sw_store):
+    publish_artifact(artifact, sw_store, UPLOAD_PREFIX, progress=False)
+    _prune_locally(artifact)
+    receipt_record.path_in(artifact).unlink()
+    sw_store.delete(f"{ARTIFACT_PREFIX}/optim/__1_0.distcp")
+    with pytest.raises(VerificationFailed, match=r"__1_0\.distcp"):
+        publish_artifact(artifact, sw_store, UPLOAD_PREFIX, progress=False)
+    assert not receipt_record.path_in(artifact).exists()

@@ -22,6 +22,7 @@ RECORD_SCHEMAS = [
     "overlay_source",
     "legacy_manifest",
     "probe",
+    "merge_progress",
 ]
 PACKAGED = sorted(
     p.name.removesuffix(".schema.json")

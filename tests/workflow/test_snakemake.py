@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -57,3 +58,48 @@ def test_prune_all_publishes_verifies_and_prunes_then_has_nothing_to_do(
 
     again = snakemake(tmp_path, "-n", "prune_all", config=config, env=env)
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+
+
+def _pruned_workflow(tmp_path: Path, bucket: str) -> tuple[Path, dict[str, str], dict[str, str]]:
+    runs = tmp_path / "runs"
+    art = make_artifact(runs / "proj" / "run1" / "20261129T000000Z", iteration=300)
+    (art / "optim.pt").unlink()  # an unselected file would (rightly) block pruning
+    config = {
+        "runs_root": str(runs), "bucket": bucket,
+        "reports_dir": str(tmp_path / "reports"), "logs_dir": str(tmp_path / "logs"),
+    }
+    return art, config, {"CKPTFLOW_CACHE_DIR": str(tmp_path / "cache")}
+
+
+@pytest.mark.slow
+def test_a_respelled_destination_neither_reruns_publication_nor_loses_a_pruned_artifacts_receipt(tmp_path):
+    archive = tmp_path / "arch"
+    archive.mkdir()
+    art, config, env = _pruned_workflow(tmp_path, f"file://{archive}")
+    first = snakemake(tmp_path, "prune_all", config=config, env=env)
+    assert first.returncode == 0, first.stderr + first.stdout
+    assert list(walk_files(art)) == [".posttrain-checkpoint-artifact.json", ".uploaded"]
+    receipt = (art / ".uploaded").read_bytes()
+
+    again = snakemake(tmp_path, "prune_all", config={**config, "bucket": f"file://{archive}/"}, env=env)
+    assert again.returncode == 0, again.stderr + again.stdout
+    assert "Nothing to be done" in again.stdout + again.stderr
+    assert (art / ".uploaded").read_bytes() == receipt
+
+
+@pytest.mark.slow
+def test_a_forced_publish_rerun_re_derives_the_receipt_of_a_pruned_artifact(tmp_path):
+    archive = tmp_path / "arch"
+    archive.mkdir()
+    art, config, env = _pruned_workflow(tmp_path, f"file://{archive}")
+    assert snakemake(tmp_path, "prune_all", config=config, env=env).returncode == 0
+    before = json.loads((art / ".uploaded").read_text())
+
+    # Snakemake removes the declared output before the job runs; publication must re-derive it.
+    rerun = snakemake(tmp_path, "prune_all", "--forcerun", "publish", config=config, env=env)
+    assert rerun.returncode == 0, rerun.stderr + rerun.stdout
+    assert "rule publish:" in rerun.stdout + rerun.stderr
+    after = json.loads((art / ".uploaded").read_text())
+    assert {k: v for k, v in after.items() if k != "uploaded_at"} == {
+        k: v for k, v in before.items() if k != "uploaded_at"}
+    assert list(walk_files(art)) == [".posttrain-checkpoint-artifact.json", ".uploaded"]

@@ -56,6 +56,7 @@ from .. import testhooks
 from ..artifact import ITER_DIR_RE
 from ..digest import FileDigest, hash_files, sha256_bytes
 from ..errors import InvalidRecord, NotFound, Refused, UnsafePath, VerificationFailed
+from ..fsutil import name_max, restorable_name_problem
 from ..records import declaration as declaration_record
 from ..records import manifest as manifest_record
 from ..records import staging as staging_record
@@ -268,6 +269,11 @@ def fetch_artifact(
     staged = Path(os.path.abspath(dst)) / name
     plan = read_plan(store, prefix, uri, iteration=int(ITER_DIR_RE.match(name).group(1)))
     inventory = plan.inventory
+    problem = restorable_name_problem([e.path for e in inventory], name_max(staged))
+    if problem is not None:
+        raise Refused(f"{uri} cannot be written into {staged}: {problem}; nothing was written",
+                      remedy="fetch into a case-sensitive file system whose names are long enough, or republish the "
+                      "artifact with other names")
     record = stage.read_own_record(staged)
     same = record is not None and (record.source_uri, record.declaration_sha256, record.files) == (
         str(uri), plan.declaration_sha256, inventory)

@@ -14,24 +14,29 @@ Order (each step is safe to interrupt; a rerun resumes or refuses by name):
    whole remote inventory, then write the local ``.uploaded`` receipt.
 
 A remote manifest means a committed archive: it is adopted (verified, receipt written) when it matches
-the local inventory, and refused when it does not. The receipt records the server checksums the
-endpoint reported for the published bytes. ``delete_local`` removes the manifest's payload files only
-through ``release`` (the checks prune-verified runs: receipt bound to the artifact, payloads re-hashed
-by descriptor, the live remote copy proven by server checksum or by reading it back, each file
-unlinked only if it is still the one hashed), and only on an endpoint with a passing probe record
-(``probe.require_qualified``). A ``file://`` archive root that overlaps the artifact is refused.
+the local inventory, and refused when it does not. An artifact whose payloads were pruned locally can
+still be adopted: the manifest's digests stand in for the missing files, and the remote declaration and
+manifest must equal the local ones byte for byte (nothing is written remotely), so the receipt is always
+re-derivable from the manifest and the archive; without such an archive it is refused by name. The
+receipt records the server checksums the endpoint reported for the published bytes. ``delete_local``
+removes the manifest's payload files only through ``release`` (the checks prune-verified runs: receipt
+bound to the artifact, payloads re-hashed by descriptor, the live remote copy proven by server checksum
+or by reading it back, each file unlinked only if it is still the one hashed), and only on an endpoint
+with a passing probe record (``probe.require_qualified``). A ``file://`` archive root that overlaps the
+artifact is refused.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import testhooks
-from ..artifact import iteration_from_dir
+from ..artifact import iteration_from_dir, refuse_unrestorable_names
 from ..digest import FileDigest, hash_files, sha256_bytes
 from ..errors import ConflictError, NotFound, Refused, UnsafePath
 from ..fsutil import resolve_inside
@@ -87,8 +92,13 @@ class PublishResult:
 # --------------------------------------------------------------------------------------------- selection
 
 
-def _selected_paths(artifact_dir: Path, manifest: manifest_record.Manifest) -> list[str]:
-    paths = [e.path for e in manifest.physical_files()]
+def _selected_paths(artifact_dir: Path, manifest: manifest_record.Manifest) -> tuple[list[str], list[FileEntry]]:
+    """The selected files on disk, and the manifest's payload files that are gone (pruned) but whose
+    size and digest the manifest records. Any other missing file is refused."""
+    pruned = [e for e in manifest.physical_files()
+              if e.sha256 is not None and not os.path.lexists(artifact_dir / e.path)]
+    gone = {e.path for e in pruned}
+    paths = [e.path for e in manifest.physical_files() if e.path not in gone]
     if merge_record.path_in(artifact_dir).exists():
         paths.append(merge_record.FILENAME)
         diag = merge_record.read_merge_record(artifact_dir).diag
@@ -105,7 +115,7 @@ def _selected_paths(artifact_dir: Path, manifest: manifest_record.Manifest) -> l
             )
         if not target.is_file():
             raise UnsafePath(f"{target} is not a regular file", remedy="artifacts hold regular files only")
-    return sorted(set(paths))
+    return sorted(set(paths)), pruned
 
 
 def _check_against_manifest(
@@ -113,7 +123,9 @@ def _check_against_manifest(
 ) -> manifest_record.Manifest:
     """Refuse payloads that contradict the manifest; return it with missing file digests filled in."""
     for entry in manifest.physical_files():
-        got = digests[entry.path]
+        got = digests.get(entry.path)
+        if got is None:  # pruned: the manifest's own digest stands for it
+            continue
         if got.size != entry.size or (entry.sha256 is not None and got.sha256 != entry.sha256):
             raise Refused(
                 f"{artifact_dir / entry.path} contradicts {manifest_record.FILENAME}: found size {got.size} "
@@ -158,6 +170,8 @@ class LocalInventory:
     declaration_bytes: bytes
     # The payload digests of the hashing pass, with per-part digests where the store asked for them.
     digests: dict[str, FileDigest] = field(default_factory=dict, compare=False, repr=False)
+    # Payload files gone locally (pruned after an earlier publication), declared from the manifest's digests.
+    pruned: tuple[str, ...] = ()
 
     @property
     def files(self) -> tuple[FileEntry, ...]:
@@ -177,18 +191,19 @@ def build_local_inventory(artifact_dir: Path, *, progress: bool | None = None,
             f"but the directory is {artifact_dir.name}",
             remedy="publish the directory the manifest belongs to",
         )
-    selected = _selected_paths(artifact_dir, manifest)
+    refuse_unrestorable_names(artifact_dir, [e.path for e in manifest.physical_files()])
+    selected, pruned = _selected_paths(artifact_dir, manifest)
     digests = hash_files(artifact_dir, selected, progress=progress, desc="publish sha256", part_size_for=part_size_for)
     manifest = _check_against_manifest(artifact_dir, manifest, digests)
     manifest_bytes = manifest_record.path_in(artifact_dir).read_bytes()
     manifest_sha = sha256_bytes(manifest_bytes)
-    entries = [FileEntry(p, d.size, d.sha256) for p, d in digests.items()]
+    entries = [FileEntry(p, d.size, d.sha256) for p, d in digests.items()] + pruned
     entries.append(FileEntry(manifest_record.FILENAME, len(manifest_bytes), manifest_sha))
     declaration = declaration_record.Declaration(
         manifest_sha256=manifest_sha, iteration=manifest.iteration, files=tuple(entries)
     )
     return LocalInventory(manifest, manifest_bytes, declaration, declaration_record.encode_declaration(declaration),
-                          digests)
+                          digests, tuple(e.path for e in pruned))
 
 
 # --------------------------------------------------------------------------------------------- remote
@@ -266,6 +281,32 @@ def _commit_manifest(store: ObjectStore, prefix: str, inv: LocalInventory) -> No
         )
 
 
+def _adopt_pruned(store: ObjectStore, prefix: str, artifact_dir: Path, inv: LocalInventory) -> None:
+    """Adopt the committed archive of an artifact whose payloads were pruned here; write nothing remote.
+
+    The missing files cannot be uploaded, so the destination must already hold this very artifact: a
+    declaration and a manifest byte-identical to the ones built from the local manifest and records."""
+    where = f"{store.destination.scheme}://{store.destination.bucket}/{prefix}"
+    missing = f"{len(inv.pruned)} payload file(s) ({artifact_dir / inv.pruned[0]}{', ...' if len(inv.pruned) > 1 else ''})"
+    for name, expected in ((declaration_record.FILENAME, inv.declaration_bytes), (manifest_record.FILENAME, inv.manifest_bytes)):
+        key = object_key(prefix, name)
+        if store.head(key) is None:
+            raise NotFound(
+                f"{missing} listed by the manifest are gone locally (pruned?), and {where} holds no {name} "
+                "of a committed archive to adopt",
+                remedy="publish to the destination that holds this artifact's archive (the one its receipt named), "
+                "or bring the files back with `ckptflow fetch` first",
+            )
+        found = store.get_bytes(key)
+        if found != expected:
+            raise Refused(
+                f"{where}/{name} (sha256 {sha256_bytes(found)}) is not this artifact's (sha256 {sha256_bytes(expected)}), "
+                f"and {missing} listed by the manifest are gone locally, so nothing can be published there",
+                remedy="publish to the destination that holds this artifact's archive (the one its receipt named)",
+            )
+    log.info("%s: payloads pruned locally; adopting the identical committed archive at %s", artifact_dir, where)
+
+
 def _receipt_matches(artifact_dir: Path, dest: receipt_record.ReceiptDestination, decl_sha: str, inv: LocalInventory) -> bool:
     path = receipt_record.path_in(artifact_dir)
     if not path.exists() or receipt_record.is_legacy_receipt(artifact_dir):
@@ -304,6 +345,9 @@ def publish_artifact(
 
     if _receipt_matches(artifact_dir, dest, decl_sha, inv):
         result.status = "skipped"
+    elif inv.pruned:
+        result.status = "adopted"
+        _adopt_pruned(store, prefix, artifact_dir, inv)
     elif store.head(object_key(prefix, manifest_record.FILENAME)) is not None:
         result.status = "adopted"
         # A committed archive: compare before writing anything, so a conflicting prefix is refused

@@ -6,7 +6,9 @@ this tool's to replace or remove. Everything here either inspects (and refuses b
 owned paths only; ``reader.fetch_artifact`` decides the order.
 
 Downloads go through ``.part`` temporaries named ``.<name>.<host>.<pid>.<token>.part`` beside their
-final file (``fsutil.unique_temp_path``): unique per process without a lock, because ``flock`` is
+final file (``fsutil.unique_temp_path``; a name too long for that is replaced by 16 hex digits of its
+SHA-256, ``fsutil.temp_stem``, so any name that fits the file system can be written). Unique per
+process without a lock, because ``flock`` is
 silently a no-op on some Lustre/GPFS/NFS mounts. A part whose writer is gone (same host, dead pid) is
 a *leftover*; the part a resumed fetch continues from is one of those, renamed to the new process's
 own name first so that two resuming processes never write the same file.
@@ -26,7 +28,7 @@ from pathlib import Path, PurePosixPath
 
 from ..digest import sha256_prefix
 from ..errors import ConflictError, InvalidRecord, Refused, UnsafePath
-from ..fsutil import fsync_dir, resolve_inside, unique_temp_path, writer_gone
+from ..fsutil import fsync_dir, resolve_inside, temp_stem, unique_temp_path, writer_gone
 from ..records import staging as staging_record
 from ..records.inventory import FileEntry
 
@@ -42,6 +44,12 @@ _active_lock = threading.Lock()
 
 def _host() -> str:
     return socket.gethostname().split(".")[0] or "host"
+
+
+def _part_of(part_name_group: str, name: str) -> bool:
+    """Whether a part whose name group is ``part_name_group`` belongs to the file ``name`` (its stem,
+    or the whole name as earlier versions spelled every part)."""
+    return part_name_group in (temp_stem(name), name)
 
 
 def is_part_name(name: str) -> bool:
@@ -80,7 +88,7 @@ def leftover_parts(final: Path) -> list[Path]:
         active = set(_active)
     for entry in entries:
         m = _PART_RE.match(entry.name)
-        if not m or m["name"] != final.name or m["host"] != host or not entry.is_file(follow_symlinks=False):
+        if not m or not _part_of(m["name"], final.name) or m["host"] != host or not entry.is_file(follow_symlinks=False):
             continue
         path = Path(entry.path)
         if path not in active and writer_gone(int(m["pid"])):
@@ -308,6 +316,8 @@ def files_in_place(staged: Path, entries: Iterable[FileEntry]) -> bool:
 def unowned_files(staged: Path, owned: set[str]) -> list[str]:
     """Everything in ``staged`` ckptflow did not write (user files, foreign parts), sorted; nothing followed."""
     out: list[str] = []
+    stems = {f"{PurePosixPath(p).parent.as_posix()}/{temp_stem(PurePosixPath(p).name)}".removeprefix("./")
+             for p in owned}
 
     def walk(directory: Path, prefix: str) -> None:
         with os.scandir(directory) as it:
@@ -318,7 +328,7 @@ def unowned_files(staged: Path, owned: set[str]) -> list[str]:
                 walk(Path(entry.path), rel + "/")
                 continue
             m = _PART_RE.match(entry.name)
-            mine = m is not None and f"{prefix}{m['name']}" in owned
+            mine = m is not None and (f"{prefix}{m['name']}" in owned or f"{prefix}{m['name']}" in stems)
             if rel not in owned and rel != staging_record.FILENAME and not mine:
                 out.append(rel)
 

@@ -8,6 +8,10 @@ tool version that wrote the record. Rules, in this order:
   whose native manifest names the same ``model.pt``) -> **skip**;
 * no record -> the output is incomplete -> **build**, unless a native manifest that another program
   committed is there (a trainer's or ``seal``'s artifact): that is **refused** unless ``--force``;
+  and a record-less ``model.pt`` is only replaced when merge provably wrote it: the in-progress marker
+  ``.merge-in-progress.json`` names that very file (device, inode, size, mtime), or merge's own native
+  manifest lists its size and SHA-256. Any other ``model.pt`` (a user's own, unsealed) is **refused**,
+  even with ``--force``: it may be the only copy;
 * a record of the same request whose outputs differ or are missing -> damaged -> **build**;
 * a record of a different request, of another tool version, from an older tool (no protocol), or one
   that cannot be read -> **refused** unless ``--force``, naming both identities;
@@ -25,7 +29,7 @@ from .. import __version__
 from ..digest import sha256_file
 from ..errors import InvalidRecord, NotFound, Refused
 from ..records import manifest as manifest_record
-from ..records import merge_record
+from ..records import merge_progress, merge_record
 from ..records.merge_record import LegacyRecord, MergeRecord, MergeRequest
 
 PRODUCER = "ckptflow merge"
@@ -158,10 +162,39 @@ def _without_record(artifact_dir: Path, force: bool) -> Decision:
                     remedy="merge into another iter_* directory, or rerun with --force to replace that artifact",
                 )
             return Decision("build", f"forced: replaces an artifact committed by {producer or 'an unnamed producer'}")
+        _refuse_unproven_model(artifact_dir, manifest)
         return Decision("build", "incomplete: an earlier merge stopped before its record")
     if (artifact_dir / MODEL_NAME).exists():
+        _refuse_unproven_model(artifact_dir, None)
         return Decision("build", "incomplete: model.pt without a merge record")
     return Decision("build", "no previous output")
+
+
+def _refuse_unproven_model(artifact_dir: Path, manifest: manifest_record.Manifest | None) -> None:
+    """Refuse unless the record-less ``model.pt`` (if any) was written by merge: the in-progress
+    marker names this very file, or merge's own manifest lists its size and digest."""
+    model = artifact_dir / MODEL_NAME
+    if not (model.exists() or model.is_symlink()):
+        return
+    marker = merge_progress.path_in(artifact_dir)
+    if marker.exists():
+        try:
+            if merge_progress.read_merge_progress(marker).names(model):
+                return
+        except InvalidRecord:
+            pass  # an unreadable marker proves nothing
+    component = manifest.components.get("model") if manifest is not None else None
+    if (component is not None and component.path == MODEL_NAME and model.is_file()
+            and model.stat().st_size == getattr(component, "size", None)
+            and sha256_file(model).sha256 == getattr(component, "sha256", None)):
+        return
+    raise Refused(
+        f"{model} exists without a merge record, and neither an in-progress marker ({merge_progress.FILENAME}) "
+        "nor a manifest written by merge proves that ckptflow merge wrote it; it may be the only copy of a model, "
+        "so it is not replaced, not even with --force",
+        remedy="move it out of the way if it does not belong here, or seal it (`ckptflow seal`) to keep it as "
+        "this iteration's artifact and merge into another iter_* directory",
+    )
 
 
 def damaged_outputs(artifact_dir: Path, record: MergeRecord) -> str | None:

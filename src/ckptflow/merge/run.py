@@ -5,11 +5,14 @@ Order of work (each step only after the previous one succeeded)::
     check arguments -> read base identity -> hash experts -> decide (skip / build / refuse)
     -> open experts (mmap) and base, normalise layouts, refuse mismatches    (nothing written so far)
     -> write model.pt into a unique temporary beside it, one tensor at a time, fsync, verify
+    -> write the in-progress marker naming the model.pt replaced and the temporary (their file identities)
     -> remove the previous record, manifest and diagnostics this build replaces
     -> rename the temporary to model.pt -> diagnostics -> native manifest -> .merge-complete.json
+    -> remove the in-progress marker
 
 A kill at any point leaves the old committed output, or a directory without ``.merge-complete.json``
-that the same command rebuilds. Temporaries of dead processes on this host are removed on the next build.
+that the same command rebuilds (the marker proves the record-less model.pt is the merge's own; a
+model.pt nothing proves is refused, see ``identity``). Temporaries of dead processes on this host are removed on the next build.
 When no merge record is there, the decision cannot depend on the request, so the experts are hashed in
 a background thread while the merge runs; ``_check_unchanged`` proves the files hashed are the files
 merged (same inode, size and mtime before hashing and after the write).
@@ -36,7 +39,7 @@ from ..fsutil import atomic_write_bytes, fsync_dir, unique_temp_path
 from ..jsonio import encode_json
 from ..progress import ByteProgress
 from ..records import manifest as manifest_record
-from ..records import merge_record
+from ..records import merge_progress, merge_record
 from ..records.inventory import FileEntry
 from ..records.merge_record import BaseIdentity, Expert, MergeRecord, MergeRequest
 from .build import plan_merge, write_merged
@@ -127,8 +130,8 @@ def merge_experts(
     try:
         plan = plan_merge(mode, lam, experts_abs, base_model, diag=diag_path is not None)
         artifact_dir.mkdir(parents=True, exist_ok=True)
-        removed = _remove_dead_temporaries(artifact_dir, {MODEL_NAME, manifest_record.FILENAME,
-                                                          merge_record.FILENAME, *([diag_rel] if diag_rel else [])})
+        removed = _remove_dead_temporaries(artifact_dir, {MODEL_NAME, manifest_record.FILENAME, merge_record.FILENAME,
+                                                          merge_progress.FILENAME, *([diag_rel] if diag_rel else [])})
         tmp = unique_temp_path(out)
         try:
             model_digest, diag_doc = write_merged(plan, tmp, progress=progress)
@@ -175,16 +178,28 @@ def _check_arguments(mode, experts, out, base, lam, diag):
         raise UsageError(f"--out {out} must name a file model.pt", remedy="pass --out <...>/iter_N/model.pt")
     iteration_from_dir(out.parent)
     experts_abs = [Path(os.path.abspath(e)) for e in experts]
-    for path in experts_abs:
-        if path == out:
-            raise UsageError(f"expert {path} is the output itself", remedy="write the merge to another iter_* directory")
+    for path in experts_abs:  # compared by file identity: a symlinked directory or a hard link is the same file
+        if path == out or (path.is_file() and _same_file(path, out)):
+            raise UsageError(f"expert {path} is the output itself ({out})",
+                             remedy="write the merge to another iter_* directory")
         if not path.is_file():
             raise NotFound(f"expert {path} does not exist or is not a file", remedy="check the --experts list")
     base_dir = Path(os.path.abspath(base)) if base is not None else None
     diag_path = Path(os.path.abspath(diag)) if diag is not None else None
-    if diag_path is not None and (diag_path == out or diag_path.name in (manifest_record.FILENAME, merge_record.FILENAME)):
+    if diag_path is not None and (diag_path == out or _same_file(diag_path, out)
+                                  or diag_path.name in (manifest_record.FILENAME, merge_record.FILENAME)):
         raise UsageError(f"--diag {diag_path} would overwrite a file the merge owns", remedy="choose another path")
+    if diag_path is not None and any(_same_file(diag_path, p) for p in experts_abs):
+        raise UsageError(f"--diag {diag_path} is one of the experts", remedy="choose another path")
     return out, experts_abs, base_dir, lam, diag_path
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` are one file (device and inode), however they are spelled."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist
+        return False
 
 
 def _relative_inside(path: Path, directory: Path) -> str | None:
@@ -259,6 +274,12 @@ def _commit(artifact_dir: Path, out: Path, tmp: Path, request: MergeRequest, mod
     """Replace the previous output by the verified temporary and commit, record last."""
     record_path = merge_record.path_in(artifact_dir)
     manifest_path = manifest_record.path_in(artifact_dir)
+    # The marker proves to a rerun that the record-less model.pt (the old one or the renamed temporary) is
+    # one this build was allowed to replace or wrote itself.
+    states = [merge_progress.FileState.of(tmp)]
+    if out.is_file() and not out.is_symlink():
+        states.insert(0, merge_progress.FileState.of(out))
+    merge_progress.write_merge_progress(artifact_dir, merge_progress.MergeProgress(tuple(states)))
     # From here the directory is uncommitted: a kill leaves something the same command rebuilds.
     for path in (record_path, manifest_path):
         if path.exists() or path.is_symlink():
@@ -289,4 +310,5 @@ def _commit(artifact_dir: Path, out: Path, tmp: Path, request: MergeRequest, mod
     merge_record.write_merge_record(
         artifact_dir, MergeRecord(tool_version=__version__, request=request, outputs=tuple(outputs), diag=diag_rel)
     )
+    merge_progress.path_in(artifact_dir).unlink()
 
