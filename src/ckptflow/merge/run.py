@@ -85,14 +85,7 @@ def merge_experts(
     """
     out, experts_abs, base_dir, lam, diag_path = _check_arguments(mode, experts, out, base, lam, diag)
     artifact_dir = out.parent
-    dir_iteration = iteration_from_dir(artifact_dir)
-    if iteration is not None and iteration != dir_iteration:
-        raise Refused(f"--iteration {iteration} does not match the output directory {artifact_dir.name}",
-                      remedy=f"pass --iteration {dir_iteration}, or write to the iter_{iteration} directory")
-    if artifact_dir.is_symlink() or (artifact_dir.exists() and not artifact_dir.is_dir()):
-        raise UnsafePath(f"output directory {artifact_dir} is a symlink or not a directory", remedy="pass a real iter_* directory")
-    if out.is_symlink() or out.is_dir():
-        raise UnsafePath(f"{out} is a symlink or a directory", remedy="remove it; the merge writes a regular model.pt")
+    dir_iteration = _check_output(out, iteration)
     diag_rel = _relative_inside(diag_path, artifact_dir) if diag_path is not None else None
 
     base_model = BaseModel(base_dir) if base_dir is not None else None
@@ -182,6 +175,20 @@ def _check_arguments(mode, experts, out, base, lam, diag):
     if diag_path is not None and (diag_path == out or diag_path.name in (manifest_record.FILENAME, merge_record.FILENAME)):
         raise UsageError(f"--diag {diag_path} would overwrite a file the merge owns", remedy="choose another path")
     return out, experts_abs, base_dir, lam, diag_path
+
+
+def _check_output(out: Path, iteration: int | None) -> int:
+    """The iteration of ``out``'s directory, after refusing a mismatched ``--iteration`` and unsafe paths."""
+    artifact_dir = out.parent
+    dir_iteration = iteration_from_dir(artifact_dir)
+    if iteration is not None and iteration != dir_iteration:
+        raise Refused(f"--iteration {iteration} does not match the output directory {artifact_dir.name}",
+                      remedy=f"pass --iteration {dir_iteration}, or write to the iter_{iteration} directory")
+    if artifact_dir.is_symlink() or (artifact_dir.exists() and not artifact_dir.is_dir()):
+        raise UnsafePath(f"output directory {artifact_dir} is a symlink or not a directory", remedy="pass a real iter_* directory")
+    if out.is_symlink() or out.is_dir():
+        raise UnsafePath(f"{out} is a symlink or a directory", remedy="remove it; the merge writes a regular model.pt")
+    return dir_iteration
 
 
 def _relative_inside(path: Path, directory: Path) -> str | None:
