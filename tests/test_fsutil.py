@@ -1,4 +1,5 @@
 import os
+import subprocess
 
 import pytest
 
@@ -85,3 +86,49 @@ def test_resolve_inside_refuses_symlinked_component(tmp_path):
     (art / "optim").symlink_to(outside, target_is_directory=True)
     with pytest.raises(UnsafePath, match="symlink"):
         fsutil.resolve_inside(art, "optim/x")
+
+
+def _exited_pid() -> int:
+    """The pid of a real process that has exited (and been reaped)."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_this_process_is_never_a_gone_writer():
+    assert fsutil.writer_gone(os.getpid()) is False
+    assert fsutil.writer_gone(_exited_pid()) is True
+
+
+def test_temporary_names_carry_host_and_pid_and_parse_back(tmp_path):
+    tmp = fsutil.unique_temp_path(tmp_path / "model.pt", ".part")
+    assert fsutil.parse_tagged_name(tmp.name, ".part") == (".model.pt", fsutil.host_tag(), os.getpid())
+    assert fsutil.parse_tagged_name(tmp.name, ".tmp") is None
+    assert fsutil.parse_tagged_name("model.pt", ".part") is None
+    sibling = fsutil.tagged_name("teacher.tmp")
+    assert fsutil.parse_tagged_name(sibling) == ("teacher.tmp", fsutil.host_tag(), os.getpid())
+
+
+def test_dead_temporaries_are_this_hosts_of_gone_writers_only(tmp_path):
+    host = fsutil.host_tag()
+    gone = _exited_pid()
+    dead = tmp_path / f".model.pt.{host}.{gone}.0123abcd.tmp"
+    own = fsutil.unique_temp_path(tmp_path / "model.pt")
+    other_host = tmp_path / f".model.pt.{host}x.{gone}.0123abcd.tmp"
+    other_name = tmp_path / f".other.pt.{host}.{gone}.0123abcd.tmp"
+    for path in (dead, own, other_host, other_name):
+        path.write_bytes(b"x")
+    (tmp_path / f".model.pt.{host}.{gone}.4567abcd.tmp").symlink_to(dead)
+    (tmp_path / f".model.pt.{host}.{gone}.89abcdef.tmp").mkdir()
+    assert fsutil.dead_temporaries(tmp_path, {".model.pt"}, ".tmp") == [dead]
+    assert fsutil.dead_temporaries(tmp_path, {".model.pt"}, ".tmp", kind="dir") == [
+        tmp_path / f".model.pt.{host}.{gone}.89abcdef.tmp"]
+    assert fsutil.dead_temporaries(tmp_path / "absent", {".model.pt"}, ".tmp") == []
+
+
+def test_own_temporaries_are_dead_only_when_a_registry_proves_them_idle(tmp_path):
+    own = fsutil.unique_temp_path(tmp_path / "model.pt")
+    own.write_bytes(b"in flight")
+    assert fsutil.dead_temporaries(tmp_path, {".model.pt"}, ".tmp") == []
+    assert fsutil.dead_temporaries(tmp_path, {".model.pt"}, ".tmp", in_flight={own}) == []
+    assert fsutil.dead_temporaries(tmp_path, {".model.pt"}, ".tmp", in_flight=set()) == [own]

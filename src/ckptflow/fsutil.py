@@ -8,26 +8,34 @@ from ``os.replace`` being atomic within one directory, and from create-once reco
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
+import re
 import secrets
 import socket
 import stat
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path, PurePosixPath
 
 from .errors import NotFound, UnsafePath
 
 
-def unique_temp_path(path: Path, suffix: str = ".tmp") -> Path:
-    """A sibling of ``path`` no other process or thread will choose (host, pid, random token).
+def host_tag() -> str:
+    """This host's short name as temporaries carry it (``node12`` for ``node12.cluster``)."""
+    return socket.gethostname().split(".")[0] or "host"
 
-    Named ``.<stem>.<host>.<pid>.<token><suffix>``, ``<stem>`` being ``temp_stem(path.name)``: the
-    temporary of any name that fits the file system fits too."""
-    host = socket.gethostname().split(".")[0] or "host"
-    token = secrets.token_hex(4)
-    return path.with_name(f".{temp_stem(path.name)}.{host}.{os.getpid()}.{token}{suffix}")
+
+def tagged_name(stem: str, suffix: str = "") -> str:
+    """``<stem>.<host>.<pid>.<token><suffix>``: a name no other process or thread will choose."""
+    return f"{stem}.{host_tag()}.{os.getpid()}.{secrets.token_hex(4)}{suffix}"
+
+
+def unique_temp_path(path: Path, suffix: str = ".tmp") -> Path:
+    """A sibling ``.<stem>.<host>.<pid>.<token><suffix>`` of ``path`` (see ``tagged_name``), ``<stem>``
+    being ``temp_stem(path.name)``: the temporary of any name that fits the file system fits too."""
+    return path.with_name(tagged_name(f".{temp_stem(path.name)}", suffix))
 
 
 # Room a temporary name needs besides its stem: ".", a host label (at most 63), a pid, a token, a suffix.
@@ -42,14 +50,25 @@ def temp_stem(name: str) -> str:
     return hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
-def writer_gone(pid: int) -> bool:
-    """Whether the process that named a temporary (``unique_temp_path`` embeds its pid) no longer runs.
+def parse_tagged_name(name: str, suffix: str = "") -> tuple[str, str, int] | None:
+    """``(stem, host, pid)`` of a name built by ``tagged_name`` with this ``suffix``, else None."""
+    m = _tagged_re(suffix).match(name)
+    return (m["stem"], m["host"], int(m["pid"])) if m else None
 
-    This process counts as gone: a temporary it left behind in an earlier call is not in use. Only
-    meaningful on the host that wrote the name; callers compare the host part first.
+
+@functools.cache
+def _tagged_re(suffix: str) -> re.Pattern[str]:
+    return re.compile(rf"^(?P<stem>.+)\.(?P<host>[^./]+)\.(?P<pid>[0-9]+)\.[0-9a-f]{{8}}{re.escape(suffix)}$")
+
+
+def writer_gone(pid: int) -> bool:
+    """Whether the process that named a temporary (``tagged_name`` embeds its pid) no longer runs.
+
+    This very process is alive: its own temporaries may be in flight (another thread, an outer call),
+    so it never treats them as dead by pid alone. Only meaningful on the host that wrote the name.
     """
     if pid == os.getpid():
-        return True
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -57,6 +76,37 @@ def writer_gone(pid: int) -> bool:
     except PermissionError:
         return False
     return False
+
+
+def dead_temporaries(
+    directory: Path, stems: Iterable[str], suffix: str = "", *, kind: str = "file",
+    in_flight: Collection[Path] | None = None,
+) -> list[Path]:
+    """Entries of ``directory`` named ``tagged_name(stem, suffix)`` for one of ``stems`` whose writer is gone.
+
+    Only entries of ``kind`` (``"file"`` or ``"dir"``, never a symlink) written on this host count;
+    another host's writer may still run. A caller that registers every temporary it writes may pass
+    that registry as ``in_flight``: its own temporaries outside it are then known to be idle (left
+    by an earlier, failed call) and count as dead too. Sorted by path.
+    """
+    stems, host = set(stems), host_tag()
+    try:
+        with os.scandir(directory) as it:
+            entries = list(it)
+    except FileNotFoundError:
+        return []
+    found = []
+    for entry in entries:
+        parsed = parse_tagged_name(entry.name, suffix)
+        if parsed is None or parsed[0] not in stems or parsed[1] != host:
+            continue
+        if not (entry.is_dir(follow_symlinks=False) if kind == "dir" else entry.is_file(follow_symlinks=False)):
+            continue
+        path, pid = Path(entry.path), parsed[2]
+        idle_own = in_flight is not None and pid == os.getpid() and path not in in_flight
+        if idle_own or writer_gone(pid):
+            found.append(path)
+    return sorted(found)
 
 
 def fsync_dir(directory: Path) -> None:

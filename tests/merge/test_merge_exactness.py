@@ -7,7 +7,15 @@ import torch
 from merge_helpers import assert_bits_equal, avg_oracle, load_net, to_disk_layout, tv_oracle
 
 from ckptflow.merge import merge_experts
-from helpers.tiny_models import load_direct, sample_input_ids
+from helpers.tiny_models import (
+    build_tiny_base,
+    in_memory_state_dict,
+    load_direct,
+    perturbed,
+    sample_input_ids,
+    save_consolidated,
+    transpose_fused_experts,
+)
 
 
 @pytest.mark.parametrize("layout", ["mem", "disk"])
@@ -65,3 +73,18 @@ def test_model_pt_loads_with_weights_only_and_mmap(moe, out):
     obj = torch.load(out, map_location="cpu", mmap=True, weights_only=True)
     assert list(obj) == ["net"]
     assert all(t.dtype == torch.bfloat16 for t in obj["net"].values())
+
+
+@pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen3_vl_moe"])
+def test_tv_onto_a_vlm_base_maps_its_on_disk_names_and_expert_forms(tmp_path, out, kind):
+    # The base's shards use the on-disk names (legacy ``model.layers.*``/``visual.*`` or fused experts in
+    # the Hub's transposed form); the experts are v5 in-memory state dicts. One layout engine maps both.
+    base = build_tiny_base(kind, tmp_path / "base")
+    base_mem = in_memory_state_dict(base)
+    if kind == "qwen3_vl_moe":
+        assert transpose_fused_experts(base)
+    mem = [perturbed(base_mem, 0.02, seed=i + 1) for i in range(2)]
+    paths = [save_consolidated(sd, tmp_path / f"e{i}" / "model.pt") for i, sd in enumerate(mem)]
+    result = merge_experts("tv", paths, out, base=base, lam=0.5, progress=False)
+    assert result.inputs_normalised
+    assert_bits_equal(load_net(out), tv_oracle(base_mem, mem, 0.5))

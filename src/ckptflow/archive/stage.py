@@ -19,8 +19,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
-import socket
 import stat
 import threading
 from collections.abc import Iterable
@@ -28,7 +26,14 @@ from pathlib import Path, PurePosixPath
 
 from ..digest import sha256_prefix
 from ..errors import ConflictError, InvalidRecord, Refused, UnsafePath
-from ..fsutil import fsync_dir, resolve_inside, temp_stem, unique_temp_path, writer_gone
+from ..fsutil import (
+    dead_temporaries,
+    fsync_dir,
+    parse_tagged_name,
+    resolve_inside,
+    temp_stem,
+    unique_temp_path,
+)
 from ..records import staging as staging_record
 from ..records.inventory import FileEntry
 
@@ -36,25 +41,20 @@ PART_SUFFIX = ".part"
 # A resumed part restarts at the end of its first hole rounded down to this, so a block that a killed
 # write left half-filled is never trusted as data (see ``resumable_prefix``).
 PREFIX_ALIGN = 1024 * 1024
-_PART_RE = re.compile(r"^\.(?P<name>.+)\.(?P<host>[^./]+)\.(?P<pid>[0-9]+)\.[0-9a-f]{8}\.part$")
 
 _active: set[Path] = set()  # parts this process is writing now (several fetches may share a process)
 _active_lock = threading.Lock()
 
 
-def _host() -> str:
-    return socket.gethostname().split(".")[0] or "host"
-
-
-def _part_of(part_name_group: str, name: str) -> bool:
-    """Whether a part whose name group is ``part_name_group`` belongs to the file ``name`` (its stem,
-    or the whole name as earlier versions spelled every part)."""
-    return part_name_group in (temp_stem(name), name)
-
-
 def is_part_name(name: str) -> bool:
     """True for a file name shaped like this tool's download temporaries."""
-    return _PART_RE.match(name) is not None
+    return part_of(name) is not None
+
+
+def part_of(name: str) -> str | None:
+    """The name of the file a download temporary named ``name`` is a part of, or None."""
+    parsed = parse_tagged_name(name, PART_SUFFIX)
+    return parsed[0][1:] if parsed is not None and parsed[0].startswith(".") else None
 
 
 # --------------------------------------------------------------------------------------------- parts
@@ -78,22 +78,11 @@ def leftover_parts(final: Path) -> list[Path]:
 
     Parts written on another host are left alone: their writer may still be running.
     """
-    try:
-        entries = list(os.scandir(final.parent))
-    except FileNotFoundError:
-        return []
-    host = _host()
-    out = []
     with _active_lock:
         active = set(_active)
-    for entry in entries:
-        m = _PART_RE.match(entry.name)
-        if not m or not _part_of(m["name"], final.name) or m["host"] != host or not entry.is_file(follow_symlinks=False):
-            continue
-        path = Path(entry.path)
-        if path not in active and writer_gone(int(m["pid"])):
-            out.append(path)
-    return sorted(out)
+    # A part is named after the file's stem (``fsutil.temp_stem``), or after its whole name as earlier
+    # versions spelled every part.
+    return dead_temporaries(final.parent, {f".{temp_stem(final.name)}", f".{final.name}"}, PART_SUFFIX, in_flight=active)
 
 
 def resumable_prefix(part: Path, size: int) -> int:
@@ -327,8 +316,8 @@ def unowned_files(staged: Path, owned: set[str]) -> list[str]:
             if entry.is_dir(follow_symlinks=False):
                 walk(Path(entry.path), rel + "/")
                 continue
-            m = _PART_RE.match(entry.name)
-            mine = m is not None and (f"{prefix}{m['name']}" in owned or f"{prefix}{m['name']}" in stems)
+            final = part_of(entry.name)
+            mine = final is not None and (f"{prefix}{final}" in owned or f"{prefix}{final}" in stems)
             if rel not in owned and rel != staging_record.FILENAME and not mine:
                 out.append(rel)
 

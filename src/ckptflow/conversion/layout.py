@@ -1,12 +1,17 @@
 """Tensor layouts of Hugging Face checkpoints: key names, fused/per-expert MoE forms, and the mapping between them.
 
+(Over 500 lines: the key rules, the piece model, the planner that accounts for it and the whole-dict
+conversions built on it are the one layout engine that conversion and merge share.)
+
 One checkpoint can name and shape the same weights in several ways:
 
 - **Key names.** transformers v5 keeps VLM text weights under ``model.language_model.*`` and the vision
   tower under ``model.visual.*`` in memory, while e.g. Qwen2.5-VL checkpoints on disk use ``model.layers.*``
   and ``visual.*``. The renames come from transformers itself (``conversion_mapping.py``, the
   ``WeightRenaming`` transforms it applies when loading), evaluated on a meta-device model built from the
-  base's ``config.json``; :class:`KeyMapper` wraps them.
+  base's ``config.json``; :class:`KeyMapper` wraps them. Where no config is at hand (a merge of
+  consolidated checkpoints), :meth:`KeyMapper.for_keys` applies the same renamings transformers declares
+  for Qwen VLMs (:data:`VLM_RENAMINGS`) when the keys are a VLM's, and none otherwise.
 - **MoE experts.** In memory (v5) a layer's experts are fused: ``…mlp.experts.gate_up_proj`` of shape
   ``(E, 2I, H)`` = ``cat([gate_e, up_e])`` per expert and ``…mlp.experts.down_proj`` ``(E, H, I)``. On disk
   they are per-expert ``…mlp.experts.{e}.gate_proj.weight`` ``(I, H)`` / ``up_proj`` ``(I, H)`` /
@@ -28,16 +33,16 @@ Tied embeddings are explicit: when the model ties ``lm_head.weight`` to the inpu
 bytes are checked equal by :meth:`LayoutPlan.tie_mismatches`), and a target ``lm_head.weight`` that no
 source provides is filled from the embedding; both are listed in ``LayoutPlan.tied``.
 
-Public API (shared with ``merge/``): :class:`TensorInfo`, :class:`KeyMapper`, :func:`describe`,
-:func:`plan_layout`, :class:`LayoutPlan`, :class:`Accounting`, :func:`to_in_memory`, :func:`to_on_disk`.
-(A little over 500 lines: the piece model, the planner that accounts for it and the two whole-dict
-conversions built on the planner are one unit.)
+Public API: :class:`TensorInfo`, :data:`DTYPES`, :class:`KeyMapper`, :func:`describe`, :func:`plan_layout`,
+:class:`LayoutPlan`, :class:`Accounting`, :func:`to_in_memory`, :func:`to_on_disk`. ``conversion/`` plans a
+checkpoint against the base's on-disk tensors; ``merge/`` plans every input against its first expert and
+reads and writes each canonical piece through :meth:`Described.extract` views, so no layout is copied.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +76,13 @@ for _name, _attr in (("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64")):
 
 _PER_EXPERT = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
 _FUSED = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<proj>gate_up_proj|down_proj)$")
+# The renamings transformers' conversion_mapping declares for Qwen VLMs (on-disk -> in-memory names), and
+# the key prefixes that make a checkpoint a VLM's in either space.
+VLM_RENAMINGS: tuple[tuple[str, str], ...] = (
+    (r"^visual", "model.visual"),
+    (r"^model(?!\.(language_model|visual))", "model.language_model"),
+)
+VLM_PREFIXES = ("model.language_model.", "model.visual.", "visual.")
 
 
 @dataclass(frozen=True)
@@ -179,14 +191,18 @@ class KeyMapper:
         source: str,
         model_type: str | None = None,
         in_memory: Mapping[str, TensorInfo] | None = None,
+        rules: tuple[tuple[str, str], ...] = (),
     ):
         self._renamings = list(renamings)
+        self._rules = [(re.compile(pattern), repl) for pattern, repl in rules]
         self.tied = dict(tied)
         self.source = source
         self.model_type = model_type
         self.in_memory = dict(in_memory or {})
 
     def to_in_memory(self, key: str) -> str:
+        for pattern, repl in self._rules:
+            key = pattern.sub(repl, key, count=1)
         if not self._renamings:
             return key
         from transformers.core_model_loading import apply_renamings
@@ -198,6 +214,19 @@ class KeyMapper:
         return cls([], tied or {}, source="identity")
 
     @classmethod
+    def for_keys(cls, keys: Iterable[str], config: Mapping[str, Any] | None = None) -> KeyMapper:
+        """The mapping for checkpoints holding ``keys`` when no transformers model is built from a config.
+
+        Keys with a VLM prefix (in-memory or on-disk) get :data:`VLM_RENAMINGS`; others keep their
+        names. ``config`` (a ``config.json``), when given, declares the tied embedding (in-memory names).
+        """
+        vlm = any(key.startswith(VLM_PREFIXES) for key in keys)
+        mapper = cls([], {}, source="rules:qwen-vlm" if vlm else "identity", rules=VLM_RENAMINGS if vlm else ())
+        tied = tied_from_config(config or {})
+        mapper.tied = {mapper.to_in_memory(a): mapper.to_in_memory(b) for a, b in tied.items()}
+        return mapper
+
+    @classmethod
     def for_base(cls, base_dir: Path | str) -> KeyMapper:
         """The mapping transformers uses for the architecture in ``base_dir/config.json``."""
         import transformers
@@ -207,7 +236,7 @@ class KeyMapper:
         config = transformers.AutoConfig.from_pretrained(str(base_dir))
         model_cls = _model_class(transformers, config)
         if model_cls is None:
-            return cls([], _tied_from_config(config.to_dict()), source="identity", model_type=config.model_type)
+            return cls([], tied_from_config(config.to_dict()), source="identity", model_type=config.model_type)
         with torch.device("meta"):  # parameters get shapes, no memory
             model = model_cls._from_config(config)
         transforms = get_model_conversion_mapping(model, add_legacy=True)
@@ -231,8 +260,9 @@ def _model_class(transformers: Any, config: Any) -> Any:
     return None
 
 
-def _tied_from_config(config: Mapping[str, Any]) -> dict[str, str]:
-    text = config.get("text_config") or {}
+def tied_from_config(config: Mapping[str, Any]) -> dict[str, str]:
+    """``{"lm_head.weight": "model.embed_tokens.weight"}`` when ``config.json`` ties the word embeddings."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else {}
     if config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)):
         return {"lm_head.weight": "model.embed_tokens.weight"}
     return {}

@@ -31,7 +31,7 @@ from . import shards, sidecars
 from .hf import plan_conversion
 from .layout import LayoutPlan
 from .shards import tensor_bytes
-from .source import open_checkpoint, read_base
+from .source import Base, open_checkpoint, read_base
 
 DEFAULT_MIN_TENSORS = 800
 
@@ -73,13 +73,47 @@ def verify_output(
 ) -> VerificationSummary:
     """Check the export in ``out_dir`` (see the module doc); return what was checked."""
     out_dir, base_dir = Path(out_dir), Path(base_dir)
-    checks: list[str] = []
+    index = _read_export_index(out_dir)
+    check_tensor_count(out_dir, index, min_tensors=min_tensors, expect_tensors=expect_tensors)
+    headers, data_bytes = check_index_headers(out_dir, index)
+    try:
+        base = read_base(base_dir)
+    except CkptflowError as exc:
+        raise _fail(f"base: {exc}", path=base_dir, remedy="fix or re-download the base") from None
+    check_key_coverage(out_dir, index, headers, base)
+    sidecars.check_identical(base.path, out_dir, ())  # config identity
+    check_sidecar_identity(out_dir, index, base)
+    checks = ["tensor_count", "index_headers", "key_coverage", "config_identity", "sidecar_identity"]
+    summary: dict[str, Any] = {
+        "tensor_count": len(index.weight_map),
+        "shard_count": len(headers),
+        "total_size": data_bytes,
+        "sidecars": base.sidecars.files,
+    }
+    if not verify_tensors:
+        return VerificationSummary(checks=tuple(checks), tensors_verified=False, **summary)
+    if model_pt is None:
+        raise ValueError("verify_output needs model_pt unless verify_tensors=False")
+    probes = check_tensors(out_dir, index, headers, base, Path(model_pt), probe_count=probe_count,
+                           expert_probe_count=expert_probe_count, seed=seed)
+    return VerificationSummary(
+        checks=tuple(checks + probes.checks), tensors_verified=True, probed=tuple(probes.probed),
+        probed_experts=tuple(probes.probed_experts), tied=probes.tied, **summary,
+    )
+
+
+def _read_export_index(out_dir: Path) -> shards.Index:
     try:
         index = shards.read_index(out_dir, what="export")
     except CkptflowError as exc:
         raise _fail(f"export index: {exc}", path=out_dir / shards.INDEX_NAME) from None
     if index.path.name != shards.INDEX_NAME:
         raise _fail(f"export {out_dir} has no {shards.INDEX_NAME}", path=out_dir)
+    return index
+
+
+def check_tensor_count(out_dir: Path, index: shards.Index, *, min_tensors: int, expect_tensors: int) -> None:
+    """1. The tensor floor (``min_tensors``) and, when > 0, the exact count (``expect_tensors``)."""
     count = len(index.weight_map)
     if count < min_tensors:
         raise _fail(
@@ -91,8 +125,11 @@ def verify_output(
             f"export {out_dir} has {count} tensors, --expect-tensors says {expect_tensors}",
             path=index.path, remedy="check the base and the checkpoint, or fix --expect-tensors",
         )
-    checks.append("tensor_count")
 
+
+def check_index_headers(out_dir: Path, index: shards.Index) -> tuple[dict[str, shards.ShardHeader], int]:
+    """2. Index and shard headers agree, ``total_size`` is the tensor bytes, no unlisted weight file.
+    Returns the headers by shard name and the tensor bytes."""
     try:
         headers = shards.read_headers(out_dir, index)
     except CkptflowError as exc:
@@ -110,12 +147,11 @@ def verify_output(
             f"export {out_dir} holds weight files its index does not list: {stray[:20]}",
             path=out_dir / stray[0], remedy="remove them or rebuild the export (a loader may prefer them)",
         )
-    checks.append("index_headers")
+    return headers, data_bytes
 
-    try:
-        base = read_base(base_dir)
-    except CkptflowError as exc:
-        raise _fail(f"base: {exc}", path=base_dir, remedy="fix or re-download the base") from None
+
+def check_key_coverage(out_dir: Path, index: shards.Index, headers: dict[str, shards.ShardHeader], base: Base) -> None:
+    """3. Exactly the base's keys, with the base's shapes and dtypes."""
     base_infos = base.infos()
     out_infos = {k: h.entries[k].info for h in headers.values() for k in h.entries}
     missing = sorted(set(base_infos) - set(out_infos))
@@ -128,10 +164,10 @@ def verify_output(
             f"{[f'{k}: {out_infos[k]} vs base {base_infos[k]}' for k in differ[:20]]}",
             path=index.path,
         )
-    checks.append("key_coverage")
 
-    sidecars.check_identical(base.path, out_dir, ())
-    checks.append("config_identity")
+
+def check_sidecar_identity(out_dir: Path, index: shards.Index, base: Base) -> None:
+    """4. Every sidecar byte-identical to the base's, and no other visible file."""
     sidecars.check_identical(base.path, out_dir, base.sidecars.files)
     expected = {sidecars.CONFIG_NAME, shards.INDEX_NAME, *index.shards(), *base.sidecars.files}
     unexpected = sidecars.unexpected_files(out_dir, expected)
@@ -140,49 +176,45 @@ def verify_output(
             f"export {out_dir} holds files the base does not have: {unexpected[:20]}",
             path=out_dir / unexpected[0].rstrip("/"), remedy="remove them or rebuild the export (loaders may read them)",
         )
-    checks.append("sidecar_identity")
 
-    summary: dict[str, Any] = {
-        "tensor_count": count,
-        "shard_count": len(headers),
-        "total_size": data_bytes,
-        "sidecars": base.sidecars.files,
-    }
-    if not verify_tensors:
-        return VerificationSummary(checks=tuple(checks), tensors_verified=False, **summary)
 
-    if model_pt is None:
-        raise ValueError("verify_output needs model_pt unless verify_tensors=False")
+@dataclass
+class TensorProbes:
+    checks: list[str]
+    probed: list[str]
+    probed_experts: list[str]
+    tied: dict[str, str]
+
+
+def check_tensors(out_dir: Path, index: shards.Index, headers: dict[str, shards.ShardHeader], base: Base,
+                  model_pt: Path, *, probe_count: int, expert_probe_count: int, seed: int) -> TensorProbes:
+    """5. Strict accounting of the checkpoint against the base, then the bitwise and expert layout probes."""
     try:
-        checkpoint = open_checkpoint(Path(model_pt))
+        checkpoint = open_checkpoint(model_pt)
         plan, _mapper = plan_conversion(checkpoint, base)
     except CkptflowError as exc:
-        raise _fail(f"checkpoint against base: {exc}", path=Path(model_pt), remedy="rebuild the export from the right checkpoint and base") from None
-    checks.append("checkpoint_accounting")
-
+        raise _fail(f"checkpoint against base: {exc}", path=model_pt, remedy="rebuild the export from the right checkpoint and base") from None
+    checks = ["checkpoint_accounting"]
     rng = random.Random(seed)
     plain = [k for k, d in plan.targets.items() if d.form == "plain"]
     expert = [k for k, d in plan.targets.items() if d.form != "plain"]
     probed = _sample(plain, probe_count, rng)
+    probed_experts: list[str] = []
     with _ShardBytes(out_dir, headers, index) as out_bytes:
         for key in probed:
             _compare(plan, key, checkpoint.tensors.__getitem__, out_bytes, what="tensor")
         checks.append("bitwise_probe")
-        probed_experts: list[str] = []
         if base.has_experts():
             if not any(d.form != "plain" for d in plan.sources.values()):
                 raise _fail(
                     f"the base's index has MoE experts but checkpoint {model_pt} has none",
-                    path=Path(model_pt), remedy="convert the checkpoint of this MoE model",
+                    path=model_pt, remedy="convert the checkpoint of this MoE model",
                 )
             probed_experts = _sample(expert, expert_probe_count, rng)
             for key in probed_experts:
                 _compare(plan, key, checkpoint.tensors.__getitem__, out_bytes, what="expert tensor")
             checks.append("expert_layout")
-    return VerificationSummary(
-        checks=tuple(checks), tensors_verified=True, probed=tuple(probed), probed_experts=tuple(probed_experts),
-        tied=dict(plan.tied), **summary,
-    )
+    return TensorProbes(checks, probed, probed_experts, dict(plan.tied))
 
 
 def _sample(keys: list[str], n: int, rng: random.Random) -> list[str]:

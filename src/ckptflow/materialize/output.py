@@ -22,9 +22,7 @@ import errno
 import logging
 import os
 import re
-import secrets
 import shutil
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -34,9 +32,10 @@ from .. import testhooks
 from ..conversion import shards as hf_shards
 from ..conversion import sidecars as hf_sidecars
 from ..errors import CkptflowError, ConflictError, InvalidRecord, NotFound, Refused
-from ..fsutil import fsync_dir, writer_gone
+from ..fsutil import dead_temporaries, fsync_dir, tagged_name
 from ..records import LegacyRecord
 from ..records import materialized as marker
+from ..records.inventory import damaged_entry
 from ..records.materialized import BaseModelIdentity, Materialized, SourceIdentity
 
 log = logging.getLogger("ckptflow.materialize")
@@ -158,12 +157,9 @@ def _decide(out: Path, wanted: Identity, base_dir: Path, *, force: bool) -> Deci
 
 def damage_of(out: Path, record: Materialized, base_dir: Path) -> str | None:
     """Why a marked output is not intact, or None. Cheap: sizes and small files, no shard is read."""
-    for entry in record.shards:
-        path = out / entry.path
-        if path.is_symlink() or not path.is_file():
-            return f"shard {entry.path} is missing"
-        if path.stat().st_size != entry.size:
-            return f"shard {entry.path} has {path.stat().st_size} bytes, the marker says {entry.size}"
+    problem = damaged_entry(out, record.shards, record="the marker", rehash=False)
+    if problem:
+        return f"shard {problem}"
     try:
         index = hf_shards.read_index(out, what="output")
     except CkptflowError as exc:
@@ -278,31 +274,13 @@ def record_in(tree: Path) -> Materialized | None:
 # --------------------------------------------------------------------------------------------- siblings
 
 
-def _host() -> str:
-    return socket.gethostname().split(".")[0] or "host"
-
-
 def _sibling(out: Path, kind: str) -> Path:
-    return out.with_name(f"{out.name}.{kind}.{_host()}.{os.getpid()}.{secrets.token_hex(4)}")
+    return out.with_name(tagged_name(f"{out.name}.{kind}"))
 
 
 def _dead_siblings(out: Path, kind: str) -> list[Path]:
     """``kind`` siblings of ``out`` whose writer is gone (this host, dead pid, or this process but idle)."""
-    pattern = re.compile(rf"^{re.escape(out.name)}\.{kind}\.(?P<host>[^./]+)\.(?P<pid>[0-9]+)\.[0-9a-f]{{8}}$")
-    found = []
-    try:
-        with os.scandir(out.parent) as it:
-            entries = list(it)
-    except FileNotFoundError:
-        return []
-    for entry in entries:
-        m = pattern.match(entry.name)
-        if not m or m["host"] != _host() or not entry.is_dir(follow_symlinks=False):
-            continue
-        path = Path(entry.path)
-        if writer_gone(int(m["pid"])) and path not in _active:
-            found.append(path)
-    return sorted(found)
+    return dead_temporaries(out.parent, {f"{out.name}.{kind}"}, kind="dir", in_flight=_active)
 
 
 def _has_marker(tree: Path) -> bool:

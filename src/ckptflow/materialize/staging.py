@@ -19,14 +19,11 @@ import contextlib
 import errno
 import logging
 import os
-import re
-import secrets
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..archive import stage as fetch_stage
-from ..fsutil import writer_gone
+from ..fsutil import dead_temporaries, tagged_name
 
 log = logging.getLogger("ckptflow.materialize")
 
@@ -43,10 +40,6 @@ class Stage:
 
     def report(self, *, kept: bool) -> dict:
         return {"path": str(self.staged), "created": self.created, "kept": kept}
-
-
-def _host() -> str:
-    return socket.gethostname().split(".")[0] or "host"
 
 
 def open_stage(named_root: Path, name: str, *, keep: bool) -> Stage:
@@ -105,7 +98,7 @@ def _make_dirs(path: Path) -> list[Path]:
 
 
 def _private_name(named_root: Path) -> Path:
-    return named_root.with_name(f"{named_root.name}.{_host()}.{os.getpid()}.{secrets.token_hex(4)}")
+    return named_root.with_name(tagged_name(named_root.name))
 
 
 def _new_private(named_root: Path) -> Path:
@@ -116,18 +109,7 @@ def _new_private(named_root: Path) -> Path:
 
 def _adopt(named_root: Path) -> Path | None:
     """Rename a dead invocation's private stage of ``named_root`` to a new own name; None when there is none."""
-    pattern = re.compile(rf"^{re.escape(named_root.name)}\.(?P<host>[^./]+)\.(?P<pid>[0-9]+)\.[0-9a-f]{{8}}$")
-    try:
-        entries = sorted(os.scandir(named_root.parent), key=lambda e: e.name)
-    except FileNotFoundError:
-        return None
-    for entry in entries:
-        m = pattern.match(entry.name)
-        path = Path(entry.path)
-        if not m or m["host"] != _host() or not entry.is_dir(follow_symlinks=False) or path in _active:
-            continue
-        if not writer_gone(int(m["pid"])):
-            continue
+    for path in dead_temporaries(named_root.parent, {named_root.name}, kind="dir", in_flight=_active):
         root = _private_name(named_root)
         try:
             os.rename(path, root)

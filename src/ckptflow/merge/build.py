@@ -20,17 +20,7 @@ from ..digest import FileDigest, sha256_file
 from ..errors import VerificationFailed
 from ..progress import ByteProgress
 from .diagnostics import Diagnostics
-from .layout import (
-    OutputTensor,
-    Ref,
-    canonical_refs,
-    check_base_covers,
-    check_same_keys,
-    detect_layout,
-    output_plan,
-    tie_base_lm_head,
-    with_ties,
-)
+from .layout import InputLayout, OutputTensor, detect_layout, key_mapper, plan_base, plan_expert, with_ties
 from .methods import MergeMethod, make_method
 from .reader import BaseModel, ExpertCheckpoint, PageReleaser, open_expert
 from .writer import TorchSaveWriter
@@ -40,9 +30,9 @@ from .writer import TorchSaveWriter
 class MergePlan:
     method: MergeMethod
     experts: list[ExpertCheckpoint]
-    expert_refs: list[dict[str, Ref]]
+    expert_layouts: list[InputLayout]
     base: BaseModel | None
-    base_refs: dict[str, Ref] | None
+    base_layout: InputLayout | None
     outputs: list[OutputTensor]
     layout: str
     normalised: bool
@@ -58,24 +48,25 @@ def plan_merge(mode: str, lam: float | None, expert_paths: list[Path], base: Bas
             opened[path] = open_expert(path)
     experts = [opened[p] for p in expert_paths]
     infos = [e.info() for e in experts]
-    refs = [canonical_refs(info, f"expert {e.path}") for info, e in zip(infos, experts, strict=True)]
-    first = f"expert {experts[0].path}"
-    for e, r in zip(experts[1:], refs[1:], strict=True):
-        check_same_keys(refs[0], r, first, f"expert {e.path}")
-    layouts = [detect_layout(list(info)) for info in infos]
-    outputs = with_ties(output_plan(infos[0], first), refs, experts)
-    base_refs = None
+    base_info = None
     if base is not None:
         base.check_shards()
         base_info = base.info()
-        base_refs = canonical_refs(base_info, f"base {base.directory}")
-        tie_base_lm_head(base_refs, refs[0], base.tied_word_embeddings())
-        check_base_covers(refs[0], base_refs, "the experts", f"base {base.directory}")
-        layouts.append(detect_layout(list(base_info)))
+    mapper = key_mapper([*infos, *([base_info] if base_info is not None else [])])
+    first = f"expert {experts[0].path}"
+    layouts = [plan_expert(info, infos[0], mapper, f"expert {e.path}" if i else first, first)
+               for i, (info, e) in enumerate(zip(infos, experts, strict=True))]
+    saved = [detect_layout(lay.plan.sources) for lay in layouts]
+    outputs = with_ties(layouts[0].plan, layouts, experts)
+    base_layout = None
+    if base is not None:
+        base_mapper = key_mapper([*infos, base_info], base.config)
+        base_layout = plan_base(base_info, infos[0], base_mapper, f"base {base.directory}")
+        saved.append(detect_layout(base_layout.plan.sources))
     diagnostics = Diagnostics(mode, lam, [str(e.path) for e in experts]) if diag else None
     return MergePlan(
-        method=method, experts=experts, expert_refs=refs, base=base, base_refs=base_refs, outputs=outputs,
-        layout=layouts[0].describe(), normalised=any(lay != layouts[0] for lay in layouts[1:]),
+        method=method, experts=experts, expert_layouts=layouts, base=base, base_layout=base_layout,
+        outputs=outputs, layout=saved[0].describe(), normalised=any(lay != saved[0] for lay in saved[1:]),
         diagnostics=diagnostics,
     )
 
@@ -94,17 +85,13 @@ def write_merged(plan: MergePlan, path: Path, *, progress: bool | None = None) -
             stats = diag.begin() if diag is not None else None
             consumed: list[tuple[PageReleaser | None, torch.Tensor]] = []
             for piece in out.pieces:
-                experts = [
-                    e.tensor(refs[piece.canon].key)[refs[piece.canon].index]
-                    for e, refs in zip(plan.experts, plan.expert_refs, strict=True)
-                ]
+                experts = [lay.view(e, piece) for e, lay in zip(plan.experts, plan.expert_layouts, strict=True)]
                 consumed += [(e.pages, x) for e, x in zip(plan.experts, experts, strict=True)]
                 base = None
                 if plan.base is not None:
-                    ref = plan.base_refs[piece.canon]
-                    base = plan.base.tensor(ref.key)[ref.index]
-                    consumed.append((plan.base.pages(ref.key), base))
-                plan.method.merge(tensor[piece.index], experts, base, stats)
+                    base = plan.base_layout.view(plan.base, piece)
+                    consumed.append((plan.base.pages(plan.base_layout.key(piece)), base))
+                plan.method.merge(out.desc.extract(tensor, piece), experts, base, stats)
             for pages, view in consumed:  # RSS holds the tensors in flight, not every input byte read so far
                 if pages is not None:
                     pages.release(view)

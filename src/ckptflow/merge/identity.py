@@ -30,6 +30,7 @@ from ..digest import sha256_file
 from ..errors import InvalidRecord, NotFound, Refused
 from ..records import manifest as manifest_record
 from ..records import merge_progress, merge_record
+from ..records.inventory import damaged_entry
 from ..records.merge_record import LegacyRecord, MergeRecord, MergeRequest
 
 PRODUCER = "ckptflow merge"
@@ -202,14 +203,9 @@ def damaged_outputs(artifact_dir: Path, record: MergeRecord) -> str | None:
     entries = {e.path: e for e in record.outputs}
     if MODEL_NAME not in entries:
         return f"the record does not list {MODEL_NAME}"
-    for entry in record.outputs:
-        path = artifact_dir / entry.path
-        if path.is_symlink() or not path.is_file():
-            return f"{entry.path} is missing"
-        if path.stat().st_size != entry.size:
-            return f"{entry.path} has {path.stat().st_size} bytes, the record says {entry.size}"
-        if sha256_file(path).sha256 != entry.sha256:
-            return f"{entry.path} bytes differ from the record"
+    problem = damaged_entry(artifact_dir, record.outputs, record="the record", rehash=True)
+    if problem:
+        return problem
     try:
         manifest = manifest_record.read_manifest(artifact_dir)
     except (InvalidRecord, NotFound) as exc:

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ..conversion.layout import DTYPES, TensorInfo
 from ..digest import sha256_bytes, sha256_file
 from ..errors import InvalidRecord, NotFound
 from ..fsutil import safe_relpath
@@ -31,19 +32,6 @@ from ..fsutil import safe_relpath
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 MAX_HEADER = 100 * 1024 * 1024
-
-SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
-    "BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-
-
-@dataclass(frozen=True, slots=True)
-class TensorInfo:
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-
 
 class PageReleaser:
     """Drop the pages of consumed tensors from this process's private, read-only file mapping.
@@ -80,7 +68,9 @@ class PageReleaser:
         if self.range is None or tensor.numel() == 0:
             return
         start = tensor.data_ptr()
-        end = start + tensor.numel() * tensor.element_size()  # views here are contiguous row ranges
+        # Contiguous row ranges, or a transposed expert's columns: [start, end) then lies inside its tensor
+        # (a page released early is read again from the page cache, bytes unchanged).
+        end = start + tensor.numel() * tensor.element_size()
         page = mmap.PAGESIZE
         lo, hi = max(self.range[0], -(-start // page) * page), min(self.range[1], end // page * page)
         if hi > lo:
@@ -96,7 +86,7 @@ class ExpertCheckpoint:
     pages: PageReleaser | None = None
 
     def info(self) -> dict[str, TensorInfo]:
-        return {k: TensorInfo(tuple(t.shape), t.dtype) for k, t in self.tensors.items()}
+        return {k: TensorInfo.of(t) for k, t in self.tensors.items()}
 
     def tensor(self, key: str) -> torch.Tensor:
         return self.tensors[key]
@@ -142,7 +132,7 @@ class SafetensorsShard:
 
     def tensor(self, key: str) -> torch.Tensor:
         entry = self.header[key]
-        dtype, shape = SAFETENSORS_DTYPES[entry["dtype"]], tuple(entry["shape"])
+        dtype, shape = DTYPES[entry["dtype"]], tuple(entry["shape"])
         begin, end = entry["data_offsets"]
         if end == begin:
             return torch.empty(shape, dtype=dtype)
@@ -183,7 +173,7 @@ def read_safetensors_header(path: Path) -> SafetensorsShard:
         where = f"safetensors shard {path}: tensor {key}"
         ok = (
             isinstance(entry, dict)
-            and entry.get("dtype") in SAFETENSORS_DTYPES
+            and entry.get("dtype") in DTYPES
             and isinstance(entry.get("shape"), list)
             and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in entry["shape"])
             and isinstance(entry.get("data_offsets"), list)
@@ -196,7 +186,7 @@ def read_safetensors_header(path: Path) -> SafetensorsShard:
         numel = 1
         for d in entry["shape"]:
             numel *= d
-        itemsize = torch.empty((), dtype=SAFETENSORS_DTYPES[entry["dtype"]]).element_size()
+        itemsize = torch.empty((), dtype=DTYPES[entry["dtype"]]).element_size()
         if not 0 <= begin <= end <= data_len or end - begin != numel * itemsize:
             raise InvalidRecord(f"{where} has byte range {begin}..{end} that does not fit its shape or the file",
                                 remedy="the base is corrupt; re-download it")
@@ -265,7 +255,7 @@ class BaseModel:
         out = {}
         for key, shard_name in self.weight_map.items():
             entry = self._shard(shard_name).header[key]
-            out[key] = TensorInfo(tuple(entry["shape"]), SAFETENSORS_DTYPES[entry["dtype"]])
+            out[key] = TensorInfo(tuple(entry["shape"]), entry["dtype"])
         return out
 
     def tensor(self, key: str) -> torch.Tensor:
@@ -274,11 +264,6 @@ class BaseModel:
     def pages(self, key: str) -> PageReleaser | None:
         """The page releaser of the shard holding ``key`` (after ``tensor(key)`` mapped it)."""
         return self._shard(self.weight_map[key]).pages
-
-    def tied_word_embeddings(self) -> bool:
-        cfg = self.config
-        text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
-        return bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
 
     def _shard(self, name: str) -> SafetensorsShard:
         if name not in self._shards:

@@ -23,8 +23,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
-import socket
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -35,7 +33,7 @@ from .. import __version__, testhooks
 from ..artifact import iteration_from_dir
 from ..digest import FileDigest, default_workers, sha256_file
 from ..errors import NotFound, Refused, UnsafePath, UsageError, VerificationFailed
-from ..fsutil import atomic_write_bytes, fsync_dir, unique_temp_path
+from ..fsutil import atomic_write_bytes, dead_temporaries, fsync_dir, unique_temp_path
 from ..jsonio import encode_json
 from ..progress import ByteProgress
 from ..records import manifest as manifest_record
@@ -50,7 +48,6 @@ from .reader import BaseModel
 log = logging.getLogger("ckptflow.merge")
 # 1 MiB reads hash as fast as 8 MiB ones; larger freed buffers make glibc keep heap memory (see methods.Workspace).
 HASH_CHUNK = 1 << 20
-_TEMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<host>[^.]+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.tmp$")
 
 
 @dataclass
@@ -91,14 +88,7 @@ def merge_experts(
     """
     out, experts_abs, base_dir, lam, diag_path = _check_arguments(mode, experts, out, base, lam, diag)
     artifact_dir = out.parent
-    dir_iteration = iteration_from_dir(artifact_dir)
-    if iteration is not None and iteration != dir_iteration:
-        raise Refused(f"--iteration {iteration} does not match the output directory {artifact_dir.name}",
-                      remedy=f"pass --iteration {dir_iteration}, or write to the iter_{iteration} directory")
-    if artifact_dir.is_symlink() or (artifact_dir.exists() and not artifact_dir.is_dir()):
-        raise UnsafePath(f"output directory {artifact_dir} is a symlink or not a directory", remedy="pass a real iter_* directory")
-    if out.is_symlink() or out.is_dir():
-        raise UnsafePath(f"{out} is a symlink or a directory", remedy="remove it; the merge writes a regular model.pt")
+    dir_iteration = _check_output(out, iteration)
     diag_rel = _relative_inside(diag_path, artifact_dir) if diag_path is not None else None
 
     base_model = BaseModel(base_dir) if base_dir is not None else None
@@ -202,6 +192,20 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+def _check_output(out: Path, iteration: int | None) -> int:
+    """The iteration of ``out``'s directory, after refusing a mismatched ``--iteration`` and unsafe paths."""
+    artifact_dir = out.parent
+    dir_iteration = iteration_from_dir(artifact_dir)
+    if iteration is not None and iteration != dir_iteration:
+        raise Refused(f"--iteration {iteration} does not match the output directory {artifact_dir.name}",
+                      remedy=f"pass --iteration {dir_iteration}, or write to the iter_{iteration} directory")
+    if artifact_dir.is_symlink() or (artifact_dir.exists() and not artifact_dir.is_dir()):
+        raise UnsafePath(f"output directory {artifact_dir} is a symlink or not a directory", remedy="pass a real iter_* directory")
+    if out.is_symlink() or out.is_dir():
+        raise UnsafePath(f"{out} is a symlink or a directory", remedy="remove it; the merge writes a regular model.pt")
+    return dir_iteration
+
+
 def _relative_inside(path: Path, directory: Path) -> str | None:
     try:
         return path.relative_to(directory).as_posix()
@@ -243,30 +247,12 @@ def _check_unchanged(before: dict[Path, tuple[int, int, int, int]]) -> None:
 
 def _remove_dead_temporaries(artifact_dir: Path, names: set[str]) -> list[str]:
     """Temporaries this tool left when it was killed: same host, process gone. Others are kept."""
-    host = socket.gethostname().split(".")[0] or "host"
     removed = []
-    for entry in os.scandir(artifact_dir):
-        m = _TEMP_RE.match(entry.name)
-        if not m or m["name"] not in names or m["host"] != host or not entry.is_file(follow_symlinks=False):
-            continue
-        if _pid_alive(int(m["pid"])):
-            continue
-        os.unlink(entry.path)
-        removed.append(entry.name)
-        log.info("removed %s left by a killed merge", entry.path)
+    for path in dead_temporaries(artifact_dir, {f".{name}" for name in names}, ".tmp"):
+        path.unlink()
+        removed.append(path.name)
+        log.info("removed %s left by a killed merge", path)
     return sorted(removed)
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _commit(artifact_dir: Path, out: Path, tmp: Path, request: MergeRequest, model: FileDigest,

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+from ..digest import sha256_file
 from ..errors import InvalidRecord
 from ..fsutil import safe_relpath
 from ._record import optional_sha256, require_sha256, require_size
@@ -87,3 +88,21 @@ def inventory_to_list(entries: Iterable[FileEntry]) -> list[dict[str, Any]]:
 def sorted_entries(entries: Iterable[FileEntry]) -> tuple[FileEntry, ...]:
     """What record dataclasses store: an immutable tuple sorted by path (no checks; see validate_inventory)."""
     return tuple(sorted(entries, key=lambda e: e.path))
+
+
+def damaged_entry(root: Path, entries: Iterable[FileEntry], *, record: str, rehash: bool) -> str | None:
+    """Why the files ``entries`` list under ``root`` are not the recorded ones, or None when all are.
+
+    Each must be a regular file (not a symlink) of the recorded size and, with ``rehash``, re-hash to
+    the recorded sha256; the first that is not is named, with what ``record`` (e.g. "the record") says.
+    """
+    for entry in entries:
+        path = root / entry.path
+        if path.is_symlink() or not path.is_file():
+            return f"{entry.path} is missing"
+        size = path.stat().st_size
+        if size != entry.size:
+            return f"{entry.path} has {size} bytes, {record} says {entry.size}"
+        if rehash and sha256_file(path).sha256 != entry.sha256:
+            return f"{entry.path} bytes differ from {record}"
+    return None
