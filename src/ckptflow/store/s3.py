@@ -1,4 +1,6 @@
 """The S3 backend (boto3): AWS and S3-compatible servers (SeaweedFS, Ceph RGW, ...).
+(Over 500 lines: every protocol method shares one client, retry policy and checksum negotiation; error
+translation and body reading already live in s3_errors.py.)
 
 Checksums are computed only when an operation requires them (boto3 >= 1.36 otherwise adds CRC headers
 that many S3-compatible servers reject); ckptflow sends its own ``ChecksumSHA256`` on single-part puts,
