@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 from helpers.artifacts import ARTIFACT_PREFIX
@@ -14,19 +13,6 @@ def remote_snapshot(store, prefix: str = ARTIFACT_PREFIX) -> dict[str, tuple[int
 
 
 
-
-
-def wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
-    """Wait until a paused process has written its pause file (fail early if it exited instead)."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if proc.poll() is not None:
-            raise AssertionError(f"process exited ({proc.returncode}) before pausing: {proc.stderr.read()}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"process did not reach its pause point within {timeout} s")
-        time.sleep(0.05)
 
 
 

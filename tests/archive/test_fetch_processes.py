@@ -6,7 +6,7 @@ import json
 import signal
 
 import pytest
-from archive_helpers import CountingStore, wait_for_file
+from archive_helpers import CountingStore
 
 from ckptflow.archive.fetch import fetch_artifact
 from ckptflow.archive.publish import publish_artifact
@@ -16,7 +16,7 @@ from ckptflow.records import manifest as manifest_record
 from ckptflow.records import staging as staging_record
 from ckptflow.store.transfer import DEFAULT_RANGE_SIZE
 from helpers.artifacts import ARTIFACT_PREFIX, UPLOAD_PREFIX, make_artifact
-from helpers.cli import run_cli, start_cli
+from helpers.cli import run_cli, start_cli, wait_for_file
 from helpers.trees import tree_bytes
 
 MiB = 1024 * 1024

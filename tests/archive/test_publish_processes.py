@@ -6,14 +6,14 @@ import json
 import signal
 
 import pytest
-from archive_helpers import remote_snapshot, wait_for_file
+from archive_helpers import remote_snapshot
 
 from ckptflow.fsutil import walk_files
 from ckptflow.jsonio import validate
 from ckptflow.records import declaration as declaration_record
 from ckptflow.records import receipt as receipt_record
 from helpers.artifacts import ARTIFACT_PREFIX, UPLOAD_PREFIX, make_artifact
-from helpers.cli import run_cli, start_cli
+from helpers.cli import run_cli, start_cli, wait_for_file
 
 
 def publish_args(artifact, bucket, creds, *extra):

@@ -14,7 +14,6 @@ import random
 import shutil
 
 import pytest
-from archive_helpers import wait_for_file
 
 from ckptflow.archive.probe import run_probe
 from ckptflow.archive.prune import prune_verified
@@ -27,7 +26,7 @@ from ckptflow.store.credentials import load_credentials
 from ckptflow.store.local import LocalStore
 from ckptflow.store.s3 import S3Store
 from helpers.artifacts import ARTIFACT_PREFIX, UPLOAD_PREFIX, make_artifact
-from helpers.cli import start_cli
+from helpers.cli import start_cli, wait_for_file
 from helpers.trees import tree_bytes
 
 PAYLOAD = ["model.pt", "optim/.metadata", "optim/__0_0.distcp", "optim/__1_0.distcp", "optim/__2_0.distcp"]

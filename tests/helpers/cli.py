@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 from . import REPO
 
@@ -30,3 +32,14 @@ def start_cli(*args: str, env: dict | None = None) -> subprocess.Popen:
     """Start one verb in the background (for pause points, races and SIGKILL)."""
     return subprocess.Popen([sys.executable, "-m", "ckptflow", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=_env(env), cwd=REPO)
+
+
+def wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Wait until a paused process has written its pause file (fail early if it exited instead)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"process exited ({proc.returncode}) before pausing: {proc.stderr.read()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process did not reach its pause point within {timeout} s")
+        time.sleep(0.05)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import time
 
 import pytest
 from materialize_helpers import DEFAULTS, cli_args, cli_env, copy_tree, siblings, tree_state
@@ -15,7 +14,7 @@ from ckptflow.errors import Refused
 from ckptflow.materialize import materialize
 from ckptflow.records import materialized as marker
 from ckptflow.store import LocalStore
-from helpers.cli import run_cli, start_cli
+from helpers.cli import run_cli, start_cli, wait_for_file
 
 UPLOAD_PREFIX = "proj/group/run1/20261129T000000Z/checkpoints"
 ARTIFACT_PREFIX = "proj/group/run1/20261129T000000Z/checkpoint_artifacts/iter_000300"
@@ -34,13 +33,6 @@ def file_archive(models, tmp_path) -> str:
     return f"file://{tmp_path / 'archive' / ARTIFACT_PREFIX}"
 
 
-def wait_for(flag, proc, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not flag.exists():
-        if proc.poll() is not None:
-            raise AssertionError(f"process exited ({proc.returncode}) before pausing: {proc.stderr.read()}")
-        assert time.monotonic() < deadline, "process did not reach its pause point"
-        time.sleep(0.05)
 
 
 def finish(proc, timeout: float = 300) -> tuple[str, str]:
@@ -90,7 +82,7 @@ def test_a_file_added_to_out_during_the_build_is_never_deleted_by_the_swap(model
     flag = tmp_path / "paused"
     proc = start_cli(*cli_args(models.artifact("qwen3", 1), models.base(), out),
                      env=cli_env(CKPTFLOW_TEST_PAUSE_AT="materialize:before-swap", CKPTFLOW_TEST_PAUSE_FILE=str(flag)))
-    wait_for(flag, proc)
+    wait_for_file(flag, proc)
     add_user_files(out)  # after the decision, before the swap
     before = tree_state(out)
     flag.unlink()
@@ -108,7 +100,7 @@ def test_removing_the_replaced_tree_deletes_only_what_a_build_wrote(models, tmp_
     flag = tmp_path / "paused"
     proc = start_cli(*cli_args(models.artifact("qwen3", 1), models.base(), out, "--force"),
                      env=cli_env(CKPTFLOW_TEST_PAUSE_AT="materialize:after-swap", CKPTFLOW_TEST_PAUSE_FILE=str(flag)))
-    wait_for(flag, proc)
+    wait_for_file(flag, proc)
     [aside] = [out.parent / n for n in siblings(out) if n.startswith("teacher.previous.")]
     (aside / "late.txt").write_text("written into the old tree by a process still inside it")
     flag.unlink()
@@ -131,7 +123,7 @@ def test_stage_cleanup_keeps_what_another_job_wrote_meanwhile(models, tmp_path):
     flag = tmp_path / "paused"
     proc = start_cli(*cli_args(uri, models.base(), out, "--stage-dir", str(scratch / "stage")),
                      env=cli_env(CKPTFLOW_TEST_PAUSE_AT="materialize:after-fetch", CKPTFLOW_TEST_PAUSE_FILE=str(flag)))
-    wait_for(flag, proc)
+    wait_for_file(flag, proc)
     (scratch / "other-job-result.txt").write_text("another job's result")
     flag.unlink()
     stdout, stderr = finish(proc)
@@ -154,7 +146,7 @@ def test_two_identical_archive_requests_at_once_do_not_share_a_stage(models, tmp
             flag = tmp_path / f"paused-{name}"
             proc = start_cli(*cli_args(uri, models.base(), out), env=cli_env(
                 CKPTFLOW_TEST_PAUSE_AT="materialize:after-fetch", CKPTFLOW_TEST_PAUSE_FILE=str(flag)))
-            wait_for(flag, proc)  # both have fetched before either builds
+            wait_for_file(flag, proc)  # both have fetched before either builds
             procs.append(proc)
             flags.append(flag)
         flags[0].unlink()

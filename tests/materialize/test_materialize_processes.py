@@ -9,7 +9,7 @@ from ckptflow.digest import sha256_file
 from ckptflow.errors import Refused
 from ckptflow.materialize import materialize
 from ckptflow.records import materialized as marker
-from helpers.cli import run_cli, start_cli
+from helpers.cli import run_cli, start_cli, wait_for_file
 
 
 def sha_of(models, seed: int) -> str:
@@ -75,7 +75,7 @@ def test_racing_requests_for_one_out_never_overwrite_each_other(models, tmp_path
     slow = start_cli(*cli_args(models.artifact("qwen3", 1 if same else 2), models.base(), out),
                      env=cli_env(CKPTFLOW_TEST_PAUSE_AT="materialize:before-swap", CKPTFLOW_TEST_PAUSE_FILE=str(flag)))
     try:
-        _wait_for(flag, slow)
+        wait_for_file(flag, slow)
         assert rerun(models, out, seed=1).status == "built"  # the other request publishes first
         winner = tree_state(out)
         flag.unlink()
@@ -92,13 +92,3 @@ def test_racing_requests_for_one_out_never_overwrite_each_other(models, tmp_path
     assert tree_state(out) == winner
     assert siblings(out) == []  # the loser removed its own staged tree
 
-
-def _wait_for(flag, proc, timeout: float = 120) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not flag.exists():
-        if proc.poll() is not None:
-            raise AssertionError(f"process exited ({proc.returncode}) before pausing: {proc.stderr.read()}")
-        assert time.monotonic() < deadline, "process did not reach its pause point"
-        time.sleep(0.05)
