@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import termios
+import threading
 
 from . import REPO
 
@@ -30,3 +32,41 @@ def start_cli(*args: str, env: dict | None = None) -> subprocess.Popen:
     """Start one verb in the background (for pause points, races and SIGKILL)."""
     return subprocess.Popen([sys.executable, "-m", "ckptflow", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=_env(env), cwd=REPO)
+
+
+def run_on_terminal(*args: str, env: dict | None = None, timeout: float = 300,
+                    stderr_terminal: bool = False) -> subprocess.CompletedProcess:
+    """Run one verb with stdout on a pseudo-terminal (the child sees ``isatty()``), stderr on a pipe, or
+    on the same terminal with ``stderr_terminal`` (then ``.stderr`` is empty and ``.stdout`` holds both).
+    The terminal does not turn ``\\n`` into ``\\r\\n``, so ``.stdout`` is byte for byte what was written."""
+    master, slave = os.openpty()
+    attrs = termios.tcgetattr(slave)
+    attrs[1] &= ~termios.ONLCR
+    termios.tcsetattr(slave, termios.TCSANOW, attrs)
+    chunks: list[bytes] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: every holder of the terminal's other end closed it
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "ckptflow", *args], stdin=subprocess.DEVNULL, stdout=slave,
+                                stderr=slave if stderr_terminal else subprocess.PIPE, env=_env(env), cwd=REPO)
+        os.close(slave)
+        slave = -1
+        reader.start()
+        _, err = proc.communicate(timeout=timeout)
+        reader.join(timeout)
+    finally:
+        if slave != -1:
+            os.close(slave)
+        os.close(master)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, b"".join(chunks).decode(),
+                                       (err or b"").decode())
