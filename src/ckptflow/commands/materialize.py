@@ -73,12 +73,16 @@ def summarize(report: dict[str, Any], elapsed: float | None) -> str:
     else:
         headline = f"already built: the same request's output is intact ({what})"
     src, ver, fetched, staging = report["source"], report["verification"], report["fetch"], report["staging"]
-    checks = None if ver is None else ", ".join(ver["checks"]) + ("" if ver["tensors_verified"] else " (no tensor probes)")
+    checks = None
+    if ver is not None:
+        probed = len(ver["probed"]) + len(ver["probed_experts"])
+        tensors = f"{plural(probed, 'tensor')} compared bitwise" if ver["tensors_verified"] else "no tensor compared (--no-verify)"
+        checks = f"{plural(len(ver['checks']), 'check')} passed, {tensors}"
     return block(headline, [
         ("out", report["out"]),
         ("from", f"{src['location']} (model.pt {human_bytes(src['size'])})"),
         ("why", report["reason"]),
-        ("checks", checks),
+        ("verified", checks),
         ("fetched", None if fetched is None else
             f"{fetched['status']}: {files_bytes(len(fetched['downloaded']), fetched['downloaded_bytes'])} downloaded"),
         ("staged", staging["path"] if staging and staging["kept"] else None),

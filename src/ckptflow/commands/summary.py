@@ -25,9 +25,10 @@ def human_bytes(n: int) -> str:
     value = float(n)
     for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
         value /= 1024
-        if value < 1024 or unit == "PiB":
-            return f"{value:.2f} {unit}" if value < 10 else f"{value:.1f} {unit}" if value < 100 else f"{value:.0f} {unit}"
-    raise AssertionError("unreachable")
+        if value < 1023.5 or unit == "PiB":
+            break
+    decimals = 2 if value < 9.995 else 1 if value < 99.95 else 0
+    return f"{value:.{decimals}f} {unit}"
 
 
 def human_duration(seconds: float) -> str:
