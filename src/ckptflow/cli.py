@@ -1,6 +1,9 @@
 """``ckptflow <verb>``: argument parsing, one JSON report on stdout, logs and progress on stderr.
 
-Exit codes: 0 done; 1 refused or failed (one line on stderr naming the file and the remedy, and a JSON
+When stdout is a terminal (and ``--json`` is not given) the report is replaced by a short human summary:
+the verb module's ``summarize(report, elapsed)``, or ``commands.summary.generic`` (see
+``commands/summary.py``); a refusal is then its one stderr line, repeated on stdout only when stderr goes
+elsewhere. Exit codes: 0 done; 1 refused or failed (one line on stderr naming the file and the remedy, and a JSON
 report with ``status`` ``refused``/``failed`` on stdout); 2 usage error. ``CKPTFLOW_DEBUG=1`` adds the
 traceback. Report keys are documented in ``schemas/report_<verb>.schema.json``; each verb lives in
 ``commands/<verb>.py``.
@@ -14,11 +17,12 @@ import json
 import logging
 import os
 import sys
+import time
 import traceback
 from typing import Any
 
 from . import __version__
-from .commands import ReportedFailure
+from .commands import ReportedFailure, summary
 from .errors import CkptflowError, ConflictError, Refused, UsageError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -38,15 +42,65 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ckptflow", description="Safe life-cycle management for post-training checkpoint artifacts.")
     p.add_argument("--version", action="version", version=f"ckptflow {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level on stderr")
+    p.add_argument("--json", dest="json_global", action="store_true", help=_JSON_HELP)
     sub = p.add_subparsers(dest="verb", required=True, parser_class=_Parser)
     for verb in VERBS:
         importlib.import_module(f"ckptflow.commands.{verb.replace('-', '_')}").register(sub)
+    for verb in VERBS:
+        try:  # after the verb too; a verb that declares its own --json keeps it
+            sub.choices[verb].add_argument("--json", action="store_true", help=_JSON_HELP)
+        except argparse.ArgumentError:
+            pass
     return p
+
+
+_JSON_HELP = "print the JSON report on a terminal too (when stdout is not a terminal it always is JSON)"
 
 
 def _emit(report: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(report, sort_keys=True, ensure_ascii=False) + "\n")
     sys.stdout.flush()
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # closed or replaced stream
+        return False
+
+
+def _same_file(a, b) -> bool:
+    try:
+        return os.path.samestat(os.fstat(a.fileno()), os.fstat(b.fileno()))
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+class _Output:
+    """Where a report goes: the JSON report (stdout not a terminal, or --json), else a human summary."""
+
+    def __init__(self, verb: str, as_json: bool):
+        self.verb, self.as_json = verb, as_json
+
+    def report(self, report: dict[str, Any], elapsed: float) -> None:
+        if self.as_json:
+            return _emit(report)
+        try:
+            text = summary.render(self.verb, report, elapsed)
+        except Exception as exc:  # noqa: BLE001 - the work is done: a summary bug must not change the outcome
+            logging.getLogger("ckptflow").warning("no summary for this report (%s: %s)", type(exc).__name__, exc)
+            text = summary.generic(report, elapsed)
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+
+    def error(self, report: dict[str, Any], line: str) -> None:
+        """A refusal, failure or usage error: the JSON report, or on a terminal its one stderr line
+        (already written there), repeated on stdout only when stderr is not the same terminal."""
+        if self.as_json:
+            return _emit(report)
+        if not _same_file(sys.stdout, sys.stderr):
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
 
 
 def _error_report(status: str, exc: BaseException) -> dict[str, Any]:
@@ -61,35 +115,36 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     debug = os.environ.get("CKPTFLOW_DEBUG") == "1"
+    as_json = args.json_global or bool(getattr(args, "json", False)) or not _is_terminal(sys.stdout)
+    out = _Output(args.verb, as_json)
+    started = time.monotonic()
+
+    def fail(status: str, exc: BaseException, label: str | None = None) -> None:
+        if debug:
+            traceback.print_exc()
+        line = f"ckptflow {args.verb}: {label or status}: {exc}"
+        sys.stderr.write(line + "\n")
+        out.error(_error_report(status, exc), line)
+
     try:
         report = args.func(args)
     except ReportedFailure as exc:
-        _emit(exc.report)
+        out.report(exc.report, time.monotonic() - started)
         sys.stderr.write(f"ckptflow {args.verb}: {exc.line}\n")
         return EXIT_FAILED
     except UsageError as exc:
-        if debug:
-            traceback.print_exc()
-        sys.stderr.write(f"ckptflow {args.verb}: usage error: {exc}\n")
-        _emit(_error_report("usage-error", exc))
+        fail("usage-error", exc, "usage error")
         return EXIT_USAGE
     except CkptflowError as exc:
-        if debug:
-            traceback.print_exc()
-        status = "refused" if isinstance(exc, Refused | ConflictError) else "failed"
-        sys.stderr.write(f"ckptflow {args.verb}: {status}: {exc}\n")
-        _emit(_error_report(status, exc))
+        fail("refused" if isinstance(exc, Refused | ConflictError) else "failed", exc)
         return EXIT_FAILED
     except OSError as exc:  # disk full, permission denied …: name the file, no traceback
-        if debug:
-            traceback.print_exc()
-        sys.stderr.write(f"ckptflow {args.verb}: failed: {exc}\n")
-        _emit(_error_report("failed", exc))
+        fail("failed", exc)
         return EXIT_FAILED
     except KeyboardInterrupt:
         sys.stderr.write(f"ckptflow {args.verb}: interrupted; rerun the same command to continue\n")
         return 130
-    _emit(report)
+    out.report(report, time.monotonic() - started)
     return EXIT_OK
 
 

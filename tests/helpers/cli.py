@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import termios
+import threading
 import time
 from pathlib import Path
 
@@ -43,3 +45,41 @@ def wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 120) -> N
         if time.monotonic() > deadline:
             raise AssertionError(f"process did not reach its pause point within {timeout} s")
         time.sleep(0.05)
+
+
+def run_on_terminal(*args: str, env: dict | None = None, timeout: float = 300,
+                    stderr_terminal: bool = False) -> subprocess.CompletedProcess:
+    """Run one verb with stdout on a pseudo-terminal (the child sees ``isatty()``), stderr on a pipe, or
+    on the same terminal with ``stderr_terminal`` (then ``.stderr`` is empty and ``.stdout`` holds both).
+    The terminal does not turn ``\\n`` into ``\\r\\n``, so ``.stdout`` is byte for byte what was written."""
+    master, slave = os.openpty()
+    attrs = termios.tcgetattr(slave)
+    attrs[1] &= ~termios.ONLCR
+    termios.tcsetattr(slave, termios.TCSANOW, attrs)
+    chunks: list[bytes] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: every holder of the terminal's other end closed it
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "ckptflow", *args], stdin=subprocess.DEVNULL, stdout=slave,
+                                stderr=slave if stderr_terminal else subprocess.PIPE, env=_env(env), cwd=REPO)
+        os.close(slave)
+        slave = -1
+        reader.start()
+        _, err = proc.communicate(timeout=timeout)
+        reader.join(timeout)
+    finally:
+        if slave != -1:
+            os.close(slave)
+        os.close(master)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, b"".join(chunks).decode(),
+                                       (err or b"").decode())

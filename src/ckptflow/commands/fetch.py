@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from .summary import block, files_bytes, inventory_total, plural
+
 
 def register(sub) -> None:
     s = sub.add_parser("fetch", help="download an archived artifact into a staging directory, verified and resumable")
@@ -25,3 +27,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     credentials = credentials_for(args.artifact_uri, args.credentials)
     result = fetch_artifact(args.artifact_uri, Path(args.dst), credentials=credentials)
     return result.to_report()
+
+
+_HEADLINES = {
+    "fetched": "fetched iteration {it}: {what}",
+    "resumed": "resumed this tool's earlier copy of iteration {it}: {what}",
+    "already-staged": "already staged: iteration {it}, {what}, every file re-hashed to its digest, nothing written",
+    "replaced": "replaced this tool's copy of another source, fetched iteration {it}: {what}",
+}
+
+
+def summarize(report: dict[str, Any], elapsed: float | None) -> str:
+    what = files_bytes(*inventory_total(report["inventory"]))
+    reused = f", reused {plural(len(report['reused']), 'verified file')}" if report["reused"] else ""
+    resumed = f", resumed {plural(len(report['resumed']), 'partial file')}" if report["resumed"] else ""
+    beside = report["left_beside"]
+    return block(_HEADLINES[report["status"]].format(it=report["iteration"], what=what), [
+        ("from", report["source_uri"] + (" (legacy archive, no declaration)" if report["legacy"] else "")),
+        ("to", report["path"]),
+        ("downloaded", files_bytes(len(report["downloaded"]), report["downloaded_bytes"]) + reused + resumed),
+        ("left beside", f"{plural(len(beside), 'file')} ckptflow did not write: {', '.join(beside)}" if beside else None),
+    ], elapsed)

@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from ..errors import UsageError
+from .summary import block, files_bytes, human_bytes, plural
 
 _SIZE_RE = re.compile(r"^\s*([0-9]+)\s*([KMGT]i?B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -61,3 +62,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         max_shard_bytes=parse_size(args.max_shard_size), credentials=credentials,
     )
     return result.to_report()
+
+
+def summarize(report: dict[str, Any], elapsed: float | None) -> str:
+    shards = report["shards"]
+    what = (f"{plural(report['tensor_count'], 'tensor')} in {plural(len(shards), 'shard')}, "
+            f"{human_bytes(sum(s['size'] for s in shards))}")
+    if report["status"] == "built":
+        headline = f"built the Hugging Face model: {what}"
+    else:
+        headline = f"already built: the same request's output is intact ({what})"
+    src, ver, fetched, staging = report["source"], report["verification"], report["fetch"], report["staging"]
+    checks = None
+    if ver is not None:
+        probed = len(ver["probed"]) + len(ver["probed_experts"])
+        tensors = f"{plural(probed, 'tensor')} compared bitwise" if ver["tensors_verified"] else "no tensor compared (--no-verify)"
+        checks = f"{plural(len(ver['checks']), 'check')} passed, {tensors}"
+    return block(headline, [
+        ("out", report["out"]),
+        ("from", f"{src['location']} (model.pt {human_bytes(src['size'])})"),
+        ("why", report["reason"]),
+        ("verified", checks),
+        ("fetched", None if fetched is None else
+            f"{fetched['status']}: {files_bytes(len(fetched['downloaded']), fetched['downloaded_bytes'])} downloaded"),
+        ("staged", staging["path"] if staging and staging["kept"] else None),
+    ], elapsed)

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from .. import __version__
+from .summary import block, human_bytes, plural
 
 
 def register(sub) -> None:
@@ -57,3 +58,20 @@ def report(result) -> dict[str, Any]:
         "removed_temporaries": result.removed_temporaries,
         "tool_version": __version__,
     }
+
+
+def summarize(report: dict[str, Any], elapsed: float | None) -> str:
+    method = "average" if report["mode"] == "avg" else f"task vector (lam {report['lam']})"
+    model = f"model.pt {human_bytes(report['model']['size'])}"
+    if report["status"] == "built":
+        headline = (f"merged {plural(len(report['experts']), 'expert')} by {method} into iteration "
+                    f"{report['iteration']}: {plural(report['tensors'], 'tensor')}, {model}")
+    else:
+        headline = f"already merged: iteration {report['iteration']}, the same request is complete and intact ({model})"
+    return block(headline, [
+        ("out", report["out"]),
+        ("why", report["reason"]),
+        ("base", report["base"]["path"] if report["base"] else None),
+        ("layout", report["layout"]),
+        ("diag", report["diag"]),
+    ], elapsed)

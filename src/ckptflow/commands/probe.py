@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from . import ReportedFailure
+from .summary import block, destination_uri
 
 
 def register(sub) -> None:
@@ -49,3 +50,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             + "; publication to it fails closed — use an endpoint that enforces create-once",
         )
     return report
+
+
+def summarize(report: dict[str, Any], elapsed: float | None) -> str:
+    where, res = destination_uri(report["destination"]), report["results"]
+    if report["status"] == "passed":
+        headline = f"passed: {where} enforces create-once; every check held"
+    else:
+        headline = f"failed: {where} does not qualify; publication to it fails closed"
+    return block(headline, [
+        *(("reason", r) for r in report["reasons"]),
+        ("create-once", "second write refused" if res["create_once_refused_second_write"] else "second write ACCEPTED"),
+        ("race", f"{res['concurrent_winners']} of {res['concurrent_creators']} creators won"),
+        ("sha256 meta", "round-trips" if res["sha256_metadata_roundtrip"] else "LOST on HEAD"),
+        ("checksum", res["checksum_sha256"]),
+        ("record", report["record"]),
+    ], elapsed)

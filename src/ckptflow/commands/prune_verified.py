@@ -8,6 +8,7 @@ from typing import Any
 
 from ..errors import UsageError
 from . import ReportedFailure
+from .summary import block, capped, files_bytes, human_bytes, plural
 
 
 def register(sub) -> None:
@@ -34,3 +35,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         bad = [k["path"] for k in report.kept if k.get("error")]
         raise ReportedFailure(out, f"inconsistent remote objects or failed checks for {bad}; those artifacts were kept")
     return out
+
+
+def summarize(report: dict[str, Any], elapsed: float | None) -> str:
+    removed, kept = report["removed"], report["kept"]
+    n_files = sum(len(r["files"]) for r in removed)
+    freed = f"{human_bytes(report['freed_bytes'])} ({plural(n_files, 'file')} of {plural(len(removed), 'artifact')})"
+    if report["dry_run"]:
+        would = f"would free {freed}" if removed else "nothing would be freed"
+        headline = f"dry run: {would}, {plural(len(kept), 'artifact')} kept; nothing was deleted"
+    else:
+        headline = f"{f'freed {freed}' if removed else 'nothing freed'}, {plural(len(kept), 'artifact')} kept"
+    if report["status"] == "failed":
+        headline = f"failed: {headline}"
+    verb = "would remove" if report["dry_run"] else "removed"
+    gone = [(verb, f"{r['path']} ({files_bytes(len(r['files']), r['bytes'])})") for r in removed]
+    left = [("kept", f"{k['path']}: {k['reason']}") for k in kept]
+    return block(headline, [*capped(gone, verb), *capped(left, "kept")], elapsed)

@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from .summary import block, destination_uri, files_bytes, inventory_total
+
 
 def register(sub) -> None:
     s = sub.add_parser("publish", help="archive an artifact under an immutable, digest-bound inventory")
@@ -30,3 +32,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     store = open_bucket_arg(args.bucket, args.credentials)
     result = publish_artifact(Path(args.artifact_dir), store, args.upload_prefix, delete_local=args.delete_local)
     return result.to_report()
+
+
+_HEADLINES = {
+    "published": "published {what}; every remote object verified",
+    "adopted": "adopted the identical archive already there ({what}); every remote object verified",
+    "skipped": "already published: the receipt matches the archive ({what}); every remote object verified",
+}
+
+
+def summarize(report: dict[str, Any], elapsed: float | None) -> str:
+    what = files_bytes(*inventory_total(report["inventory"]))
+    freed = f"{files_bytes(len(report['removed']), report['freed_bytes'])} of local payload" if report["removed"] else None
+    return block(_HEADLINES[report["status"]].format(what=what), [
+        ("artifact", report["artifact_dir"]),
+        ("archive", destination_uri(report["destination"])),
+        ("uploaded", files_bytes(len(report["uploaded"]), report["uploaded_bytes"])),
+        ("freed", freed),
+    ], elapsed)

@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from .summary import block, files_bytes, plural
+
 
 def register(sub) -> None:
     s = sub.add_parser("seal", help="commit a native manifest for components already written")
@@ -29,3 +31,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "files": len(files),
         "total_bytes": sum(f.size for f in files),
     }
+
+
+def summarize(report: dict[str, Any], elapsed: float | None) -> str:
+    comps = report["components"]
+    return block(
+        f"sealed iteration {report['iteration']}: {plural(len(comps), 'component')} ({', '.join(comps)}), "
+        f"{files_bytes(report['files'], report['total_bytes'])}",
+        [("artifact", report["artifact_dir"])], elapsed,
+    )

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from . import ReportedFailure
+from .summary import block, capped, destination_uri, plural
 
 
 def register(sub) -> None:
@@ -26,3 +27,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not result.ok:
         raise ReportedFailure(report, result.failure_line())
     return report
+
+
+def summarize(report: dict[str, Any], elapsed: float | None) -> str:
+    objects = report["objects"]
+    bad = [o for o in objects if o["state"] != "ok"]
+    how = "contents read and hashed" if report["read_data"] else "size and digests checked (HEAD)"
+    if bad:
+        headline = f"failed: {len(bad)} of {plural(len(objects), 'object')} not ok ({how})"
+    else:
+        headline = f"verified {plural(len(objects), 'object')} of the archive ({how})"
+    rows = [(o["state"], f"{o['path']}: {o['detail']}" if o.get("detail") else o["path"]) for o in bad]
+    return block(headline, [
+        ("artifact", report["artifact_dir"]),
+        ("archive", destination_uri(report["destination"])),
+        *capped(rows, "not ok"),
+    ], elapsed)
