@@ -16,10 +16,9 @@ from ckptflow.archive.fetch import fetch_artifact
 from ckptflow.archive.publish import publish_artifact
 from ckptflow.errors import NotFound
 from ckptflow.jsonio import validate
-from ckptflow.records import LegacyRecord
+from ckptflow.records import LegacyRecord, merge_record
 from ckptflow.records import manifest as manifest_record
 from ckptflow.records import materialized as materialized_record
-from ckptflow.records import merge_record
 from ckptflow.records import receipt as receipt_record
 from ckptflow.records.inventory import FileEntry
 from ckptflow.status import collect_status
@@ -288,16 +287,17 @@ def test_cli_prints_the_table_on_a_terminal_and_json_with_json(runs):
 
 
 @pytest.fixture
-def published_on_seaweedfs(tmp_path, seaweedfs_bucket, seaweedfs_credentials_path) -> tuple[Path, S3Store]:
+def published_on_seaweedfs(tmp_path, seaweedfs_bucket, seaweedfs_credentials_path) -> S3Store:
+    """``runs/RUN/checkpoint_artifacts/iter_000300`` published to a fresh SeaweedFS bucket; its store."""
     store = S3Store(seaweedfs_bucket, load_credentials(seaweedfs_credentials_path))
     art = make_artifact(tmp_path / "runs" / RUN, iteration=300)
     publish_artifact(art, store, UPLOAD_PREFIX, progress=False)
-    return art, store
+    return store
 
 
 def test_verify_checks_the_archive_live_and_fails_on_a_changed_object(published_on_seaweedfs, tmp_path,
                                                                         seaweedfs_credentials_path):
-    art, store = published_on_seaweedfs
+    store = published_on_seaweedfs
     root = tmp_path / "runs"
     live = collect_status(root, verify_with=store_factory(str(seaweedfs_credentials_path))).to_report()
     validate(live, "report_status", what="status --verify report")

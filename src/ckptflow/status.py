@@ -45,6 +45,7 @@ from .records import (
     MERGE_RECORD_FILENAME,
     RECEIPT_FILENAME,
     LegacyRecord,
+    merge_progress,
     read_manifest,
     read_materialized,
     read_merge_record,
@@ -52,7 +53,6 @@ from .records import (
     read_staging,
     utc_timestamp,
 )
-from .records import merge_progress
 from .records.manifest import DcpComponent, Manifest
 
 RUN_DEPTH = 4  # <project>/<group>/<run>/<ts>
@@ -485,7 +485,7 @@ def _text(column: str, cell: dict[str, Any]) -> str:
     if state == NONE or (column == "local" and state == "absent"):
         return _DASH
     if column == "merged" and state == "merged":
-        return f"{cell['mode']}, {cell['experts']} expert{'s' if cell['experts'] != 1 else ''}"
+        return f"{cell['mode']}, {_plural(cell['experts'], 'expert')}"
     if column == "verified" and "at" in cell:
         mark = " (stale)" if cell.get("stale") else (" (live)" if cell.get("source") == "live" else "")
         return f"{state}{mark} {cell['at']}"
@@ -494,6 +494,10 @@ def _text(column: str, cell: dict[str, Any]) -> str:
     if column == "materialized" and state == "materialized":
         return f"{_short(cell['path'])} ({cell['source']})"
     return state.replace("-", " ")
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _short(path: str) -> str:
@@ -531,10 +535,11 @@ def render_report(report: dict[str, Any]) -> str:
         lines.append("  ".join(cells).rstrip())
     c = report["counts"]
     lines.append(
-        f"{c['iterations']} iterations in {c['runs']} runs: {c['committed']} committed, {c['incomplete']} incomplete, "
-        f"{c['merged']} merged, {c['published']} published ({c['legacy_receipts']} legacy receipts), "
-        f"{c['verified']} verified, {c['pruned']} pruned, {c['staged']} staged, {c['materialized']} materialized; "
-        f"local {human_bytes(report['local_bytes'])}, archived {human_bytes(report['archived_bytes'])}"
+        f"{_plural(c['iterations'], 'iteration')} in {_plural(c['runs'], 'run')}: {c['committed']} committed, "
+        f"{c['incomplete']} incomplete, {c['merged']} merged, {c['published']} published "
+        f"({_plural(c['legacy_receipts'], 'legacy receipt')}), {c['verified']} verified, {c['pruned']} pruned, "
+        f"{c['staged']} staged, {c['materialized']} materialized; local {human_bytes(report['local_bytes'])}, "
+        f"archived {human_bytes(report['archived_bytes'])}"
     )
     notes = [f"  {r['run']} {r['name']} {p}" for r in rows for p in _details(r)]
     if notes:
