@@ -110,7 +110,7 @@ def _iter_entries(directory: Path, pattern: re.Pattern[str], *, dirs: bool) -> I
     """(iteration, name, path) of the entries of ``directory`` that match ``pattern`` (directories or files)."""
     try:
         entries = list(os.scandir(directory))
-    except (FileNotFoundError, NotADirectoryError):
+    except OSError:  # absent (nothing staged yet) or unreadable: no entries to show
         return
     for entry in entries:
         m = pattern.match(entry.name)
@@ -231,10 +231,10 @@ def _read_payloads(row: Row, path: Path, manifest: Manifest) -> None:
         row.pruned = cell("pruned", files=total)
     elif receipt:
         row.pruned = cell("partial", f"{missing} of {total} payload files are gone: an interrupted prune "
-                           "(rerun prune-verified) or a damaged artifact", files=missing)
+                          "(rerun prune-verified) or a damaged artifact", files=missing)
     else:
         row.pruned = cell("missing", f"{missing} of {total} payload files are gone and no receipt proves an "
-                           "archived copy: restore them or fetch the artifact", files=missing)
+                          "archived copy: restore them or fetch the artifact", files=missing)
 
 
 def _tree_bytes(path: Path) -> int:
@@ -302,8 +302,8 @@ def _read_staged(row: Row, path: Path) -> None:
         row.staged = cell(CORRUPT, str(exc), path=str(path))
     else:
         row.staged = cell("staged" if record.complete else "incomplete",
-                           None if record.complete else "fetch has not finished: rerun it to complete or clean up",
-                           path=str(path), source_uri=record.source_uri, bytes=sum(f.size for f in record.files))
+                          None if record.complete else "fetch has not finished: rerun it to complete or clean up",
+                          path=str(path), source_uri=record.source_uri, bytes=sum(f.size for f in record.files))
 
 
 def _read_teacher(row: Row, path: Path) -> None:
@@ -315,8 +315,7 @@ def _read_teacher(row: Row, path: Path) -> None:
         row.materialized = cell(CORRUPT, str(exc), path=str(path))
     else:
         row.materialized = cell("materialized", path=str(path), source_uri=record.source.uri,
-                                 source="archive" if record.source.uri else "local",
-                                 tensors=record.tensor_count)
+                                source="archive" if record.source.uri else "local", tensors=record.tensor_count)
 
 
 def _verify_live(row: Row, verify_with: Callable[[Any], Any]) -> None:
