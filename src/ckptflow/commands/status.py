@@ -1,0 +1,51 @@
+"""``ckptflow status``: one row per run and iteration, read from the records (see ``status/``).
+
+On a terminal the human form is the aligned table (``summarize``); piped, or with ``--json``, the JSON
+report, as for every verb.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from . import ReportedFailure
+
+
+def register(sub) -> None:
+    s = sub.add_parser("status", help="one row per run and iteration: committed, merged, published, verified, "
+                       "pruned, staged, materialized, with local and archived sizes")
+    s.add_argument("root", metavar="RUNS_ROOT_OR_RUN_DIR",
+                   help="a runs root (every <project>/<group>/<run>/<ts> below it) or one run directory")
+    s.add_argument("--verify", action="store_true",
+                   help="HEAD-check every receipt's objects in the store now (the only option that contacts it)")
+    s.add_argument("--reports-dir", help="the workflow's reports_dir: read verify/<run>/iter_N.json and "
+                   "prune/<run>/iter_N.json")
+    s.add_argument("--stage-dir", help="the workflow's stage_dir: read <run>/iter_N/.staged.json")
+    s.add_argument("--teachers-dir", help="the workflow's teachers_dir: read <run>/iter_N/.materialized")
+    s.add_argument("--credentials", help="credentials JSON for --verify; default $CKPTFLOW_CREDENTIALS")
+    s.set_defaults(func=run)
+
+
+def summarize(report: dict[str, Any], elapsed: float | None = None) -> str:
+    """The human form of a status report: the aligned table."""
+    from ..status import render_report
+
+    return render_report(report).rstrip("\n")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from ..status import collect_status
+    from ..store.open import store_factory
+
+    def opt(value: str | None) -> Path | None:
+        return Path(value) if value else None
+
+    status = collect_status(Path(args.root), reports_dir=opt(args.reports_dir), stage_dir=opt(args.stage_dir),
+                            teachers_dir=opt(args.teachers_dir),
+                            verify_with=store_factory(args.credentials) if args.verify else None)
+    report = status.to_report()
+    if status.live_failures:
+        raise ReportedFailure(report, status.failure_line())
+    return report
