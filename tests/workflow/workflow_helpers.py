@@ -62,6 +62,7 @@ class Flow:
 
     def run(self, *args: str, kill_at: str | None = None, **overrides) -> subprocess.CompletedProcess:
         """Run Snakemake; ``overrides`` go on the command line (``iter=300`` arrives as an int there)."""
+        self.root.mkdir(parents=True, exist_ok=True)
         path = self.root / "test-config.yaml"
         path.write_text(json.dumps(self.config, indent=1), encoding="utf-8")  # YAML reads JSON
         env = {**self.env, **({"CKPTFLOW_TEST_KILL_AT": kill_at} if kill_at else {})}
