@@ -21,3 +21,10 @@ include: "rules/merge.smk"
 include: "rules/fetch.smk"
 include: "rules/materialize.smk"
 include: "rules/status.smk"
+
+
+# The default target is the status table: read-only, and what `snakemake --report report.html` includes.
+rule all:
+    default_target: True
+    input:
+        rules.status.output,

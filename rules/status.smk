@@ -1,7 +1,6 @@
 # The status table of every run: rebuilt when any record it reads changed (the fingerprint parameter),
-# read-only otherwise. It is the default target, so `snakemake --report` includes it.
+# read-only otherwise. The Snakefile's default target, so `snakemake --report` includes it.
 rule status:
-    default_target: True
     output:
         json=report(
             f"{REPORTS}/status.json",

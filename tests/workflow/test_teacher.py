@@ -6,7 +6,7 @@ import json
 import shutil
 
 import pytest
-from workflow_helpers import NOTHING, RUN, Flow
+from workflow_helpers import RUN, Flow
 
 from ckptflow.archive.publish import publish_artifact
 from ckptflow.fsutil import walk_files
