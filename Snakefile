@@ -2,6 +2,9 @@
 #   snakemake -n publish_all          pending publications (every committed artifact without a receipt)
 #   snakemake publish_all             publish them
 #   snakemake verify_all / prune_all  verify every published artifact / free their local payloads
+#   snakemake merge_experts --config iter=300        the merge recipe of iteration 300
+#   snakemake materialize_teacher --config iter=300  its teacher: local artifact, else fetched from the archive
+#   snakemake status (the default target)            the status table of every run; --report includes it
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -14,3 +17,7 @@ include: "rules/common.smk"
 include: "rules/publish.smk"
 include: "rules/verify.smk"
 include: "rules/prune.smk"
+include: "rules/merge.smk"
+include: "rules/fetch.smk"
+include: "rules/materialize.smk"
+include: "rules/status.smk"

@@ -1,10 +1,23 @@
+import os
+from functools import cache
+
 from snakemake.utils import validate
+
+from ckptflow import workflow as ckptflow_workflow
+from ckptflow.errors import UsageError
+from ckptflow.records.receipt import is_legacy_receipt
+
+# --config iter=300 arrives as an int, nested overrides as strings: type them before validating.
+config.update(ckptflow_workflow.normalise_config(config))
+
 
 validate(config, schema="../schemas/config.schema.json")
 
 RUNS = config["runs_root"].rstrip("/")
 REPORTS = config["reports_dir"].rstrip("/")
 LOGS = config["logs_dir"].rstrip("/")
+STAGE = config["stage_dir"].rstrip("/")
+TEACHERS = config["teachers_dir"].rstrip("/")
 ARTIFACT = f"{RUNS}/{{run}}/checkpoint_artifacts/{{iteration}}"
 MANIFEST = ".posttrain-checkpoint-artifact.json"
 
@@ -19,11 +32,32 @@ def committed_artifacts():
     return sorted(set(zip(found.run, found.iteration)))
 
 
+def is_legacy(run, iteration):
+    """True when the artifact's .uploaded is a legacy plain-text marker: it proves nothing."""
+    return is_legacy_receipt(f"{RUNS}/{run}/checkpoint_artifacts/{iteration}")
+
+
 def get_all_receipts(wildcards):
+    """A receipt per committed artifact; a legacy marker is replaced by publication, not counted."""
     return [
-        f"{RUNS}/{run}/checkpoint_artifacts/{it}/.uploaded"
+        (
+            f"{REPORTS}/legacy-receipt/{run}/{it}.json"
+            if is_legacy(run, it)
+            else f"{RUNS}/{run}/checkpoint_artifacts/{it}/.uploaded"
+        )
         for run, it in committed_artifacts()
     ]
+
+
+def get_verify_input(wildcards):
+    """The receipt, and for a legacy marker (or one replaced before) the publication that replaces it."""
+    receipt = (
+        f"{RUNS}/{wildcards.run}/checkpoint_artifacts/{wildcards.iteration}/.uploaded"
+    )
+    replaced = f"{REPORTS}/legacy-receipt/{wildcards.run}/{wildcards.iteration}.json"
+    if is_legacy(wildcards.run, wildcards.iteration) or os.path.exists(replaced):
+        return [receipt, replaced]
+    return [receipt]
 
 
 def get_all_verify_reports(wildcards):
@@ -40,3 +74,114 @@ def get_upload_prefix(wildcards):
 
 def get_artifact_dir(wildcards):
     return f"{RUNS}/{wildcards.run}/checkpoint_artifacts/{wildcards.iteration}"
+
+
+# ------------------------------------------------------------------ iteration-scoped targets
+
+
+def get_iteration():
+    """config iter, required by merge_experts and materialize_teacher."""
+    if config["iter"] is None:
+        raise UsageError(
+            "this target acts on one iteration and config iter is not set",
+            remedy="pass --config iter=300",
+        )
+    return config["iter"]
+
+
+@cache
+def get_target():
+    """(run, iter_N) of config iter: config run, else the one run holding it."""
+    return ckptflow_workflow.resolve_run(RUNS, get_iteration(), config["run"])
+
+
+def get_merge_target(wildcards):
+    run, name = get_target()
+    if ckptflow_workflow.merge_recipe(config, get_iteration()) is None:
+        raise UsageError(
+            f"config merge has no recipe for iteration {get_iteration()}",
+            remedy="add one under merge: in config/config.yaml (see config/README.md)",
+        )
+    return f"{REPORTS}/merge/{run}/{name}.json"
+
+
+def get_teacher_target(wildcards):
+    run, name = get_target()
+    return f"{REPORTS}/materialize/{run}/{name}.json"
+
+
+def iteration_of(wildcards):
+    return ckptflow_workflow.parse_iteration(wildcards.iteration)
+
+
+def get_merge_recipe(wildcards):
+    """The recipe of the iteration, a tv merge without its own base on the top-level base."""
+    recipe = ckptflow_workflow.merge_recipe(config, iteration_of(wildcards))
+    if recipe is None:
+        raise UsageError(
+            f"config merge has no recipe for iteration {iteration_of(wildcards)}",
+            remedy="add one under merge: in config/config.yaml",
+        )
+    if recipe["mode"] == "tv" and not recipe.get("base"):
+        return {**recipe, "base": config["base"]}
+    return recipe
+
+
+def get_merge_experts(wildcards):
+    return list(get_merge_recipe(wildcards)["experts"])
+
+
+@cache
+def teacher_source(run, iteration):
+    return ckptflow_workflow.teacher_source(
+        f"{RUNS}/{run}/checkpoint_artifacts/{iteration}",
+        run,
+        bucket=config["bucket"],
+        has_recipe=ckptflow_workflow.merge_recipe(
+            config, ckptflow_workflow.parse_iteration(iteration)
+        )
+        is not None,
+    )
+
+
+def get_teacher_input(wildcards):
+    """The local artifact when its model payload is present with its recorded size (or the merge that
+    writes it), else the fetch rule's staging copy of the archive its receipt (or the bucket) names.
+    """
+    source = teacher_source(wildcards.run, wildcards.iteration)
+    if source.kind == "merge":
+        return [f"{REPORTS}/merge/{wildcards.run}/{wildcards.iteration}.json"]
+    if source.kind == "local":
+        return [f"{source.artifact_dir}/{MANIFEST}"]
+    return [f"{REPORTS}/fetch/{wildcards.run}/{wildcards.iteration}.json"]
+
+
+def get_teacher_ckpt_dir(wildcards):
+    source = teacher_source(wildcards.run, wildcards.iteration)
+    if source.kind == "archive":
+        return f"{STAGE}/{wildcards.run}/{wildcards.iteration}"
+    return str(source.artifact_dir)
+
+
+def get_fetch_uri(wildcards):
+    """The archive of the artifact: named by its receipt, or under the bucket when there is no local copy."""
+    source = teacher_source(wildcards.run, wildcards.iteration)
+    if source.uri is None:
+        raise UsageError(
+            f"{source.artifact_dir} is used in place ({source.why}); nothing to fetch",
+            remedy="target materialize_teacher; it fetches only when the payload is gone",
+        )
+    return source.uri
+
+
+def get_stage_root(wildcards):
+    return f"{STAGE}/{wildcards.run}"
+
+
+def get_teacher_out(wildcards):
+    return f"{TEACHERS}/{wildcards.run}/{wildcards.iteration}"
+
+
+def get_records_fingerprint(wildcards):
+    """The status rule's rerun trigger: it reruns when any record it reads changed."""
+    return ckptflow_workflow.records_fingerprint(RUNS, REPORTS, STAGE, TEACHERS)

@@ -22,3 +22,22 @@ rule publish:
 rule publish_all:
     input:
         get_all_receipts,
+
+
+# A legacy plain-text .uploaded binds no destination nor digest: publication replaces it by a JSON
+# receipt (publish re-derives or adopts the archive), and this report is what marks that done. The
+# marker itself is never counted as published: it is not the output of this rule.
+rule replace_legacy_receipt:
+    input:
+        manifest=f"{ARTIFACT}/{MANIFEST}",
+    output:
+        report=f"{REPORTS}/legacy-receipt/{{run}}/{{iteration}}.json",
+    log:
+        f"{LOGS}/legacy-receipt/{{run}}/{{iteration}}.log",
+    conda:
+        "../environment.yml"
+    params:
+        artifact_dir=get_artifact_dir,
+        upload_prefix=get_upload_prefix,
+    script:
+        "../scripts/replace_legacy_receipt.py"

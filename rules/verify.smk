@@ -1,6 +1,6 @@
 rule verify:
     input:
-        receipt=f"{ARTIFACT}/.uploaded",
+        get_verify_input,
     output:
         report=f"{REPORTS}/verify/{{run}}/{{iteration}}.json",
     log:

@@ -5,18 +5,34 @@ functions decide what is safe, with exactly the guarantees of the CLI verbs. A s
 complete raises, so Snakemake marks the job failed and removes its declared output; the library's own
 records (manifest, receipt) are never declared outputs that a rerun could make it forget, except the
 receipt, which publication re-derives from the archive (an identical committed archive is adopted).
+Merge, fetch and materialize write a small JSON report under ``reports_dir`` as their rule output;
+their own records (``.merge-complete.json``, ``.staged.json``, ``.materialized``) are the real state.
+
+The planning helpers at the top (``normalise_config``, ``resolve_run``, ``teacher_source``,
+``records_fingerprint``) are what the named input functions of ``rules/common.smk`` call: they read
+records only and never contact a store.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import VerificationFailed
+from .artifact import ITER_DIR_RE
+from .errors import CkptflowError, NotFound, Refused, UsageError, VerificationFailed
 from .fsutil import atomic_write_bytes
 from .jsonio import encode_json
-from .store.open import open_bucket_arg, store_factory
+from .records import manifest as manifest_record
+from .records import receipt as receipt_record
+from .store import StoreURI
+from .store.open import BUCKET_ENV, credentials_for, open_bucket_arg, store_factory
+from .store.uri import parse_store_uri
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +41,295 @@ def _write_report(path: Path | str, report: dict[str, Any]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, encode_json(report))
+
+
+# --------------------------------------------------------------------------------------------- planning
+
+ARTIFACTS_DIR = "checkpoint_artifacts"
+RUN_REMEDY = "pass --config run=<project>/<group>/<run>/<ts> (the run's path under runs_root)"
+# Report subdirectories whose files are records of finished jobs (rerun triggers of the status rule).
+REPORT_KINDS = ("merge", "legacy-receipt", "verify", "prune", "fetch", "materialize")
+
+
+def iteration_name(iteration: int) -> str:
+    """The directory name of a new artifact, stage or teacher for ``iteration``: ``iter_NNNNNN``."""
+    return f"iter_{iteration:06d}"
+
+
+def parse_iteration(value: Any, *, what: str = "config iter") -> int:
+    """``300``, ``"300"`` or ``"iter_000300"`` as an int; anything else is refused by name."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    text = str(value).strip() if isinstance(value, str) else ""
+    m = ITER_DIR_RE.match(text)
+    if m:
+        return int(m.group(1))
+    if text.isdigit():
+        return int(text)
+    raise UsageError(f"{what} is {value!r}, not an iteration number", remedy="pass --config iter=300")
+
+
+def _as_bool(value: Any, what: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "1", "on"):
+        return True
+    if text in ("false", "no", "0", "off"):
+        return False
+    raise UsageError(f"{what} is {value!r}, not true or false")
+
+
+def _as_int(value: Any) -> Any:
+    """A string of digits as an int; anything else as it is (the schema names a wrong type)."""
+    return int(value) if isinstance(value, str) and re.fullmatch(r"\s*-?[0-9]+\s*", value) else value
+
+
+def _recipe(raw: Any, key: str) -> Any:
+    if not isinstance(raw, Mapping):
+        return raw  # the schema names the problem
+    recipe = dict(raw)
+    if isinstance(recipe.get("experts"), str):  # a nested --config override arrives as a string
+        recipe["experts"] = [e.strip() for e in recipe["experts"].split(",") if e.strip()]
+    if isinstance(recipe.get("lam"), str) and recipe["lam"].strip() not in ("", "null", "None"):
+        try:
+            recipe["lam"] = float(recipe["lam"])
+        except ValueError:
+            raise UsageError(f"config merge.{key}.lam is {recipe['lam']!r}, not a number") from None
+    elif recipe.get("lam") in ("null", "None", ""):
+        recipe["lam"] = None
+    if "force" in recipe:
+        recipe["force"] = _as_bool(recipe["force"], f"config merge.{key}.force")
+    return recipe
+
+
+def normalise_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The configuration with command-line spellings made typed, before schema validation.
+
+    ``--config iter=300`` arrives as an int, but nested overrides (``--config 'merge={...}'``) arrive as
+    strings, and YAML keys of ``merge`` may be ints: iterations become ints, ``merge`` keys strings of
+    the iteration number, numbers and booleans of nested keys their types.
+    """
+    out = dict(config)
+    if out.get("iter") is not None:
+        out["iter"] = parse_iteration(out["iter"])
+    if isinstance(out.get("run"), str):
+        out["run"] = out["run"].strip("/") or None
+    if isinstance(out.get("merge"), Mapping):
+        out["merge"] = {str(parse_iteration(k, what=f"config merge key {k!r}")): _recipe(v, str(k))
+                        for k, v in out["merge"].items()}
+    if isinstance(out.get("materialize"), Mapping):
+        mat = dict(out["materialize"])
+        for key in ("min_tensors", "expect_tensors"):
+            if key in mat:
+                mat[key] = _as_int(mat[key])
+        for key in ("verify", "force"):
+            if key in mat:
+                mat[key] = _as_bool(mat[key], f"config materialize.{key}")
+        out["materialize"] = mat
+    return out
+
+
+def merge_recipe(config: Mapping[str, Any], iteration: int) -> dict[str, Any] | None:
+    """The merge recipe of ``iteration`` in a normalised configuration, or None."""
+    recipes = config.get("merge") or {}
+    return recipes.get(str(iteration))
+
+
+def runs_holding(runs_root: str | Path, iteration: int) -> list[tuple[str, str]]:
+    """``(run, iter_dir_name)`` of every run under ``runs_root`` holding a committed ``iter_<iteration>``.
+
+    The run is the path of the directory holding ``checkpoint_artifacts``, relative to ``runs_root``.
+    """
+    root = Path(runs_root)
+    found = []
+    for dirpath, dirnames, _ in os.walk(root):
+        if os.path.basename(dirpath) != ARTIFACTS_DIR:
+            continue
+        for name in dirnames:
+            m = ITER_DIR_RE.match(name)
+            if m and int(m.group(1)) == iteration and manifest_record.path_in(Path(dirpath) / name).is_file():
+                found.append((Path(dirpath).parent.relative_to(root).as_posix(), name))
+        dirnames[:] = []  # nothing below checkpoint_artifacts/ is a run
+    return sorted(found)
+
+
+def resolve_run(runs_root: str | Path, iteration: int, run: str | None) -> tuple[str, str]:
+    """``(run, iter_dir_name)`` the iteration-scoped targets act on.
+
+    ``run`` given: it, with its existing directory for ``iteration`` (any zero padding) or ``iter_NNNNNN``.
+    Omitted: the one run holding a committed ``iter_<iteration>``; none or several is a ``UsageError``
+    that lists the candidates.
+    """
+    if run:
+        run = run.strip("/")
+        artifacts = Path(runs_root) / run / ARTIFACTS_DIR
+        names = sorted(n for n in (os.listdir(artifacts) if artifacts.is_dir() else [])
+                       if (m := ITER_DIR_RE.match(n)) and int(m.group(1)) == iteration)
+        if len(names) > 1:
+            raise UsageError(f"{artifacts} holds several directories of iteration {iteration}: {names}",
+                             remedy="keep one of them (move the others out of checkpoint_artifacts/)")
+        return run, names[0] if names else iteration_name(iteration)
+    candidates = runs_holding(runs_root, iteration)
+    if len(candidates) == 1:
+        return candidates[0]
+    listed = "; ".join(f"{r} ({n})" for r, n in candidates)
+    if not candidates:
+        raise UsageError(f"no run under {runs_root} holds a committed {ARTIFACTS_DIR}/iter_{iteration}", remedy=RUN_REMEDY)
+    raise UsageError(f"several runs under {runs_root} hold a committed {ARTIFACTS_DIR}/iter_{iteration}: {listed}",
+                     remedy=RUN_REMEDY)
+
+
+def bucket_uri(bucket: str | None) -> StoreURI:
+    """The configured bucket (``null``: ``$CKPTFLOW_BUCKET``) as a store URI; a bare name means S3."""
+    bucket = bucket or os.environ.get(BUCKET_ENV) or None
+    if not bucket:
+        raise UsageError("no bucket configured", remedy=f"pass --config bucket=s3://B (or file:///DIR), or set {BUCKET_ENV}")
+    return parse_store_uri(bucket, what="config bucket") if "://" in bucket else StoreURI("s3", bucket, "")
+
+
+@dataclass(frozen=True)
+class TeacherSource:
+    """Where the teacher of one artifact is built from: ``local`` (the artifact itself), ``merge`` (the
+    artifact the merge rule writes), or ``archive`` (the fetch rule's staging copy of ``uri``)."""
+
+    kind: str
+    artifact_dir: Path
+    uri: str | None = None
+    why: str = ""
+
+
+def _model_present(artifact_dir: Path) -> tuple[bool, str]:
+    manifest = manifest_record.read_manifest(artifact_dir)
+    model = manifest.components.get("model")
+    if model is None or not hasattr(model, "size"):
+        raise Refused(f"the manifest of {artifact_dir} has no 'model' file component",
+                      path=str(manifest_record.path_in(artifact_dir)), remedy="materialize an artifact that holds a model.pt")
+    path = artifact_dir / model.path
+    try:
+        size = path.stat().st_size if path.is_file() else None
+    except OSError:
+        size = None
+    if size == model.size:
+        return True, f"{path} is present with its recorded size"
+    return False, f"{path} is {'missing' if size is None else f'{size} bytes, not {model.size}'}"
+
+
+def archive_uri_of(receipt: receipt_record.Receipt) -> str:
+    """The archived artifact's URI a JSON receipt names (``file``: the endpoint is the archive root)."""
+    dest = receipt.destination
+    return str(StoreURI(dest.scheme, dest.endpoint if dest.scheme == "file" else dest.bucket, dest.prefix))
+
+
+def teacher_source(artifact_dir: str | Path, run: str, *, bucket: str | None, has_recipe: bool) -> TeacherSource:
+    """Choose the source of ``materialize_teacher`` from local records (sizes only; the library verifies)."""
+    artifact_dir = Path(artifact_dir)
+    if not manifest_record.path_in(artifact_dir).is_file():
+        if has_recipe:
+            return TeacherSource("merge", artifact_dir, why="the merge recipe of this iteration writes it")
+        if artifact_dir.exists():
+            raise NotFound(f"{artifact_dir} has no {manifest_record.FILENAME}: it is not a committed artifact",
+                           path=str(artifact_dir), remedy="wait for the save to finish, or seal the artifact")
+        uri = bucket_uri(bucket).child(f"{run}/{ARTIFACTS_DIR}/{artifact_dir.name}")
+        return TeacherSource("archive", artifact_dir, str(uri), why=f"no local {artifact_dir}")
+    present, why = _model_present(artifact_dir)
+    if present:
+        return TeacherSource("merge" if has_recipe else "local", artifact_dir, why=why)
+    if receipt_record.is_legacy_receipt(artifact_dir):
+        raise Refused(f"{why}, and {receipt_record.path_in(artifact_dir)} is a legacy plain-text marker that names "
+                      "no archive", path=str(artifact_dir), remedy="run `snakemake publish_all` to replace it, or "
+                      "restore the payload")
+    try:
+        receipt = receipt_record.read_receipt(artifact_dir)
+    except CkptflowError as exc:
+        raise NotFound(f"{why}, and no receipt names its archive: {exc}", path=str(artifact_dir),
+                       remedy="restore the payload, or publish the artifact before pruning it") from None
+    return TeacherSource("archive", artifact_dir, archive_uri_of(receipt), why=f"{why}; its receipt names the archive")
+
+
+def records_fingerprint(runs_root: str | Path, reports_dir: str | Path, stage_dir: str | Path,
+                        teachers_dir: str | Path) -> str:
+    """A digest of the path, size and mtime of every record the status table reads (its rerun trigger):
+    the artifacts', stages' and teachers' records and the step reports, not the status table itself."""
+    names = {manifest_record.FILENAME, receipt_record.FILENAME, ".merge-complete.json", ".staged.json",
+             ".materialized"}
+    roots = [(Path(runs_root), names), (Path(stage_dir), names), (Path(teachers_dir), names),
+             *((Path(reports_dir) / kind, None) for kind in REPORT_KINDS)]
+    h = hashlib.sha256()
+    for root, wanted in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames.sort()
+            for name in sorted(filenames):
+                if not (name.endswith(".json") if wanted is None else name in wanted):
+                    continue
+                try:
+                    st = os.stat(os.path.join(dirpath, name))
+                except OSError:  # removed while walking: not a record any more
+                    continue
+                h.update(f"{dirpath}/{name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+# --------------------------------------------------------------------------------------------- steps
+
+
+def merge_step(artifact_dir: str, recipe: Mapping[str, Any], iteration: int, report_path: str) -> dict[str, Any]:
+    """Merge one recipe into ``artifact_dir/model.pt`` (the library refuses a completed merge of another
+    request unless the recipe says ``force``) and write the step report, the rule's output."""
+    from .merge import merge_experts
+
+    result = merge_experts(recipe["mode"], list(recipe["experts"]), Path(artifact_dir) / "model.pt", base=recipe.get("base"),
+                           lam=recipe.get("lam"), iteration=iteration, force=bool(recipe.get("force")),
+                           progress=False)
+    log.info("merge %s: %s (%s)", artifact_dir, result.status, result.reason)
+    report = {
+        "status": result.status, "reason": result.reason, "artifact_dir": str(result.artifact_dir),
+        "iteration": result.request.iteration, "mode": result.request.mode, "lam": result.request.lam,
+        "experts": [e.to_dict() for e in result.request.experts], "request_identity": result.identity,
+        "replaced_identity": result.replaced_identity, "model": result.model.to_dict(),
+    }
+    _write_report(report_path, report)
+    return report
+
+
+def fetch_step(artifact_uri: str, stage_root: str, credentials: str | None, report_path: str) -> dict[str, Any]:
+    """Fetch one archived artifact into ``stage_root/iter_N`` and write the step report, the rule's output.
+
+    ``.staged.json``, fetch's ownership record, is never a rule output: Snakemake would delete it before
+    a rerun, and the stage would then look foreign to fetch.
+    """
+    from .archive.fetch import fetch_artifact
+
+    result = fetch_artifact(artifact_uri, Path(stage_root), credentials=credentials_for(artifact_uri, credentials),
+                            progress=False)
+    log.info("fetch %s -> %s: %s", artifact_uri, result.path, result.status)
+    report = result.to_report()
+    _write_report(report_path, report)
+    return report
+
+
+def materialize_step(base: str, out: str, ckpt_dir: str, options: Mapping[str, Any], report_path: str) -> dict[str, Any]:
+    """Build (or skip) the teacher ``out`` from the local artifact or staged copy ``ckpt_dir``; the
+    library refuses a completed teacher of another identity unless ``options["force"]``."""
+    from .materialize import materialize
+
+    if not base:
+        raise UsageError("no base configured for materialize_teacher", remedy="pass --config base=<HF base directory>")
+    kwargs = {k: options[k] for k in ("min_tensors", "expect_tensors") if options.get(k) is not None}
+    result = materialize(base=base, out=out, ckpt_dir=ckpt_dir, verify_tensors=bool(options.get("verify", True)),
+                         force=bool(options.get("force", False)), progress=False, **kwargs)
+    log.info("materialize %s: %s (%s)", out, result.status, result.reason)
+    report = result.to_report()
+    _write_report(report_path, report)
+    return report
+
+
+def replace_legacy_receipt_step(artifact_dir: str, upload_prefix: str, bucket: str | None, credentials: str | None,
+                                report_path: str) -> dict[str, Any]:
+    """Publish an artifact whose ``.uploaded`` is a legacy plain-text marker, so a JSON receipt replaces it
+    (publication never counts the marker as done); the report is the rule's output."""
+    report = publish_step(artifact_dir, upload_prefix, bucket, credentials)
+    _write_report(report_path, report)
+    return report
 
 
 def publish_step(artifact_dir: str, upload_prefix: str, bucket: str | None, credentials: str | None) -> dict[str, Any]:

@@ -1,0 +1,92 @@
+"""Helpers for the workflow tests: Snakemake driven as a subprocess on a per-test configuration."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from helpers import REPO
+
+SNAKEMAKE = Path(sys.executable).with_name("snakemake")
+RUN = "proj/grp/run1/20261129T000000Z"
+NOTHING = "Nothing to be done"
+
+
+def snakemake(workdir: Path, *args: str, config: dict[str, str], env: dict[str, str],
+              configfile: Path | None = None) -> subprocess.CompletedProcess:
+    """``snakemake ARGS`` on the repository's Snakefile in ``workdir``, with ``--config`` overrides."""
+    cfg = [f"{k}={v}" for k, v in config.items()]
+    files = [str(REPO / "config" / "config.yaml"), *([str(configfile)] if configfile else [])]
+    return subprocess.run(
+        [str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--configfile", *files,
+         "--cores", "2", *args, *(["--config", *cfg] if cfg else [])],
+        capture_output=True, text=True, timeout=600, env={**os.environ, **env},
+    )
+
+
+@dataclass
+class Flow:
+    """One workflow directory: its configuration file (rewritten before each run) and environment."""
+
+    root: Path
+    config: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        r = self.root
+        self.config = {
+            "runs_root": str(r / "runs"), "reports_dir": str(r / "reports"), "logs_dir": str(r / "logs"),
+            "stage_dir": str(r / "stage"), "teachers_dir": str(r / "teachers"), **self.config,
+        }
+        self.env = {"CKPTFLOW_CACHE_DIR": str(r / "cache"), "CKPTFLOW_PROGRESS": "0", **self.env}
+
+    @property
+    def runs(self) -> Path:
+        return Path(self.config["runs_root"])
+
+    def artifact(self, iteration: int = 300, run: str = RUN) -> Path:
+        return self.runs / run / "checkpoint_artifacts" / f"iter_{iteration:06d}"
+
+    def report(self, kind: str, iteration: int = 300, run: str = RUN) -> Path:
+        return Path(self.config["reports_dir"]) / kind / run / f"iter_{iteration:06d}.json"
+
+    def teacher(self, iteration: int = 300, run: str = RUN) -> Path:
+        return Path(self.config["teachers_dir"]) / run / f"iter_{iteration:06d}"
+
+    def staged(self, iteration: int = 300, run: str = RUN) -> Path:
+        return Path(self.config["stage_dir"]) / run / f"iter_{iteration:06d}"
+
+    def run(self, *args: str, kill_at: str | None = None, **overrides) -> subprocess.CompletedProcess:
+        """Run Snakemake; ``overrides`` go on the command line (``iter=300`` arrives as an int there)."""
+        path = self.root / "test-config.yaml"
+        path.write_text(json.dumps(self.config, indent=1), encoding="utf-8")  # YAML reads JSON
+        env = {**self.env, **({"CKPTFLOW_TEST_KILL_AT": kill_at} if kill_at else {})}
+        return snakemake(self.root, *args, config={k: str(v) for k, v in overrides.items()}, env=env, configfile=path)
+
+    def ok(self, *args: str, **overrides) -> str:
+        """Run and require success; the combined output."""
+        done = self.run(*args, **overrides)
+        out = done.stdout + done.stderr
+        assert done.returncode == 0, out
+        return out
+
+    def fails(self, *args: str, kill_at: str | None = None, **overrides) -> str:
+        done = self.run(*args, kill_at=kill_at, **overrides)
+        out = done.stdout + done.stderr
+        assert done.returncode != 0, out
+        return out
+
+    def planned(self, *args: str, **overrides) -> list[str]:
+        """The rules a dry run would execute (``rule NAME:`` blocks), in order; [] when nothing is to be done."""
+        out = self.ok("-n", *args, **overrides)
+        rules = [line.split()[-1].rstrip(":") for line in out.splitlines() if line.startswith(("rule ", "localrule "))]
+        assert rules or NOTHING in out, out
+        return rules
+
+    def log_of(self, kind: str, iteration: int = 300, run: str = RUN) -> str:
+        path = Path(self.config["logs_dir"]) / kind / run / f"iter_{iteration:06d}.log"
+        return path.read_text(encoding="utf-8") if path.exists() else ""
