@@ -364,3 +364,20 @@ def prune_step(artifact_dir: str, credentials: str | None, report_path: str) -> 
                                  remedy="the artifact was kept; inspect the archive")
     _write_report(report_path, report)
     return report
+
+
+def status_step(runs_root: str, reports_dir: str | None, stage_dir: str | None, teachers_dir: str | None,
+                out_json: str, out_txt: str) -> dict[str, Any]:
+    """Write the status of every configured run: the JSON report and the rendered table (the report item)."""
+    from .status import collect_status
+
+    def opt(value: str | None) -> Path | None:
+        return Path(value) if value else None
+
+    status = collect_status(Path(runs_root), reports_dir=opt(reports_dir), stage_dir=opt(stage_dir),
+                            teachers_dir=opt(teachers_dir))
+    report = status.to_report()
+    _write_report(out_json, report)
+    Path(out_txt).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(Path(out_txt), status.render().encode("utf-8"))
+    return report

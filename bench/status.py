@@ -1,0 +1,80 @@
+"""How long ``ckptflow status`` takes to read many artifacts (target: 1,000 in about a second).
+
+Builds ``--artifacts`` committed artifacts (a 4-byte ``model.pt``, a DCP directory of ``--shards`` tiny
+files and a manifest each; every third with a receipt, every fifth pruned) under a temporary runs root,
+then times ``collect_status`` and the rendering of the table, each the median of ``--repeat`` runs, and
+prints the timings as JSON. Nothing is hashed by status, so the cost is one directory listing, a stat per
+payload file and the small record reads.
+
+    python bench/status.py --artifacts 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from ckptflow.records import manifest as manifest_record
+from ckptflow.records import receipt as receipt_record
+from ckptflow.records.inventory import FileEntry
+from ckptflow.status import collect_status
+
+SHA = "a" * 64
+
+
+def build(root: Path, count: int, shards: int) -> None:
+    for i in range(count):
+        art = root / f"proj/group/run{i % 4}/20261129T000000Z/checkpoint_artifacts/iter_{i:06d}"
+        (art / "optim").mkdir(parents=True)
+        files = [FileEntry(f"__{r}_0.distcp", 4, SHA) for r in range(shards)]
+        manifest = manifest_record.Manifest(iteration=i, components={
+            "model": manifest_record.FileComponent("model.pt", 4, SHA),
+            "optim": manifest_record.DcpComponent("optim", tuple(files))})
+        (art / manifest_record.FILENAME).write_bytes(manifest_record.encode_manifest(manifest))
+        receipt = i % 3 == 0
+        if not (receipt and i % 5 == 0):
+            (art / "model.pt").write_bytes(b"abcd")
+            for f in files:
+                (art / "optim" / f.path).write_bytes(b"abcd")
+        if receipt:
+            record = receipt_record.Receipt(
+                receipt_record.ReceiptDestination("s3", "s3.example:443", "b", f"p/iter_{i:06d}"), SHA,
+                (FileEntry("model.pt", 4, SHA), *(FileEntry(f"optim/{f.path}", 4, SHA) for f in files)),
+                "2026-01-01T00:00:00Z")
+            (art / receipt_record.FILENAME).write_bytes(receipt_record.encode_receipt(record))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--artifacts", type=int, default=1000)
+    parser.add_argument("--shards", type=int, default=4, help="DCP files per artifact")
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="ckptflow-bench-status-") as tmp:
+        root = Path(tmp) / "runs"
+        start = time.perf_counter()
+        build(root, args.artifacts, args.shards)
+        built = time.perf_counter() - start
+        collect, render = [], []
+        for _ in range(args.repeat):
+            start = time.perf_counter()
+            status = collect_status(root)
+            collect.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            status.render()
+            render.append(time.perf_counter() - start)
+        counts = status.to_report()["counts"]
+    print(json.dumps({
+        "artifacts": args.artifacts, "files_per_artifact": args.shards + 1, "build_s": round(built, 3),
+        "collect_median_s": round(statistics.median(collect), 3), "render_median_s": round(statistics.median(render), 3),
+        "counts": counts,
+    }, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
