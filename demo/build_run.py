@@ -9,7 +9,7 @@ writes, under ROOT (which must not exist or be empty):
   trained here on a small corpus (``tokenizer.json``, ``tokenizer_config.json``, ``chat_template.jinja``)
   and ``generation_config.json``. The weights are trained for a few hundred steps on the corpus, so a
   greedy generation from a model merged onto this base reads as words, not noise.
-- ``runs/demo/experts/{publish,fetch,merge}/<ts>/checkpoint_artifacts/iter_000200/model.pt``: three
+- ``runs/demo/experts/{storage,transfer,modeling}/<ts>/checkpoint_artifacts/iter_000200/model.pt``: three
   experts derived from the base, each fine-tuned on its own slice of the corpus and saved the way a trainer
   consolidates one (``torch.save({"net": state_dict})``, bf16, the transformers in-memory layout).
 - ``runs/demo/sft/trainer/<ts>/checkpoint_artifacts/iter_000100/``: ``model.pt`` and ``optim/``, the
@@ -48,19 +48,19 @@ CHAT_TEMPLATE = (
 
 # What the experts specialise in: each one is fine-tuned on its own slice; the base sees all of them.
 CORPUS = {
-    "publish": [
+    "storage": [
         "a committed artifact is published to the archive and its receipt is written last.",
         "publication declares every object first, uploads the payloads, then commits the manifest.",
         "the archive refuses a second create of the same key, so two publishers never overwrite.",
         "a receipt names the archive that holds the payloads of the artifact.",
     ],
-    "fetch": [
+    "transfer": [
         "fetch brings the artifact back and checks every file against the declaration.",
         "a staged copy carries its ownership record beside the files it fetched.",
         "the payloads were pruned, so the teacher is built from the archive.",
         "verify reads the archived objects and compares their digests with the receipt.",
     ],
-    "merge": [
+    "modeling": [
         "the merged teacher is the base plus the sum of the expert task vectors.",
         "merge streams one tensor at a time in fp32 and casts the result once.",
         "the teacher directory holds safetensors shards, the index and the tokenizer.",
