@@ -16,6 +16,20 @@ RUN = "proj/grp/run1/20261129T000000Z"
 NOTHING = "Nothing to be done"
 
 
+def tree_state(root: Path) -> dict[str, tuple]:
+    """Every entry under ``root``: files by content, mtime and inode, directories by mtime, links by target."""
+    out: dict[str, tuple] = {}
+    for path in sorted(root.rglob("*")) if root.exists() else []:
+        rel, st = path.relative_to(root).as_posix(), path.lstat()
+        if path.is_symlink():
+            out[rel] = ("link", os.readlink(path))
+        elif path.is_dir():
+            out[rel] = ("dir", st.st_mtime_ns)
+        else:
+            out[rel] = ("file", path.read_bytes(), st.st_mtime_ns, st.st_ino)
+    return out
+
+
 def snakemake(workdir: Path, *args: str, config: dict[str, str], env: dict[str, str],
               configfile: Path | None = None) -> subprocess.CompletedProcess:
     """``snakemake ARGS`` on the repository's Snakefile in ``workdir``, with ``--config`` overrides."""
@@ -62,6 +76,7 @@ class Flow:
 
     def run(self, *args: str, kill_at: str | None = None, **overrides) -> subprocess.CompletedProcess:
         """Run Snakemake; ``overrides`` go on the command line (``iter=300`` arrives as an int there)."""
+        self.root.mkdir(parents=True, exist_ok=True)
         path = self.root / "test-config.yaml"
         path.write_text(json.dumps(self.config, indent=1), encoding="utf-8")  # YAML reads JSON
         env = {**self.env, **({"CKPTFLOW_TEST_KILL_AT": kill_at} if kill_at else {})}

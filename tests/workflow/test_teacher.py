@@ -1,0 +1,84 @@
+"""merge_experts and materialize_teacher end to end: Snakemake as a subprocess, tiny real models."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from workflow_helpers import NOTHING, RUN, Flow
+
+from ckptflow.archive.publish import publish_artifact
+from ckptflow.fsutil import walk_files
+from ckptflow.store.open import open_bucket_arg
+from helpers.artifacts import make_artifact
+
+
+def _flow(tmp_path, kit, **config) -> Flow:
+    return Flow(tmp_path, {
+        "base": str(kit.base), "run": RUN,
+        "merge": {"300": {"mode": "tv", "experts": [str(p) for p in kit.experts], "lam": 0.5}},
+        "materialize": {"min_tensors": 1}, **config})
+
+
+def test_merge_then_teacher_from_the_local_artifact_then_nothing_to_do(tmp_path, kit):
+    flow = _flow(tmp_path, kit)
+    assert flow.planned("materialize_teacher", iter=300) == ["merge", "materialize", "materialize_teacher"]
+    flow.ok("materialize_teacher", iter=300)
+    art = flow.artifact()
+    assert json.loads((art / ".merge-complete.json").read_text())["request"]["lam"] == 0.5
+    report = json.loads(flow.report("materialize").read_text())
+    assert report["status"] == "built" and report["source"]["location"] == str(art)
+    assert (flow.teacher() / ".materialized").is_file() and not flow.staged().exists()
+    # Once the artifact exists, run may be omitted: the one run holding iteration 300 is used.
+    flow.config["run"] = None
+    assert flow.planned("materialize_teacher", iter=300) == []
+    assert flow.planned("merge_experts", iter="iter_000300") == []
+
+
+@pytest.mark.slow
+def test_a_pruned_artifact_materializes_from_the_archive_its_receipt_names(
+        tmp_path, kit, seaweedfs_bucket, seaweedfs_credentials_path):
+    flow = _flow(tmp_path, kit, bucket=seaweedfs_bucket, credentials=str(seaweedfs_credentials_path))
+    flow.ok("merge_experts", iter=300)
+    flow.ok("prune_all")
+    art = flow.artifact()
+    assert "model.pt" not in list(walk_files(art))
+    assert flow.planned("materialize_teacher", iter=300) == ["fetch", "materialize", "materialize_teacher"]
+    flow.ok("materialize_teacher", iter=300)
+    fetched = json.loads(flow.report("fetch").read_text())
+    assert fetched["source_uri"] == f"s3://{seaweedfs_bucket}/{RUN}/checkpoint_artifacts/iter_000300"
+    assert fetched["status"] == "fetched" and (flow.staged() / ".staged.json").is_file()
+    built = json.loads(flow.report("materialize").read_text())
+    assert built["status"] == "built" and built["source"]["location"] == str(flow.staged())
+    assert flow.planned("materialize_teacher", iter=300) == []
+    assert flow.planned("prune_all") == [] and flow.planned("publish_all") == []
+
+
+@pytest.mark.slow
+def test_without_a_local_directory_the_teacher_is_fetched_from_the_bucket(
+        tmp_path, kit, seaweedfs_bucket, seaweedfs_credentials_path):
+    flow = _flow(tmp_path, kit, bucket=f"s3://{seaweedfs_bucket}", credentials=str(seaweedfs_credentials_path),
+                 merge={})
+    src = _flow(tmp_path / "elsewhere", kit)
+    src.ok("merge_experts", iter=300)
+    publish_artifact(src.artifact(), open_bucket_arg(seaweedfs_bucket, str(seaweedfs_credentials_path)),
+                     f"{RUN}/checkpoints", progress=False)
+    assert not flow.runs.exists()
+    flow.ok("materialize_teacher", iter=300)
+    assert json.loads(flow.report("fetch").read_text())["source_uri"] == (
+        f"s3://{seaweedfs_bucket}/{RUN}/checkpoint_artifacts/iter_000300")
+    assert json.loads(flow.report("materialize").read_text())["status"] == "built"
+    assert not flow.runs.exists()  # nothing was written where the artifact would live
+
+
+def test_a_missing_iteration_or_an_ambiguous_run_is_a_clear_error(tmp_path):
+    flow = Flow(tmp_path)
+    assert "--config iter=300" in flow.fails("-n", "materialize_teacher")
+    for run in ("p/g/a/ts", "p/g/b/ts"):
+        make_artifact(flow.runs / run, iteration=300)
+    out = flow.fails("-n", "materialize_teacher", iter=300)
+    assert "p/g/a/ts" in out and "p/g/b/ts" in out and "--config run=" in out
+    assert "no recipe for iteration 300" in flow.fails("-n", "merge_experts", iter=300, run="p/g/a/ts")
+    shutil.rmtree(flow.runs)
+    assert "--config run=" in flow.fails("-n", "materialize_teacher", iter=300)
