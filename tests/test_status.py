@@ -16,11 +16,11 @@ from ckptflow.archive.fetch import fetch_artifact
 from ckptflow.archive.publish import publish_artifact
 from ckptflow.errors import NotFound
 from ckptflow.jsonio import validate
-from ckptflow.records import LegacyRecord
+from ckptflow.records import LegacyRecord, merge_progress, merge_record
 from ckptflow.records import manifest as manifest_record
 from ckptflow.records import materialized as materialized_record
-from ckptflow.records import merge_record
 from ckptflow.records import receipt as receipt_record
+from ckptflow.records import staging as staging_record
 from ckptflow.records.inventory import FileEntry
 from ckptflow.status import collect_status
 from ckptflow.store.credentials import load_credentials
@@ -188,6 +188,29 @@ def test_corrupt_records_are_shown_in_their_own_cells(runs):
     assert table.count("corrupt") >= 4 and "byte-order mark" in table
 
 
+def test_interrupted_steps_show_what_they_left(runs):
+    art = runs["run"] / "checkpoint_artifacts"
+    (art / "iter_000600" / "model.pt").unlink()  # one payload of a published artifact gone: an interrupted prune
+    (art / "iter_000100" / "optim" / "__0_0.distcp").unlink()  # gone without any receipt
+    (art / "iter_000200" / "model.pt").write_bytes(b"m" * 10)
+    merge_progress.write_merge_progress(art / "iter_000200", merge_progress.MergeProgress(
+        (merge_progress.FileState.of(art / "iter_000200" / "model.pt"),)))
+    staged = runs["stage"] / RUN / "iter_000600"
+    staged.mkdir(parents=True)
+    staging_record.write_staging(staged, staging_record.StagingRecord(
+        "file:///archive/iter_000600", None, (FileEntry("model.pt", 4, SHA),), complete=False))
+    (runs["teachers"] / RUN / "iter_000300").mkdir(parents=True)  # a build that never finished
+    report = collect(runs).to_report()
+    validate(report, "report_status", what="status report")
+    got = states(report)
+    assert got[(RUN, 600)]["pruned"] == "partial" and got[(RUN, 100)]["pruned"] == "missing"
+    assert got[(RUN, 200)]["merged"] == "in-progress" and got[(RUN, 200)]["local"] == "incomplete"
+    assert got[(RUN, 600)]["staged"] == "incomplete" and got[(RUN, 300)]["materialized"] == "unrecorded"
+    rows = {r["iteration"]: r for r in report["rows"] if r["run"] == RUN}
+    assert rows[600]["pruned"]["files"] == 1 and "interrupted prune" in rows[600]["pruned"]["detail"]
+    assert "no receipt" in rows[100]["pruned"]["detail"]
+
+
 def test_the_table_is_aligned_and_names_every_iteration(runs):
     table = collect(runs).render()
     lines = table.splitlines()
@@ -288,16 +311,17 @@ def test_cli_prints_the_table_on_a_terminal_and_json_with_json(runs):
 
 
 @pytest.fixture
-def published_on_seaweedfs(tmp_path, seaweedfs_bucket, seaweedfs_credentials_path) -> tuple[Path, S3Store]:
+def published_on_seaweedfs(tmp_path, seaweedfs_bucket, seaweedfs_credentials_path) -> S3Store:
+    """``runs/RUN/checkpoint_artifacts/iter_000300`` published to a fresh SeaweedFS bucket; its store."""
     store = S3Store(seaweedfs_bucket, load_credentials(seaweedfs_credentials_path))
     art = make_artifact(tmp_path / "runs" / RUN, iteration=300)
     publish_artifact(art, store, UPLOAD_PREFIX, progress=False)
-    return art, store
+    return store
 
 
 def test_verify_checks_the_archive_live_and_fails_on_a_changed_object(published_on_seaweedfs, tmp_path,
                                                                         seaweedfs_credentials_path):
-    art, store = published_on_seaweedfs
+    store = published_on_seaweedfs
     root = tmp_path / "runs"
     live = collect_status(root, verify_with=store_factory(str(seaweedfs_credentials_path))).to_report()
     validate(live, "report_status", what="status --verify report")

@@ -1,0 +1,32 @@
+"""``ckptflow status``: one row per (run, iteration), read from the records alone.
+
+Where each column comes from (nothing is hashed; per artifact one directory listing, a stat of each
+payload file and a few small record reads)::
+
+    <root>/<run>/checkpoint_artifacts/iter_N/     run = <project>/<group>/<run>/<ts>
+        .posttrain-checkpoint-artifact.json       local: committed (a directory without it: incomplete)
+        .merge-complete.json                      merged: the request's mode and number of experts
+        .merge-in-progress.json                   merged: in progress
+        .uploaded                                 published: receipt, or a legacy plain-text marker
+        the manifest's payload files              pruned (gone while a receipt is kept); local size
+    <reports_dir>/verify/<run>/iter_N.json        verified: the latest verify report and its time
+    <reports_dir>/prune/<run>/iter_N.json         pruned: why a prune kept the payloads
+    <stage_dir>/<run>/iter_N/.staged.json         staged
+    <teachers_dir>/<run>/iter_N/.materialized     materialized: teacher path and source
+
+``root`` is a runs root (every directory below it that holds ``checkpoint_artifacts/`` is a run, named
+by its path relative to the root) or one run directory (named by its last four path components, the
+``<project>/<group>/<run>/<ts>`` that the staging, teacher and report trees use). Rows also come from
+those trees alone: an iteration staged or materialized from the archive with no local directory shows
+``local`` ``absent``.
+
+The store is contacted only when ``verify_with`` is given (``--verify``): each ``.uploaded`` is then
+checked live by ``archive.verify.verify_artifact``. A record that cannot be read shows ``corrupt`` in its
+own cell with the reason as ``detail``; it never stops the table.
+"""
+
+from .collect import collect_status
+from .render import human_bytes, render_report
+from .report import COLUMNS, Row, StatusReport
+
+__all__ = ["COLUMNS", "Row", "StatusReport", "collect_status", "human_bytes", "render_report"]

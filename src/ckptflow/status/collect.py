@@ -1,0 +1,329 @@
+"""Reading the state of every iteration from the records: ``collect_status`` (see the package docstring)."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ..archive.keys import ARTIFACTS_DIR
+from ..archive.verify import describe_failures, verify_artifact
+from ..artifact import ITER_DIR_RE
+from ..errors import CkptflowError, NotFound
+from ..jsonio import decode_json_object, validate
+from ..records import (
+    MANIFEST_FILENAME,
+    MERGE_RECORD_FILENAME,
+    RECEIPT_FILENAME,
+    LegacyRecord,
+    merge_progress,
+    read_manifest,
+    read_materialized,
+    read_merge_record,
+    read_receipt,
+    read_staging,
+    utc_timestamp,
+)
+from ..records.manifest import DcpComponent, Manifest
+from .report import CORRUPT, NONE, Row, StatusReport, cell
+
+RUN_DEPTH = 4  # <project>/<group>/<run>/<ts>
+_REPORT_RE = re.compile(r"^iter_(\d+)\.json$")
+
+
+def _mtime(seconds: float) -> str:
+    return utc_timestamp(datetime.fromtimestamp(seconds, UTC))
+
+
+def collect_status(
+    root: Path,
+    *,
+    reports_dir: Path | None = None,
+    stage_dir: Path | None = None,
+    teachers_dir: Path | None = None,
+    verify_with: Callable[[Any], Any] | None = None,
+) -> StatusReport:
+    """Read the state of every iteration under ``root`` (a runs root or one run directory).
+
+    ``verify_with`` is a ``store_for(destination)`` callable (``store.open.store_factory``); with it,
+    every ``.uploaded`` is verified live against the store instead of read from a verify report.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise NotFound(f"{root} is not a directory",
+                       remedy="pass a runs root or one run directory <project>/<group>/<run>/<ts>")
+    rows: dict[tuple[str, int], Row] = {}
+
+    def row(run: str, iteration: int, name: str) -> Row:
+        return rows.setdefault((run, iteration), Row(run, iteration, name))
+
+    if (root / ARTIFACTS_DIR).is_dir():
+        scope: str | None = "/".join(root.resolve().parts[-RUN_DEPTH:])
+        runs = {scope: root}
+    else:
+        scope, runs = None, _find_runs(root)
+    for run, run_dir in runs.items():
+        for iteration, name, path in _iter_entries(run_dir / ARTIFACTS_DIR, ITER_DIR_RE, dirs=True):
+            r = row(run, iteration, name)
+            r.artifact_dir = path
+            _read_artifact(r, path)
+    for base, reader, pattern, dirs in (
+        (reports_dir and Path(reports_dir) / "verify", _read_verify_report, _REPORT_RE, False),
+        (reports_dir and Path(reports_dir) / "prune", _read_prune_report, _REPORT_RE, False),
+        (stage_dir, _read_staged, ITER_DIR_RE, True),
+        (teachers_dir, _read_teacher, ITER_DIR_RE, True),
+    ):
+        if base is not None:
+            for run, iteration, name, path in _find_iters(Path(base), scope, pattern, dirs=dirs):
+                reader(row(run, iteration, name.removesuffix(".json")), path)
+    ordered = [rows[k] for k in sorted(rows)]
+    if verify_with is not None:
+        for r in ordered:
+            if r.artifact_dir is not None and r.published["state"] != NONE:
+                _verify_live(r, verify_with)
+    return StatusReport(Path(root), ordered, _path(reports_dir), _path(stage_dir), _path(teachers_dir),
+                        live=verify_with is not None)
+
+
+def _path(value: Path | str | None) -> Path | None:
+    return Path(value) if value is not None else None
+
+
+def _find_runs(root: Path) -> dict[str, Path]:
+    """Every directory below ``root`` holding ``checkpoint_artifacts/``, by relative path; a run's own
+    subdirectories (full checkpoints, artifacts) are not walked."""
+    runs: dict[str, Path] = {}
+    for dirpath, dirnames, _ in os.walk(root):
+        if ARTIFACTS_DIR in dirnames:
+            here = Path(dirpath)
+            runs[here.relative_to(root).as_posix()] = here
+            dirnames[:] = []
+        else:
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+    return runs
+
+
+def _iter_entries(directory: Path, pattern: re.Pattern[str], *, dirs: bool) -> Iterator[tuple[int, str, Path]]:
+    """(iteration, name, path) of the entries of ``directory`` that match ``pattern`` (directories or files)."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:  # absent (nothing staged yet) or unreadable: no entries to show
+        return
+    for entry in entries:
+        m = pattern.match(entry.name)
+        if m and (entry.is_dir() if dirs else entry.is_file()):
+            yield int(m.group(1)), entry.name, Path(entry.path)
+
+
+def _find_iters(base: Path, scope: str | None, pattern: re.Pattern[str], *, dirs: bool
+                ) -> Iterator[tuple[str, int, str, Path]]:
+    """(run, iteration, name, path) of every ``iter_N`` entry in ``base/<run>/``; with ``scope``, of that
+    one run only. Hidden names (temporaries) and the inside of ``iter_N`` directories are not walked."""
+    if scope is not None:
+        for iteration, name, path in _iter_entries(base / scope, pattern, dirs=dirs):
+            yield scope, iteration, name, path
+        return
+    for dirpath, dirnames, _ in os.walk(base):
+        here = Path(dirpath)
+        if here != base:
+            run = here.relative_to(base).as_posix()
+            for iteration, name, path in _iter_entries(here, pattern, dirs=dirs):
+                yield run, iteration, name, path
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and not ITER_DIR_RE.match(d))
+
+
+# ------------------------------------------------------------------------------------------ artifact
+
+
+def _read_artifact(row: Row, path: Path) -> None:
+    try:
+        entries = {e.name: e for e in os.scandir(path)}
+    except OSError as exc:
+        row.local = cell(CORRUPT, f"cannot list {path}: {exc}")
+        return
+    manifest = _read_manifest(row, path, entries)
+    _read_merge(row, path, entries)
+    _read_receipt(row, path, entries)
+    if manifest is not None:
+        _read_payloads(row, path, manifest)
+    elif row.local["state"] != CORRUPT:
+        row.local_bytes = _tree_bytes(path)
+
+
+def _read_manifest(row: Row, path: Path, entries: dict[str, os.DirEntry]) -> Manifest | None:
+    if MANIFEST_FILENAME not in entries:
+        row.local = cell("incomplete", f"{path} has no {MANIFEST_FILENAME}: an interrupted save or merge")
+        return None
+    try:
+        manifest = read_manifest(path)
+    except LegacyRecord as exc:
+        row.local = cell("legacy-manifest", str(exc))
+        return None
+    except (CkptflowError, OSError) as exc:
+        row.local = cell(CORRUPT, str(exc))
+        return None
+    row.local = cell("committed")
+    return manifest
+
+
+def _read_merge(row: Row, path: Path, entries: dict[str, os.DirEntry]) -> None:
+    if MERGE_RECORD_FILENAME in entries:
+        try:
+            request = read_merge_record(path).request
+        except LegacyRecord as exc:
+            row.merged = cell("legacy", str(exc))
+        except (CkptflowError, OSError) as exc:
+            row.merged = cell(CORRUPT, str(exc))
+        else:
+            row.merged = cell("merged", mode=request.mode, experts=len(request.experts), lam=request.lam)
+    elif merge_progress.FILENAME in entries:
+        row.merged = cell("in-progress", f"{path / merge_progress.FILENAME} exists: a merge is running or was interrupted")
+
+
+def _read_receipt(row: Row, path: Path, entries: dict[str, os.DirEntry]) -> None:
+    if RECEIPT_FILENAME not in entries:
+        return
+    try:
+        row.receipt_mtime = entries[RECEIPT_FILENAME].stat().st_mtime
+        receipt = read_receipt(path)
+    except LegacyRecord as exc:
+        row.published = cell("legacy-receipt", str(exc))
+        return
+    except (CkptflowError, OSError) as exc:
+        row.published = cell(CORRUPT, str(exc))
+        return
+    row.published = cell("receipt", destination=receipt.destination.to_dict(), uploaded_at=receipt.uploaded_at)
+    row.archived_bytes = sum(f.size for f in receipt.files)
+
+
+def _payload_sizes(manifest: Manifest) -> Iterator[tuple[str, int]]:
+    for comp in manifest.components.values():
+        if isinstance(comp, DcpComponent):
+            yield from ((f"{comp.path}/{f.path}", f.size) for f in comp.files)
+        else:
+            yield comp.path, comp.size
+
+
+def _read_payloads(row: Row, path: Path, manifest: Manifest) -> None:
+    """Local size and the pruned state from a stat of each payload file the manifest names."""
+    missing, present, other_size = 0, 0, []
+    total = 0
+    for rel, size in _payload_sizes(manifest):
+        total += 1
+        try:
+            found = os.stat(path / rel).st_size
+        except OSError:
+            missing += 1
+            continue
+        present += found
+        if found != size:
+            other_size.append(f"{rel} has {found} bytes, the manifest says {size}")
+    row.local_bytes = present
+    if other_size:
+        row.local["detail"] = "; ".join(other_size[:3]) + (f" (+{len(other_size) - 3} more)" if len(other_size) > 3 else "")
+    receipt = row.published["state"] == "receipt"
+    if missing == 0:
+        return
+    if missing == total and receipt:
+        row.pruned = cell("pruned", files=total)
+    elif receipt:
+        row.pruned = cell("partial", f"{missing} of {total} payload files are gone: an interrupted prune "
+                          "(rerun prune-verified) or a damaged artifact", files=missing)
+    else:
+        row.pruned = cell("missing", f"{missing} of {total} payload files are gone and no receipt proves an "
+                          "archived copy: restore them or fetch the artifact", files=missing)
+
+
+def _tree_bytes(path: Path) -> int:
+    total = 0
+    for dirpath, _, filenames in os.walk(path):
+        for name in filenames:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                pass  # removed while we walked
+    return total
+
+
+# ----------------------------------------------------------------------------- reports, stage, teacher
+
+
+def _read_report(path: Path, schema: str) -> tuple[dict[str, Any], str]:
+    data = path.read_bytes()
+    report = decode_json_object(data, what=str(path))
+    validate(report, schema, what=str(path))
+    return report, _mtime(path.stat().st_mtime)
+
+
+def _read_verify_report(row: Row, path: Path) -> None:
+    try:
+        report, at = _read_report(path, "report_verify")
+    except (CkptflowError, OSError) as exc:
+        row.verified = cell(CORRUPT, str(exc), source="report", report=str(path))
+        return
+    status = report["status"]
+    detail = None
+    if status != "verified":
+        bad = [o for o in report["objects"] if o["state"] != "ok"]
+        detail = "; ".join(f"{o['key']}: {o['state']}" for o in bad[:5])
+    stale = None
+    if row.published["state"] != "receipt":
+        stale, detail = True, f"the artifact holds no receipt now ({row.published['state']}): the report proves nothing"
+    elif row.receipt_mtime is not None and row.receipt_mtime > path.stat().st_mtime:
+        stale, detail = True, "the receipt is newer than this report: verify again"
+    row.verified = cell(status, detail, source="report", at=at, report=str(path), stale=stale)
+
+
+def _read_prune_report(row: Row, path: Path) -> None:
+    try:
+        report, at = _read_report(path, "report_prune_verified")
+    except (CkptflowError, OSError) as exc:
+        if row.pruned["state"] == NONE:
+            row.pruned = cell(CORRUPT, str(exc), report=str(path))
+        else:
+            row.pruned.setdefault("detail", f"prune report unreadable: {exc}")
+        return
+    row.pruned["report"] = str(path)
+    row.pruned["report_at"] = at
+    kept = [k["reason"] for k in report["kept"]]
+    if kept and row.pruned["state"] == NONE:
+        row.pruned = cell("kept", kept[0], report=str(path), report_at=at)
+
+
+def _read_staged(row: Row, path: Path) -> None:
+    try:
+        record = read_staging(path)
+    except NotFound:
+        row.staged = cell("unrecorded", f"{path} has no .staged.json: fetch did not write it", path=str(path))
+    except (CkptflowError, OSError) as exc:
+        row.staged = cell(CORRUPT, str(exc), path=str(path))
+    else:
+        row.staged = cell("staged" if record.complete else "incomplete",
+                          None if record.complete else "fetch has not finished: rerun it to complete or clean up",
+                          path=str(path), source_uri=record.source_uri, bytes=sum(f.size for f in record.files))
+
+
+def _read_teacher(row: Row, path: Path) -> None:
+    try:
+        record = read_materialized(path)
+    except NotFound:
+        row.materialized = cell("unrecorded", f"{path} has no .materialized: not a finished build", path=str(path))
+    except (CkptflowError, OSError) as exc:
+        row.materialized = cell(CORRUPT, str(exc), path=str(path))
+    else:
+        row.materialized = cell("materialized", path=str(path), source_uri=record.source.uri,
+                                source="archive" if record.source.uri else "local", tensors=record.tensor_count)
+
+
+def _verify_live(row: Row, verify_with: Callable[[Any], Any]) -> None:
+    at = utc_timestamp()
+    try:
+        result = verify_artifact(row.artifact_dir, verify_with)
+    except (CkptflowError, OSError) as exc:
+        row.verified = cell("error", str(exc), source="live", at=at)
+        return
+    detail = None if result.ok else describe_failures(result.objects)
+    row.verified = cell("verified" if result.ok else "failed", detail, source="live", at=at)
