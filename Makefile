@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 lint: setup
-	$(BIN)/ruff check src tests bench scripts
+	$(BIN)/ruff check src tests bench scripts demo
 	$(BIN)/snakefmt --check Snakefile rules
 	$(BIN)/snakemake --lint
 

@@ -1,28 +1,56 @@
 #!/usr/bin/env bash
-# `make demo`: the main job on an embedded SeaweedFS S3 server (127.0.0.1, data under .ckptflow/demo).
-# Builds a small synthetic artifact, seals it, qualifies the endpoint, publishes it, verifies the remote
-# copy, frees the local payloads, fetches the artifact back into a staging directory, and stops the
-# server it started (also when a step fails).
+# `make demo`: the main job, offline, on an embedded SeaweedFS S3 server (127.0.0.1, data under .ckptflow/demo).
+# Builds a small real run (demo/build_run.py: a tiny trained Qwen3-MoE base, three experts, one trainer
+# artifact with a DCP optimizer directory), seals it with `ckptflow seal`, qualifies the endpoint with
+# `ckptflow probe`, then drives the Snakemake workflow with demo/config.yaml:
+#   merge_experts -> publish_all -> verify_all -> prune_all -> materialize_teacher (from the archive) -> status
+# and loads the teacher with transformers for one greedy generation. Stops the server it started (also
+# when a step fails); any failed step stops the demo with a non-zero status.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BIN=.venv/bin
 ROOT=.ckptflow/demo
 SERVER=$ROOT/server
-UPLOAD_PREFIX=demo-project/demo-group/demo-run/20261129T000000Z/checkpoints
-RUN=$ROOT/runs/demo-project/demo-group/demo-run/20261129T000000Z
-ART=$RUN/checkpoint_artifacts/iter_000300
-STAGE=$ROOT/stage
+RUNS=$ROOT/runs
+TS=20261129T000000Z
+TEACHER_RUN=demo/teacher/tv-merge/$TS
 CREDS=$SERVER/credentials-seaweedfs.json
 BUCKET=ckptflow-demo
-export CKPTFLOW_CACHE_DIR=$ROOT/cache
+export CKPTFLOW_CACHE_DIR=$ROOT/cache HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 say() { printf '\n== %s\n' "$*" >&2; }
+# snakemake TARGET [--config KEY=VALUE ...]: the target first, as --configfile and --config take lists.
+smk() { say "snakemake $*"; "$BIN/snakemake" "$1" --cores 2 --quiet host rules --configfile demo/config.yaml "${@:2}"; }
 
-# Start from nothing: a leftover server of an interrupted run is stopped (by PID) and its data removed.
+# Start from nothing: a leftover server of an interrupted run is stopped (by PID) and its data removed;
+# the lock an interrupted Snakemake left in .snakemake/ is released.
 $BIN/python tests/helpers/servers.py down --root "$SERVER" >/dev/null 2>&1 || true
 rm -rf "$ROOT"
+"$BIN/snakemake" --unlock --configfile demo/config.yaml >/dev/null 2>&1 || true
 trap '$BIN/python tests/helpers/servers.py down --root "$SERVER" >/dev/null' EXIT
+
+say "building the run offline: a tiny Qwen3-MoE base (trained tokenizer, real config), three experts, a trainer artifact"
+BUILT=$($BIN/python -W ignore demo/build_run.py "$ROOT")
+printf '%s\n' "$BUILT" >"$ROOT/build.json"
+$BIN/python - "$ROOT/build.json" <<'PY'
+import json, sys
+b = json.load(open(sys.argv[1]))
+print(f"  base:     {b['base']}  (trained to loss {b['base_loss']})", file=sys.stderr)
+for name, e in b["experts"].items():
+    print(f"  expert:   {e['model']}  ({name})", file=sys.stderr)
+print(f"  trainer:  {b['trainer']['artifact_dir']}  (model.pt + DCP optim/)", file=sys.stderr)
+print(f"  built in {b['seconds']} s", file=sys.stderr)
+PY
+
+say "ckptflow seal: hash each artifact's components and commit its manifest last"
+for expert in storage transfer modeling; do
+  $BIN/ckptflow seal --artifact-dir "$RUNS/demo/experts/$expert/$TS/checkpoint_artifacts/iter_000200" \
+    --iteration 200 model=model.pt >/dev/null
+done
+$BIN/ckptflow seal --artifact-dir "$RUNS/demo/sft/trainer/$TS/checkpoint_artifacts/iter_000100" \
+  --iteration 100 model=model.pt optim=optim
+
 say "starting SeaweedFS on 127.0.0.1 (data: $SERVER)"
 $BIN/python tests/helpers/servers.py up --only seaweedfs --profile demo --root "$SERVER" >/dev/null
 $BIN/python - "$CREDS" "$BUCKET" <<'PY'
@@ -32,48 +60,38 @@ import servers
 servers.create_bucket(sys.argv[1], sys.argv[2])
 PY
 
-say "writing a synthetic artifact: a consolidated model.pt and a DCP optimizer shard directory"
-mkdir -p "$ART/optim"
-$BIN/python - "$ART" <<'PY'
-import os, sys, torch
-art = sys.argv[1]
-g = torch.Generator().manual_seed(0)
-net = {f"model.layers.{i}.mlp.up_proj.weight": torch.randn(256, 128, generator=g).to(torch.bfloat16) for i in range(4)}
-torch.save({"net": net}, os.path.join(art, "model.pt"))
-for name in (".metadata", "__0_0.distcp", "__1_0.distcp"):
-    with open(os.path.join(art, "optim", name), "wb") as fh:
-        fh.write(os.urandom(256 * 1024))
+say "ckptflow probe: does the endpoint enforce create-once? (pruning requires a passing probe record)"
+$BIN/ckptflow probe --bucket "$BUCKET" --prefix demo --credentials "$CREDS" >/dev/null
+
+smk merge_experts --config iter=300 run="$TEACHER_RUN"
+smk publish_all
+smk verify_all
+smk prune_all
+say "the payloads are pruned; what is left locally:"
+find "$RUNS" -path '*/checkpoint_artifacts/*' -type f | sort | sed 's/^/  /' >&2
+smk materialize_teacher --config iter=300
+smk status
+
+TEACHER=$ROOT/teachers/$TEACHER_RUN/iter_000300
+REPORTS=$ROOT/reports
+say "the teacher: $TEACHER"
+$BIN/python - "$REPORTS/fetch/$TEACHER_RUN/iter_000300.json" "$REPORTS/materialize/$TEACHER_RUN/iter_000300.json" <<'PY'
+import json, os, sys
+fetch, built = (json.load(open(p)) for p in sys.argv[1:])
+print(f"  fetched:  {fetch['source_uri']} -> {os.path.relpath(fetch['path'])} ({fetch['downloaded_bytes']:,} bytes)", file=sys.stderr)
+print(f"  built:    {built['status']}, {built['tensor_count']} tensors in {len(built['shards'])} shard(s), "
+      f"checks: {', '.join(built['verification']['checks'])}", file=sys.stderr)
 PY
+ls -A "$TEACHER" | sed 's/^/  /' >&2
+say "loading the teacher with transformers: one greedy generation"
+$BIN/python -W ignore demo/generate.py "$TEACHER"
 
-say "ckptflow seal: hash the components and commit the manifest last"
-$BIN/ckptflow seal --artifact-dir "$ART" --iteration 300 model=model.pt optim=optim
-
-say "ckptflow probe: does the endpoint enforce create-once?"
-$BIN/ckptflow probe --bucket "$BUCKET" --prefix demo-project/demo-group --credentials "$CREDS"
-
-say "ckptflow publish: declaration first, payloads, manifest last, then the local .uploaded receipt"
-$BIN/ckptflow publish --artifact-dir "$ART" --upload-prefix "$UPLOAD_PREFIX" --bucket "$BUCKET" --credentials "$CREDS"
-
-say "ckptflow publish again: nothing to upload, the remote copy is re-verified"
-$BIN/ckptflow publish --artifact-dir "$ART" --upload-prefix "$UPLOAD_PREFIX" --bucket "$BUCKET" --credentials "$CREDS"
-
-say "ckptflow verify: HEAD every archived object against the receipt"
-$BIN/ckptflow verify --artifact-dir "$ART" --credentials "$CREDS"
-
-say "ckptflow prune-verified: free the local payloads now that the remote copy is proven"
-$BIN/ckptflow prune-verified --paths "$ART" --credentials "$CREDS"
-
-say "ckptflow fetch: bring the artifact back, every file checked against the declaration as it lands"
-ARTIFACT_URI="s3://$BUCKET/${UPLOAD_PREFIX%/checkpoints}/checkpoint_artifacts/iter_000300"
-$BIN/ckptflow fetch --artifact-uri "$ARTIFACT_URI" --dst "$STAGE" --credentials "$CREDS"
-
-say "done"
+say "done in ${SECONDS} s"
 cat >&2 <<TXT
-  artifact:        $ART
-  manifest:        $ART/.posttrain-checkpoint-artifact.json
-  receipt:         $ART/.uploaded   (payloads pruned; the archive holds them)
-  archive:         $ARTIFACT_URI/
-  fetched copy:    $STAGE/iter_000300   (its ownership record: .staged.json)
-  probe record:    $CKPTFLOW_CACHE_DIR/probes/
-  object store:    SeaweedFS data under $SERVER (stopped now; rerun \`make demo\` to start over)
+  runs:            $RUNS   (status: $ROOT/reports/status.txt)
+  teacher:         $TEACHER
+  archive:         s3://$BUCKET/demo/   (SeaweedFS data under $SERVER)
+  fetched copy:    $ROOT/stage/$TEACHER_RUN/iter_000300   (its ownership record: .staged.json)
+  logs:            $ROOT/logs/
+  object store:    stopped now; rerun \`make demo\` to start over
 TXT
