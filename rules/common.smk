@@ -157,10 +157,16 @@ def get_teacher_input(wildcards):
 
 
 def get_teacher_ckpt_dir(wildcards):
+    """The local artifact materialize reads in place; None when it builds from the archive."""
     source = teacher_source(wildcards.run, wildcards.iteration)
-    if source.kind == "archive":
-        return f"{STAGE}/{wildcards.run}/{wildcards.iteration}"
-    return str(source.artifact_dir)
+    return None if source.kind == "archive" else str(source.artifact_dir)
+
+
+def get_teacher_uri(wildcards):
+    """The archive materialize builds from (through the fetch rule's stage), so the teacher records the
+    archive's identity; None when the local artifact is used in place."""
+    source = teacher_source(wildcards.run, wildcards.iteration)
+    return source.uri if source.kind == "archive" else None
 
 
 def get_fetch_uri(wildcards):

@@ -12,6 +12,8 @@ rule materialize:
     params:
         base=config["base"],
         ckpt_dir=get_teacher_ckpt_dir,
+        artifact_uri=get_teacher_uri,
+        stage_root=get_stage_root,
         out=get_teacher_out,
         options=config["materialize"],
     script:

@@ -1,13 +1,10 @@
-"""Snakemake shim for rule materialize: log to the rule's log file, call ckptflow.workflow.materialize_step."""
+"""Snakemake shim for rule materialize: the rule's log file gets its logs and any traceback; calls ckptflow.workflow.materialize_step."""
 
-import logging
-import sys
-
-from ckptflow.workflow import materialize_step
+from ckptflow.workflow import materialize_step, step_log
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
-with open(snakemake.log[0], "w", encoding="utf-8") as log:
-    sys.stderr = log
-    logging.basicConfig(stream=log, level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+with step_log(snakemake.log[0]):
     p = snakemake.params
-    materialize_step(p.base, p.out, p.ckpt_dir, p.options, snakemake.output.report)
+    # Credentials are read from the config (see rules/fetch.smk): where the keys live is not the request.
+    materialize_step(p.base, p.out, p.ckpt_dir, p.artifact_uri, p.stage_root, snakemake.config.get("credentials"),
+                     p.options, snakemake.output.report)

@@ -1,13 +1,8 @@
-"""Snakemake shim for rule prune: log to the rule's log file, call ckptflow.workflow.prune_step."""
+"""Snakemake shim for rule prune: the rule's log file gets its logs and any traceback; calls ckptflow.workflow.prune_step."""
 
-import logging
-import sys
-
-from ckptflow.workflow import prune_step
+from ckptflow.workflow import prune_step, step_log
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
-with open(snakemake.log[0], "w", encoding="utf-8") as log:
-    sys.stderr = log
-    logging.basicConfig(stream=log, level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+with step_log(snakemake.log[0]):
     p = snakemake.params
     prune_step(p.artifact_dir, p.credentials, snakemake.output.report)

@@ -15,11 +15,14 @@ records only and never contact a store.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import re
-from collections.abc import Mapping
+import sys
+import traceback
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,28 @@ from .store.open import BUCKET_ENV, credentials_for, open_bucket_arg, store_fact
 from .store.uri import parse_store_uri
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def step_log(path: str) -> Iterator[None]:
+    """Send a step's logs and stderr to its rule's log file; a step that fails writes its traceback there
+    before the file is closed (so the log says why), then the error goes on to Snakemake."""
+    with open(path, "w", encoding="utf-8") as log:
+        saved = sys.stderr
+        sys.stderr = log
+        handler = logging.StreamHandler(log)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        root = logging.getLogger()
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
+        try:
+            yield
+        except BaseException:
+            traceback.print_exc(file=log)
+            raise
+        finally:
+            root.removeHandler(handler)
+            sys.stderr = saved
 
 
 def _write_report(path: Path | str, report: dict[str, Any]) -> None:
@@ -307,15 +332,23 @@ def fetch_step(artifact_uri: str, stage_root: str, credentials: str | None, repo
     return report
 
 
-def materialize_step(base: str, out: str, ckpt_dir: str, options: Mapping[str, Any], report_path: str) -> dict[str, Any]:
-    """Build (or skip) the teacher ``out`` from the local artifact or staged copy ``ckpt_dir``; the
-    library refuses a completed teacher of another identity unless ``options["force"]``."""
+def materialize_step(base: str, out: str, ckpt_dir: str | None, artifact_uri: str | None, stage_root: str,
+                     credentials: str | None, options: Mapping[str, Any], report_path: str) -> dict[str, Any]:
+    """Build (or skip) the teacher ``out`` from the local artifact ``ckpt_dir`` used in place, or from
+    ``artifact_uri`` through the fetch rule's stage ``stage_root/iter_N`` (kept; fetch re-hashes it), so
+    the teacher records the archive's identity; the library refuses a completed teacher of another
+    identity unless ``options["force"]``."""
     from .materialize import materialize
 
     if not base:
         raise UsageError("no base configured for materialize_teacher", remedy="pass --config base=<HF base directory>")
     kwargs = {k: options[k] for k in ("min_tensors", "expect_tensors") if options.get(k) is not None}
-    result = materialize(base=base, out=out, ckpt_dir=ckpt_dir, verify_tensors=bool(options.get("verify", True)),
+    if artifact_uri:
+        kwargs.update(artifact_uri=artifact_uri, stage_dir=stage_root, keep_staged=True,
+                      credentials=credentials_for(artifact_uri, credentials))
+    else:
+        kwargs.update(ckpt_dir=ckpt_dir)
+    result = materialize(base=base, out=out, verify_tensors=bool(options.get("verify", True)),
                          force=bool(options.get("force", False)), progress=False, **kwargs)
     log.info("materialize %s: %s (%s)", out, result.status, result.reason)
     report = result.to_report()

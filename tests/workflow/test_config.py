@@ -135,3 +135,19 @@ def test_the_status_fingerprint_moves_with_records_only(tmp_path):
     assert second != first
     os.utime(art / ".posttrain-checkpoint-artifact.json", ns=(1, 1))
     assert workflow.records_fingerprint(*roots) != second
+
+
+def test_a_failing_step_leaves_its_error_in_the_rule_log(tmp_path):
+    import logging
+    import sys
+
+    from ckptflow.errors import Refused
+    from ckptflow.workflow import step_log
+
+    log, stderr = tmp_path / "step.log", sys.stderr
+    with pytest.raises(Refused), step_log(str(log)):
+        logging.getLogger("ckptflow.test").info("starting")
+        raise Refused("teacher dir holds NOTES.md", remedy="move it out")
+    text = log.read_text()
+    assert "starting" in text and "Refused: teacher dir holds NOTES.md" in text
+    assert sys.stderr is stderr

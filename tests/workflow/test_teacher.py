@@ -50,7 +50,11 @@ def test_a_pruned_artifact_materializes_from_the_archive_its_receipt_names(
     assert fetched["source_uri"] == f"s3://{seaweedfs_bucket}/{RUN}/checkpoint_artifacts/iter_000300"
     assert fetched["status"] == "fetched" and (flow.staged() / ".staged.json").is_file()
     built = json.loads(flow.report("materialize").read_text())
-    assert built["status"] == "built" and built["source"]["location"] == str(flow.staged())
+    uri = fetched["source_uri"]
+    assert built["status"] == "built" and built["source"]["kind"] == "artifact-uri" and built["source"]["location"] == uri
+    # The teacher records the archive's identity, although its bytes came through the fetch rule's stage.
+    assert json.loads((flow.teacher() / ".materialized").read_text())["source"]["uri"] == uri
+    assert (flow.staged() / ".staged.json").is_file()  # the fetch rule's stage is kept, not removed
     assert flow.planned("materialize_teacher", iter=300) == []
     assert flow.planned("prune_all") == [] and flow.planned("publish_all") == []
 
