@@ -79,7 +79,24 @@ def _validator(name: str) -> jsonschema.protocols.Validator:
     schema = load_schema(name)
     cls = jsonschema.validators.validator_for(schema)
     cls.check_schema(schema)
-    return cls(schema)
+    return cls(_inline_local_refs(schema, schema.get("$defs", {})))
+
+
+def _inline_local_refs(node: Any, defs: dict[str, Any], seen: tuple[str, ...] = ()) -> Any:
+    """``node`` with each ``{"$ref": "#/$defs/X"}`` replaced by X itself (the same constraints): resolving
+    references on every validation was most of the cost of reading a thousand records. A recursive
+    definition keeps its reference."""
+    if isinstance(node, list):
+        return [_inline_local_refs(v, defs, seen) for v in node]
+    if not isinstance(node, dict):
+        return node
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/") and ref[8:] in defs and ref[8:] not in seen:
+        name = ref[8:]
+        target = _inline_local_refs(defs[name], defs, (*seen, name))
+        rest = {k: _inline_local_refs(v, defs, seen) for k, v in node.items() if k != "$ref"}
+        return {"allOf": [target, rest]} if rest else target
+    return {k: _inline_local_refs(v, defs, seen) for k, v in node.items()}
 
 
 def validate(obj: Any, schema_name: str, *, what: str) -> None:
