@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import testhooks
 from ..archive.publish import PublishResult, publish_artifact
 from ..errors import CkptflowError
 from ..records import manifest as manifest_record
@@ -130,6 +131,7 @@ class BackgroundPublisher:
 
     def _publish_one(self, art: Path) -> TrainerPublishOutcome:
         retry = self.upload.retry_command(art)
+        testhooks.reached("trainer:before-publish")
         try:
             store = self.upload.open_store()
         except (CkptflowError, OSError) as exc:
@@ -162,6 +164,7 @@ def save_and_publish(
     publisher and return at once. A write failure raises (the save did not happen); a publication
     failure is logged with the retry command and never raises."""
     manifest = write_artifact(run_dir, iteration, components)
+    testhooks.reached("trainer:after-save")
     if upload.enabled:
         if not upload.prefix:
             log.error("upload is enabled without a prefix; %s is kept locally: publish it with `%s`",
