@@ -119,15 +119,15 @@ class BackgroundPublisher:
                     return  # a later submit starts a new thread
                 art = self._queue.pop(0)
                 self._busy = True
+            outcome = None
             try:
                 outcome = self._publish_one(art)
             finally:
-                with self._cond:
+                with self._cond:  # the outcome is recorded before wait() can see the publisher idle
+                    if outcome is not None:
+                        self.outcomes.append(outcome)
                     self._busy = False
                     self._cond.notify_all()
-            with self._cond:
-                self.outcomes.append(outcome)
-                self._cond.notify_all()
 
     def _publish_one(self, art: Path) -> TrainerPublishOutcome:
         retry = self.upload.retry_command(art)
