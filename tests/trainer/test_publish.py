@@ -103,3 +103,19 @@ def test_upload_disabled_only_writes(tmp_path):
     assert (artifact_dir_for(tmp_path, 1) / ".posttrain-checkpoint-artifact.json").exists()
     assert not (artifact_dir_for(tmp_path, 1) / ".uploaded").exists()
     assert wait_for_publications(tmp_path) == []
+
+
+def test_an_unexpected_publication_error_is_an_outcome_not_a_dead_thread(tmp_path, monkeypatch, caplog):
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(trainer_publish_module, "publish_artifact", broken)
+    (tmp_path / "store").mkdir()
+    upload = UploadSettings(enabled=True, bucket=f"file://{tmp_path / 'store'}", prefix=PREFIX)
+    model, _ = tiny_training()
+    with caplog.at_level(logging.ERROR, logger="ckptflow"):
+        save_and_publish(tmp_path / "run", 1, {"model": model}, upload)
+        save_and_publish(tmp_path / "run", 2, {"model": model}, upload)
+        outcomes = wait_for_publications(tmp_path / "run", timeout=60)
+    assert [o.ok for o in outcomes] == [False, False] and "RuntimeError: boom" in outcomes[0].error
+    assert outcomes[1].retry in caplog.text

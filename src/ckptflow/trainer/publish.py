@@ -122,6 +122,11 @@ class BackgroundPublisher:
             outcome = None
             try:
                 outcome = self._publish_one(art)
+            except Exception as exc:  # an unexpected failure must not end training either
+                retry = self.upload.retry_command(art)
+                line = f"archiving {art} failed unexpectedly, the local artifact is kept: {type(exc).__name__}: {exc}"
+                log.exception("%s; publish it later with `%s` or `snakemake publish_all`", line, retry)
+                outcome = TrainerPublishOutcome(result=None, error=line, artifact_dir=art, retry=retry)
             finally:
                 with self._cond:  # the outcome is recorded before wait() can see the publisher idle
                     if outcome is not None:
