@@ -1,0 +1,107 @@
+"""A tiny training loop on CPU that uses the trainer API end to end.
+
+It pins its attempt directory with the resume guard (refused: exit 3, nothing written), trains a small
+MLP for ``--steps`` optimizer steps, saves an artifact every ``--save-every`` steps with
+``save_and_publish`` (publication runs in the background while the next steps go on), waits for the
+publications at the end and prints one JSON line: the saved iterations and the publication outcomes.
+A failed upload never stops training: the artifact stays local and the log names the command that
+publishes it later (or ``snakemake publish_all``).
+
+    python examples/train_tiny.py --run-dir runs/proj/grp/run1/20261129T000000Z --steps 8 --save-every 2 \\
+        --bucket my-bucket --credentials creds.json --upload-prefix proj/grp/run1/20261129T000000Z/checkpoints
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ckptflow.errors import Refused
+from ckptflow.trainer import UploadSettings, save_and_publish, wait_for_publications
+from ckptflow.trainer.resume import pin_run_attempt
+
+PLANS = {"model": ["model"], "model,optimizer": ["model", "optimizer"],
+         "model,optimizer,trainer_state": ["model", "optimizer", "trainer_state"]}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--run-dir", required=True, help="the attempt directory <run>/<ts>")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--save-every", type=int, default=2)
+    p.add_argument("--components", choices=sorted(PLANS), default="model")
+    p.add_argument("--step-seconds", type=float, default=0.0, help="extra time per step (simulated work)")
+    p.add_argument("--resume", choices=("auto", "off"), default="auto")
+    p.add_argument("--resume-path")
+    p.add_argument("--bucket", help="upload to this bucket (name, s3://B, gs://B, file:///DIR); none: no upload")
+    p.add_argument("--credentials")
+    p.add_argument("--upload-prefix", help="<project>/<group>/<run>/<ts>/checkpoints")
+    return p.parse_args(argv)
+
+
+def say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def resume_state(model, optim, decision) -> int:
+    """Load the model (and the optimizer, when saved as DCP) of the resume point; its iteration."""
+    src = Path(decision.resume_from)
+    if (src / "model.pt").is_file():
+        model.load_state_dict(torch.load(src / "model.pt", weights_only=True)["net"])
+    if (src / "optim").is_dir():
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+        state = {"optim": get_optimizer_state_dict(model, optim)}
+        dcp.load(state, checkpoint_id=str(src / "optim"))
+        set_optimizer_state_dict(model, optim, state["optim"])
+    return decision.resume_iteration
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="train_tiny: %(levelname)s: %(message)s", stream=sys.stderr)
+    try:
+        decision = pin_run_attempt(args.run_dir, args.resume, args.resume_path)
+    except Refused as exc:
+        sys.stderr.write(f"train_tiny: {exc}\n")
+        return 3
+    run_dir = Path(decision.attempt_dir)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    start = resume_state(model, optim, decision) if decision.decision == "resume" else 0
+    upload = UploadSettings(enabled=bool(args.bucket), bucket=args.bucket, credentials=args.credentials,
+                            prefix=args.upload_prefix)
+    saved = []
+    for step in range(start + 1, args.steps + 1):
+        optim.zero_grad()
+        loss = model(torch.randn(8, 16)).pow(2).mean()
+        loss.backward()
+        optim.step()
+        time.sleep(args.step_seconds)
+        say(f"step {step} loss {loss.item():.4f} t={time.time():.3f}")
+        if step % args.save_every == 0:
+            plan = PLANS[args.components]
+            values = {"model": model, "optimizer": optim, "trainer_state": {"optimizer_step": step}}
+            save_and_publish(run_dir, step, {k: values[k] for k in plan}, upload)
+            saved.append(step)
+            say(f"saved iter_{step:06d} t={time.time():.3f}")
+    outcomes = wait_for_publications(run_dir)
+    say(json.dumps({
+        "run_dir": str(run_dir), "saved": saved,
+        "published": [o.artifact_dir.name for o in outcomes if o.ok],
+        "failed": [{"artifact": o.artifact_dir.name, "retry": o.retry} for o in outcomes if not o.ok],
+    }, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+"""The training side: write an artifact at every save, publish it in the background, refuse a cold
+restart over a committed artifact, and keep full checkpoints under their own retention.
+
+torch is imported only inside the functions that need it, so ``import ckptflow.trainer`` works without it.
+"""
+
+from __future__ import annotations
+
+from .publish import (
+    BackgroundPublisher,
+    TrainerPublishOutcome,
+    UploadSettings,
+    publisher_for,
+    save_and_publish,
+    trainer_publish,
+    wait_for_publications,
+)
+from .write import artifact_dir_for, write_artifact
+
+__all__ = [
+    "BackgroundPublisher", "TrainerPublishOutcome", "UploadSettings", "artifact_dir_for", "publisher_for",
+    "save_and_publish", "trainer_publish", "wait_for_publications", "write_artifact",
+]

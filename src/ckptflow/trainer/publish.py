@@ -1,0 +1,186 @@
+"""Trainer-side publication: archive a freshly committed artifact without ever failing or stopping training.
+
+``trainer_publish`` publishes one committed artifact through the same ``publish_artifact`` the CLI uses.
+Archive failures (endpoint down, refused declaration, verification failure) are logged with their reason
+and the exact command that retries them, and returned, never raised: the local artifact stays untouched
+and can be published later with ``ckptflow publish`` (or the workflow's ``snakemake publish_all``). The
+command line reports the same failures as a failed command (exit 1) instead.
+
+``save_and_publish`` writes an artifact (``write.write_artifact``) and hands it to the run's
+``BackgroundPublisher``: one thread per run directory, at most one publication in flight, later saves queued
+in order, so a training step is never blocked by an upload. ``wait_for_publications`` (or
+``BackgroundPublisher.wait``) blocks at the end of training until the queue is empty.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import testhooks
+from ..archive.publish import PublishResult, publish_artifact
+from ..errors import CkptflowError
+from ..records import manifest as manifest_record
+from ..store.base import ObjectStore
+from .write import artifact_dir_for, write_artifact
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainerPublishOutcome:
+    result: PublishResult | None
+    error: str | None  # one line naming what failed and the remedy; None when published
+    artifact_dir: Path | None = None
+    retry: str | None = None  # the exact command that publishes the kept artifact later
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(frozen=True)
+class UploadSettings:
+    """The trainer's upload settings: the CLI's ``--bucket``, ``--credentials`` and ``--upload-prefix``."""
+
+    enabled: bool = False
+    bucket: str | None = None  # a bucket name (S3) or s3://B, gs://B, file:///DIR
+    credentials: str | None = None  # path of the credentials JSON (never its content)
+    prefix: str | None = None  # <project>/<group>/<run>/<ts>/checkpoints
+
+    def retry_command(self, artifact_dir: Path | str) -> str:
+        words = ["ckptflow", "publish", "--artifact-dir", str(artifact_dir), "--upload-prefix", self.prefix or "PREFIX"]
+        if self.bucket:
+            words += ["--bucket", self.bucket]
+        if self.credentials:
+            words += ["--credentials", str(self.credentials)]
+        return shlex.join(words)
+
+    def open_store(self) -> ObjectStore:
+        from ..store.open import open_bucket_arg
+
+        return open_bucket_arg(self.bucket, self.credentials)
+
+
+def trainer_publish(
+    artifact_dir: Path | str, store: ObjectStore, upload_prefix: str, *, delete_local: bool = False,
+    retry: str | None = None,
+) -> TrainerPublishOutcome:
+    """``publish_artifact`` for a training loop: failures are captured and logged, the artifact kept."""
+    retry = retry or shlex.join(["ckptflow", "publish", "--artifact-dir", str(artifact_dir), "--upload-prefix", upload_prefix])
+    try:
+        result = publish_artifact(artifact_dir, store, upload_prefix, delete_local=delete_local, progress=False)
+    except (CkptflowError, OSError) as exc:
+        line = f"archiving {artifact_dir} failed, the local artifact is kept: {exc}"
+        log.error("%s; publish it later with `%s` or `snakemake publish_all`", line, retry)
+        return TrainerPublishOutcome(result=None, error=line, artifact_dir=Path(artifact_dir), retry=retry)
+    log.info("archived %s: %s", artifact_dir, result.status)
+    return TrainerPublishOutcome(result=result, error=None, artifact_dir=Path(artifact_dir), retry=retry)
+
+
+@dataclass
+class BackgroundPublisher:
+    """One publication in flight per run; saves submitted meanwhile wait in order."""
+
+    upload: UploadSettings
+    outcomes: list[TrainerPublishOutcome] = field(default_factory=list)
+    _queue: list[Path] = field(default_factory=list)
+    _cond: threading.Condition = field(default_factory=threading.Condition)
+    _busy: bool = False
+    _thread: threading.Thread | None = None
+
+    def submit(self, artifact_dir: Path | str) -> None:
+        with self._cond:
+            self._queue.append(Path(artifact_dir))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="ckptflow-publish", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._queue) + (1 if self._busy else 0)
+
+    def wait(self, timeout: float | None = None) -> list[TrainerPublishOutcome]:
+        """Block until every submitted artifact was published or failed; returns every outcome so far."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._queue and not self._busy, timeout=timeout)
+            return list(self.outcomes)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._queue:
+                    return  # a later submit starts a new thread
+                art = self._queue.pop(0)
+                self._busy = True
+            outcome = None
+            try:
+                outcome = self._publish_one(art)
+            except Exception as exc:  # an unexpected failure must not end training either
+                retry = self.upload.retry_command(art)
+                line = f"archiving {art} failed unexpectedly, the local artifact is kept: {type(exc).__name__}: {exc}"
+                log.exception("%s; publish it later with `%s` or `snakemake publish_all`", line, retry)
+                outcome = TrainerPublishOutcome(result=None, error=line, artifact_dir=art, retry=retry)
+            finally:
+                with self._cond:  # the outcome is recorded before wait() can see the publisher idle
+                    if outcome is not None:
+                        self.outcomes.append(outcome)
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _publish_one(self, art: Path) -> TrainerPublishOutcome:
+        retry = self.upload.retry_command(art)
+        testhooks.reached("trainer:before-publish")
+        try:
+            store = self.upload.open_store()
+        except (CkptflowError, OSError) as exc:
+            line = f"archiving {art} failed, the local artifact is kept: {exc}"
+            log.error("%s; publish it later with `%s` or `snakemake publish_all`", line, retry)
+            return TrainerPublishOutcome(result=None, error=line, artifact_dir=art, retry=retry)
+        return trainer_publish(art, store, self.upload.prefix or "", retry=retry)
+
+
+_PUBLISHERS: dict[Path, BackgroundPublisher] = {}
+_PUBLISHERS_LOCK = threading.Lock()
+
+
+def publisher_for(run_dir: Path | str, upload: UploadSettings) -> BackgroundPublisher:
+    """The run's publisher (one per resolved run directory)."""
+    key = Path(run_dir).resolve()
+    with _PUBLISHERS_LOCK:
+        pub = _PUBLISHERS.get(key)
+        if pub is None or pub.upload != upload:
+            if pub is not None:
+                pub.wait()
+            pub = _PUBLISHERS[key] = BackgroundPublisher(upload)
+        return pub
+
+
+def save_and_publish(
+    run_dir: Path | str, iteration: int, components: Mapping[str, Any], upload: UploadSettings,
+) -> manifest_record.Manifest:
+    """Write the artifact now; when upload is enabled, queue its publication on the run's background
+    publisher and return at once. A write failure raises (the save did not happen); a publication
+    failure is logged with the retry command and never raises."""
+    manifest = write_artifact(run_dir, iteration, components)
+    testhooks.reached("trainer:after-save")
+    if upload.enabled:
+        if not upload.prefix:
+            log.error("upload is enabled without a prefix; %s is kept locally: publish it with `%s`",
+                      artifact_dir_for(run_dir, iteration), upload.retry_command(artifact_dir_for(run_dir, iteration)))
+        else:
+            publisher_for(run_dir, upload).submit(artifact_dir_for(run_dir, iteration))
+    return manifest
+
+
+def wait_for_publications(run_dir: Path | str | None = None, timeout: float | None = None) -> list[TrainerPublishOutcome]:
+    """Block until the publications of ``run_dir`` (every run when None) are done; returns their outcomes."""
+    with _PUBLISHERS_LOCK:
+        pubs = [p for k, p in _PUBLISHERS.items() if run_dir is None or k == Path(run_dir).resolve()]
+    return [o for p in pubs for o in p.wait(timeout)]

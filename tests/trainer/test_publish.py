@@ -1,0 +1,121 @@
+"""save_and_publish: the save returns while its publication runs in the background, one publication in
+flight per run, later saves queued in order; a failed upload is logged with the exact retry command and
+the local artifact kept."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+import threading
+
+import pytest
+from trainer_helpers import tiny_training
+
+import ckptflow.trainer.publish as trainer_publish_module
+from ckptflow.archive.publish import publish_artifact
+from ckptflow.records.receipt import read_receipt
+from ckptflow.trainer import UploadSettings, artifact_dir_for, save_and_publish, wait_for_publications
+from helpers.cli import run_cli
+from helpers.trees import tree_bytes
+
+PREFIX = "proj/group/run/ts/checkpoints"
+
+
+@pytest.fixture
+def gated_publish(monkeypatch):
+    """The real publish_artifact, held at its start until ``gate`` is set; records concurrency and order."""
+    gate, state = threading.Event(), {"running": 0, "max": 0, "order": [], "started": threading.Semaphore(0)}
+    lock = threading.Lock()
+
+    def held(artifact_dir, *args, **kwargs):
+        with lock:
+            state["running"] += 1
+            state["max"] = max(state["max"], state["running"])
+            state["order"].append(artifact_dir.name)
+        state["started"].release()
+        try:
+            assert gate.wait(60)
+            return publish_artifact(artifact_dir, *args, **kwargs)
+        finally:
+            with lock:
+                state["running"] -= 1
+
+    monkeypatch.setattr(trainer_publish_module, "publish_artifact", held)
+    return gate, state
+
+
+def test_saves_return_while_publication_runs_one_at_a_time_in_order(tmp_path, gated_publish):
+    gate, state = gated_publish
+    (tmp_path / "store").mkdir()
+    upload = UploadSettings(enabled=True, bucket=f"file://{tmp_path / 'store'}", prefix=PREFIX)
+    run = tmp_path / "run" / "ts"
+    model, optim = tiny_training()
+    save_and_publish(run, 10, {"model": model}, upload)
+    assert state["started"].acquire(timeout=60)  # the first publication is running, and held
+    save_and_publish(run, 20, {"model": model, "optimizer": optim}, upload)  # the step goes on meanwhile
+    save_and_publish(run, 30, {"model": model}, upload)
+    pub = trainer_publish_module.publisher_for(run, upload)
+    assert pub.pending() == 3 and state["running"] == 1
+    gate.set()
+    outcomes = wait_for_publications(run, timeout=120)
+    assert [o.ok for o in outcomes] == [True, True, True], [o.error for o in outcomes]
+    assert state["max"] == 1 and state["order"] == ["iter_000010", "iter_000020", "iter_000030"]
+    for it in (10, 20, 30):
+        art = artifact_dir_for(run, it)
+        assert (art / ".uploaded").exists() and read_receipt(art) is not None
+        remote = tmp_path / "store" / "proj/group/run/ts/checkpoint_artifacts" / art.name
+        assert (remote / ".posttrain-checkpoint-artifact.json").read_bytes() == (
+            art / ".posttrain-checkpoint-artifact.json").read_bytes()
+
+
+def test_failed_upload_is_logged_with_the_retry_command_and_kept(tmp_path, caplog, seaweedfs_bucket,
+                                                                 seaweedfs_credentials_path):
+    creds = tmp_path / "creds.json"
+    good = json.loads(seaweedfs_credentials_path.read_text())
+    creds.write_text(json.dumps({**good, "endpoint_url": "http://127.0.0.1:9"}))
+    upload = UploadSettings(enabled=True, bucket=seaweedfs_bucket, credentials=str(creds), prefix=PREFIX)
+    run = tmp_path / "run" / "ts"
+    model, _ = tiny_training()
+    with caplog.at_level(logging.ERROR, logger="ckptflow"):
+        save_and_publish(run, 40, {"model": model}, upload)
+        [outcome] = wait_for_publications(run, timeout=300)
+    art = artifact_dir_for(run, 40)
+    retry = shlex.join(["ckptflow", "publish", "--artifact-dir", str(art), "--upload-prefix", PREFIX,
+                        "--bucket", seaweedfs_bucket, "--credentials", str(creds)])
+    assert not outcome.ok and outcome.retry == retry and "127.0.0.1:9" in outcome.error
+    assert retry in caplog.text and "snakemake publish_all" in caplog.text
+    assert good["aws_secret_access_key"] not in caplog.text
+    assert (art / "model.pt").exists() and not (art / ".uploaded").exists()
+    before = tree_bytes(art)
+    # The endpoint is back: the logged command publishes the kept artifact.
+    creds.write_text(json.dumps(good))
+    proc = run_cli(*shlex.split(retry)[1:])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.report["status"] == "published"
+    assert (art / ".uploaded").exists()
+    assert {k: v for k, v in tree_bytes(art).items() if k != ".uploaded"} == before
+
+
+def test_upload_disabled_only_writes(tmp_path):
+    model, _ = tiny_training()
+    save_and_publish(tmp_path, 1, {"model": model}, UploadSettings(enabled=False))
+    assert (artifact_dir_for(tmp_path, 1) / ".posttrain-checkpoint-artifact.json").exists()
+    assert not (artifact_dir_for(tmp_path, 1) / ".uploaded").exists()
+    assert wait_for_publications(tmp_path) == []
+
+
+def test_an_unexpected_publication_error_is_an_outcome_not_a_dead_thread(tmp_path, monkeypatch, caplog):
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(trainer_publish_module, "publish_artifact", broken)
+    (tmp_path / "store").mkdir()
+    upload = UploadSettings(enabled=True, bucket=f"file://{tmp_path / 'store'}", prefix=PREFIX)
+    model, _ = tiny_training()
+    with caplog.at_level(logging.ERROR, logger="ckptflow"):
+        save_and_publish(tmp_path / "run", 1, {"model": model}, upload)
+        save_and_publish(tmp_path / "run", 2, {"model": model}, upload)
+        outcomes = wait_for_publications(tmp_path / "run", timeout=60)
+    assert [o.ok for o in outcomes] == [False, False] and "RuntimeError: boom" in outcomes[0].error
+    assert outcomes[1].retry in caplog.text

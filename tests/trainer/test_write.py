@@ -1,0 +1,110 @@
+"""write_artifact: the planned components, each hashed as written, the manifest committed last."""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from trainer_helpers import tiny_training
+
+from ckptflow.digest import HashingWriter
+from ckptflow.errors import Refused, UsageError
+from ckptflow.records.manifest import read_manifest
+from ckptflow.trainer import artifact_dir_for, write_artifact
+from helpers.trees import tree_bytes
+
+
+def test_model_only_plan_writes_net_state_dict_and_its_digest(tmp_path):
+    model, _ = tiny_training()
+    manifest = write_artifact(tmp_path / "run" / "ts", 10, {"model": model})
+    art = tmp_path / "run" / "ts" / "checkpoint_artifacts" / "iter_000010"
+    assert artifact_dir_for(tmp_path / "run" / "ts", 10) == art
+    assert sorted(p.name for p in art.iterdir()) == [".posttrain-checkpoint-artifact.json", "model.pt"]
+    assert read_manifest(art) == manifest and manifest.iteration == 10 and list(manifest.components) == ["model"]
+    comp = manifest.components["model"]
+    data = (art / "model.pt").read_bytes()
+    assert comp.size == len(data) and comp.sha256 == hashlib.sha256(data).hexdigest()
+    loaded = torch.load(art / "model.pt", weights_only=True)
+    assert set(loaded) == {"net"}
+    for k, v in model.state_dict().items():
+        assert torch.equal(loaded["net"][k], v)
+
+
+def test_full_plan_writes_dcp_optimizer_and_trainer_state(tmp_path):
+    model, optim = tiny_training(steps=3)
+    manifest = write_artifact(tmp_path, 30, {"model": model, "optimizer": optim, "trainer_state": {"optimizer_step": 3}})
+    art = artifact_dir_for(tmp_path, 30)
+    assert sorted(manifest.components) == ["model", "optim", "trainer"]
+    assert manifest.components["optim"].format == "dcp"
+    assert {f.path for f in manifest.components["optim"].files} >= {".metadata"}
+    for f in manifest.physical_files():
+        data = (art / f.path).read_bytes()
+        assert (f.size, f.sha256) == (len(data), hashlib.sha256(data).hexdigest())
+    assert torch.load(art / "trainer.pt", weights_only=True) == {"optimizer_step": 3, "iter": 30}
+    # The optimizer state reads back through DCP, keyed by parameter name.
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    target = {"optim": get_optimizer_state_dict(model, optim)}
+    expected = {k: v.clone() for k, v in target["optim"]["state"]["0.weight"].items()}
+    for v in target["optim"]["state"]["0.weight"].values():
+        v.zero_()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+        dcp.load(target, checkpoint_id=str(art / "optim"))
+    for k, v in expected.items():
+        assert torch.equal(target["optim"]["state"]["0.weight"][k], v)
+
+
+def test_model_pt_is_hashed_while_written_not_read_back(tmp_path, monkeypatch):
+    written = []
+    original = HashingWriter.write
+
+    def counting(self, data):
+        written.append(len(data))
+        return original(self, data)
+
+    monkeypatch.setattr(HashingWriter, "write", counting)
+    import ckptflow.digest as digest
+
+    monkeypatch.setattr(digest, "sha256_file", lambda *a, **k: pytest.fail("model.pt was read back to hash it"))
+    model, _ = tiny_training()
+    manifest = write_artifact(tmp_path, 1, {"model": model})
+    assert sum(written) == manifest.components["model"].size > 0
+
+
+def test_committed_artifact_is_refused_by_name_and_untouched(tmp_path):
+    model, _ = tiny_training()
+    write_artifact(tmp_path, 5, {"model": model})
+    art = artifact_dir_for(tmp_path, 5)
+    before = tree_bytes(art)
+    with pytest.raises(Refused, match=r"iter_000005.*committed"):
+        write_artifact(tmp_path, 5, {"model": tiny_training(seed=1)[0]})
+    assert tree_bytes(art) == before
+
+
+def test_interrupted_save_without_manifest_is_written_again(tmp_path):
+    art = artifact_dir_for(tmp_path, 7)
+    art.mkdir(parents=True)
+    (art / "model.pt").write_bytes(b"half a file")
+    (art / "stray").write_bytes(b"x")
+    model, _ = tiny_training()
+    manifest = write_artifact(tmp_path, 7, {"model": model})
+    assert sorted(p.name for p in art.iterdir()) == [".posttrain-checkpoint-artifact.json", "model.pt"]
+    assert manifest.components["model"].size == (art / "model.pt").stat().st_size
+
+
+@pytest.mark.parametrize("plan", [{}, {"optimizer": 1}, {"model": 1, "trainer_state": 1}, {"model": 1, "bogus": 1}])
+def test_plans_other_than_a_prefix_are_usage_errors(tmp_path, plan):
+    with pytest.raises(UsageError, match="component plan"):
+        write_artifact(tmp_path, 1, plan)
+    assert not (tmp_path / "checkpoint_artifacts").exists()
+
+
+def test_trainer_state_needs_optimizer_step(tmp_path):
+    model, optim = tiny_training()
+    with pytest.raises(UsageError, match="optimizer_step"):
+        write_artifact(tmp_path, 2, {"model": model, "optimizer": optim, "trainer_state": {"iter": 2}})
+    assert not (artifact_dir_for(tmp_path, 2) / ".posttrain-checkpoint-artifact.json").exists()
