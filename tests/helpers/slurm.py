@@ -86,9 +86,6 @@ def install() -> None:
     (a temporary policy-rc.d says so on hosts with an init system)."""
     if not missing_programs():
         return
-    reason = cannot_run_reason()
-    if reason:
-        raise CannotRunSlurm(reason)
     policy = Path("/usr/sbin/policy-rc.d")
     ours = not policy.exists()
     if ours:
@@ -142,6 +139,8 @@ SelectTypeParameters=CR_Core_Memory
 # Without a default, a job that names no memory takes the whole node.
 DefMemPerCPU=1000
 JobAcctGatherType=jobacct_gather/linux
+# Sample every second: the tests and the profile read MaxRSS of short job steps from sacct.
+JobAcctGatherFrequency=task=1
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 # Finished jobs stay visible to squeue for a while (the executor may poll squeue, not only sacct).
@@ -323,6 +322,9 @@ def node_state() -> str:
 
 def up(root: Path) -> dict:
     """Install when needed, start what is not already running under ``root``, wait for an idle node."""
+    reason = cannot_run_reason()
+    if reason:
+        raise CannotRunSlurm(reason)
     install()
     root.mkdir(parents=True, exist_ok=True)
     for sub in ("log", "run", "state/slurmctld", "state/slurmd"):
