@@ -7,9 +7,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.ckptflow-installed
 SERVERS_ROOT := .ckptflow/test-servers
+SLURM_ROOT := .ckptflow/slurm
 PYTEST_ARGS ?=
+# `make test` brings up the single-node Slurm for the slurm tests; `test-fast` deselects them and skips it.
+SLURM_UP ?= yes
 
-.PHONY: setup test test-fast demo lint bench servers-up servers-down clean
+.PHONY: setup test test-fast demo lint bench servers-up servers-down slurm-up slurm-down clean
 
 setup: $(STAMP)
 
@@ -28,16 +31,26 @@ lint: setup
 	$(BIN)/snakefmt --check Snakefile rules
 	$(BIN)/snakemake --lint
 
-# Starts SeaweedFS (real S3) and s3rver (a server that ignores If-None-Match) on 127.0.0.1, runs the
-# whole suite, and stops both servers by PID whatever pytest's outcome; exits with pytest's status.
+# Starts SeaweedFS (real S3) and s3rver (a server that ignores If-None-Match) on 127.0.0.1, then a
+# single-node Slurm (tests/helpers/slurm.py: installs its Debian packages when missing, needs root), runs
+# the whole suite, and stops Slurm's daemons and both servers by PID whatever pytest's outcome; exits with
+# pytest's status. Where Slurm cannot run (not root, no apt-get) the slurm tests skip, except under CI
+# (the variable CI set), where they must run: there a Slurm that does not come up fails `make test`.
 test: setup lint
 	@set -u; \
-	trap '$(BIN)/python tests/helpers/servers.py down --root $(SERVERS_ROOT)' EXIT; \
+	trap '$(BIN)/python tests/helpers/slurm.py down --root $(SLURM_ROOT) >/dev/null; \
+	      $(BIN)/python tests/helpers/servers.py down --root $(SERVERS_ROOT)' EXIT; \
 	$(BIN)/python tests/helpers/servers.py up --root $(SERVERS_ROOT) || exit $$?; \
+	if [ "$(SLURM_UP)" = yes ]; then \
+	  $(BIN)/python tests/helpers/slurm.py up --root $(SLURM_ROOT) >/dev/null; rc=$$?; \
+	  if [ $$rc -eq 3 ] && [ -z "$${CI:-}" ]; then echo "make test: Slurm cannot run here; the slurm tests skip" >&2; \
+	  elif [ $$rc -ne 0 ]; then exit $$rc; fi; \
+	fi; \
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The suite without slow tests, for quick iteration.
+# The suite without slow tests (the Slurm tests are slow), for quick iteration.
 test-fast: PYTEST_ARGS = -m "not slow"
+test-fast: SLURM_UP = no
 test-fast: test
 
 demo: setup
@@ -64,5 +77,12 @@ servers-up: setup
 servers-down:
 	$(BIN)/python tests/helpers/servers.py down --root $(SERVERS_ROOT)
 
-clean: servers-down
+# The single-node Slurm alone (root; installs slurm-wlm munge slurmdbd mariadb-server when missing).
+slurm-up: setup
+	$(BIN)/python tests/helpers/slurm.py up --root $(SLURM_ROOT)
+
+slurm-down:
+	$(BIN)/python tests/helpers/slurm.py down --root $(SLURM_ROOT)
+
+clean: servers-down slurm-down
 	rm -rf .ckptflow .pytest_cache .ruff_cache

@@ -1,0 +1,152 @@
+"""The workflow under Slurm: `snakemake --profile profiles/slurm` on the single-node Slurm of `make test`.
+
+Slurm comes from ``tests/helpers/slurm.py up`` (state in ``<repo>/.ckptflow/slurm`` or
+``$CKPTFLOW_TEST_SLURM``). These tests skip only where the machine cannot run Slurm (not root, or no
+apt-get to install it); with ``CI`` set they fail instead, and a machine that could run it but where it is
+not up fails with the command to start it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, servers, slurm
+from helpers.artifacts import make_artifact
+from helpers.cli import run_cli
+from helpers.trees import tree_bytes
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+
+SNAKEMAKE = Path(sys.executable).with_name("snakemake")
+RUN = "proj/grp/run1/20261129T000000Z"
+TIMEOUT = 600
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster() -> dict:
+    root = Path(os.environ.get("CKPTFLOW_TEST_SLURM") or slurm.DEFAULT_ROOT)
+    state = servers.read_state(root)
+    daemons = state.get("servers", {})
+    if all(name in daemons and servers.is_running(daemons[name]) for name in slurm.ORDER):
+        return state
+    reason = slurm.cannot_run_reason()
+    if reason and not os.environ.get("CI"):
+        pytest.skip(f"Slurm tests skipped: this machine cannot run Slurm ({reason})")
+    pytest.fail(f"the single-node Slurm is not running under {root}; start it with `make slurm-up` "
+                f"(or run `make test`){f' ({reason})' if reason else ''}", pytrace=False)
+
+
+def _snakemake_cmd(workdir: Path, *args: str, config: dict[str, str]) -> list[str]:
+    cfg = [f"{k}={v}" for k, v in config.items()]
+    # timeout -k: SIGTERM alone leaves Snakemake waiting on its Slurm jobs.
+    return ["timeout", "-k", "10", str(TIMEOUT), str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "-d", str(workdir),
+            "--configfile", str(REPO / "config" / "config.yaml"), "--profile", str(REPO / "profiles" / "slurm"),
+            *args, "--config", *cfg]
+
+
+def snakemake(workdir: Path, *args: str, config: dict[str, str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(_snakemake_cmd(workdir, *args, config=config), capture_output=True, text=True,
+                          timeout=TIMEOUT + 30, env={**os.environ, **env})
+
+
+def slurm_job_ids(output: str) -> list[str]:
+    return re.findall(r"has been submitted with SLURM jobid (\d+)", output)
+
+
+def sacct(job_ids: list[str]) -> list[tuple[str, str, str]]:
+    """(JobID, JobName, State) of each job and each of its steps."""
+    done = subprocess.run(["sacct", "-n", "-P", "-o", "JobID,JobName,State", "-j", ",".join(job_ids)],
+                          capture_output=True, text=True, check=True)
+    return [tuple(line.split("|")) for line in done.stdout.splitlines() if line]
+
+
+def _small_run(tmp_path: Path, bucket: str, credentials: Path, count: int) -> tuple[list[Path], dict, dict]:
+    runs = tmp_path / "runs"
+    arts = [make_artifact(runs / RUN, iteration=100 * (i + 1), seed=i) for i in range(count)]
+    config = {"runs_root": str(runs), "bucket": bucket, "credentials": str(credentials),
+              "reports_dir": str(tmp_path / "reports"), "logs_dir": str(tmp_path / "logs")}
+    return arts, config, {"CKPTFLOW_CACHE_DIR": str(tmp_path / "cache")}
+
+
+def assert_verified(art: Path, credentials: Path) -> None:
+    ver = run_cli("verify", "--artifact-dir", str(art), "--credentials", str(credentials))
+    assert ver.returncode == 0 and ver.report["status"] == "verified", ver.stderr + ver.stdout
+
+
+def test_publish_all_runs_every_job_under_slurm_verifies_and_then_has_nothing_to_do(
+    slurm_cluster, tmp_path, seaweedfs_bucket, seaweedfs_credentials_path
+):
+    arts, config, env = _small_run(tmp_path, seaweedfs_bucket, seaweedfs_credentials_path, 3)
+    run = snakemake(tmp_path, "publish_all", config=config, env=env)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-5000:]
+
+    # The three publish jobs form one group job (one allocation); each is its own job step and rule job.
+    ids = slurm_job_ids(out)
+    assert len(ids) == 1, out[-5000:]
+    rows = sacct(ids)
+    assert rows and all(state == "COMPLETED" for _, _, state in rows), rows
+    steps = [job for job, name, _ in rows if re.fullmatch(rf"{ids[0]}\.\d+", job)]
+    assert len(steps) == 3, rows
+    for art in arts:
+        assert (art / ".uploaded").exists()
+        assert (tmp_path / "logs" / "publish" / RUN / f"{art.name}.log").exists()
+        assert_verified(art, seaweedfs_credentials_path)
+
+    again = snakemake(tmp_path, "-n", "publish_all", config=config, env=env)
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr, again.stderr[-3000:]
+
+
+def _wait_for(check, what: str, proc: subprocess.Popen, log: Path, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert proc.poll() is None, f"snakemake exited ({proc.returncode}) before {what}:\n{log.read_text()[-4000:]}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s:\n{log.read_text()[-4000:]}"
+        time.sleep(0.2)
+
+
+def test_a_publish_job_cancelled_mid_upload_fails_and_the_next_run_converges_with_nothing_lost(
+    slurm_cluster, tmp_path, seaweedfs_bucket, seaweedfs_credentials_path
+):
+    arts, config, env = _small_run(tmp_path, seaweedfs_bucket, seaweedfs_credentials_path, 2)
+    before = {art: tree_bytes(art) for art in arts}
+    pause = tmp_path / "paused"
+    # Every publish job stops after its first payload object is stored (the job's environment reaches
+    # the job step: the profile's sbatch exports it), so the cancel lands in the middle of the upload.
+    paused_env = {**env, "CKPTFLOW_TEST_PAUSE_AT": "publish:after-payload", "CKPTFLOW_TEST_PAUSE_FILE": str(pause)}
+    log = tmp_path / "snakemake-cancelled.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(_snakemake_cmd(tmp_path, "publish_all", config=config), stdout=fh,
+                                stderr=subprocess.STDOUT, text=True, env={**os.environ, **paused_env})
+    try:
+        _wait_for(pause.exists, "a publish job paused mid-upload", proc, log)
+        ids = slurm_job_ids(log.read_text())
+        assert ids, log.read_text()[-4000:]
+        subprocess.run(["scancel", *ids], check=True)
+        assert proc.wait(timeout=TIMEOUT + 30) != 0, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = log.read_text()
+    assert "Error in group publish_batch" in out or "Error in rule publish" in out, out[-4000:]
+    assert any(state.startswith("CANCELLED") for _, _, state in sacct(ids)), sacct(ids)
+    assert not all((art / ".uploaded").exists() for art in arts)
+
+    pause.unlink(missing_ok=True)
+    rerun = snakemake(tmp_path, "publish_all", config=config, env=env)
+    assert rerun.returncode == 0, (rerun.stdout + rerun.stderr)[-5000:]
+    for art in arts:
+        after = tree_bytes(art)
+        assert ".uploaded" in after
+        assert {k: v for k, v in after.items() if k != ".uploaded"} == before[art]
+        assert_verified(art, seaweedfs_credentials_path)
+    again = snakemake(tmp_path, "-n", "publish_all", config=config, env=env)
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
