@@ -8,6 +8,7 @@ not up fails with the command to start it.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -43,17 +44,19 @@ def slurm_cluster() -> dict:
                 f"(or run `make test`){f' ({reason})' if reason else ''}", pytrace=False)
 
 
-def _snakemake_cmd(workdir: Path, *args: str, config: dict[str, str]) -> list[str]:
+def _snakemake_cmd(workdir: Path, *args: str, config: dict[str, str], configfile: Path | None = None) -> list[str]:
     cfg = [f"{k}={v}" for k, v in config.items()]
+    files = [str(REPO / "config" / "config.yaml"), *([str(configfile)] if configfile else [])]
     # timeout -k: SIGTERM alone leaves Snakemake waiting on its Slurm jobs.
     return ["timeout", "-k", "10", str(TIMEOUT), str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "-d", str(workdir),
-            "--configfile", str(REPO / "config" / "config.yaml"), "--profile", str(REPO / "profiles" / "slurm"),
-            *args, "--config", *cfg]
+            "--configfile", *files, "--profile", str(REPO / "profiles" / "slurm"),
+            *args, *(["--config", *cfg] if cfg else [])]
 
 
-def snakemake(workdir: Path, *args: str, config: dict[str, str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(_snakemake_cmd(workdir, *args, config=config), capture_output=True, text=True,
-                          timeout=TIMEOUT + 30, env={**os.environ, **env})
+def snakemake(workdir: Path, *args: str, config: dict[str, str], env: dict[str, str],
+              configfile: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(_snakemake_cmd(workdir, *args, config=config, configfile=configfile), capture_output=True,
+                          text=True, timeout=TIMEOUT + 30, env={**os.environ, **env})
 
 
 def slurm_job_ids(output: str) -> list[str]:
@@ -149,4 +152,45 @@ def test_a_publish_job_cancelled_mid_upload_fails_and_the_next_run_converges_wit
         assert {k: v for k, v in after.items() if k != ".uploaded"} == before[art]
         assert_verified(art, seaweedfs_credentials_path)
     again = snakemake(tmp_path, "-n", "publish_all", config=config, env=env)
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_materialize_teacher_under_slurm_builds_from_the_archive_and_the_teacher_loads(
+    slurm_cluster, tmp_path, kit, seaweedfs_bucket, seaweedfs_credentials_path
+):
+    from transformers import AutoModelForCausalLM
+    from workflow_helpers import Flow
+
+    from ckptflow.archive.publish import publish_artifact
+    from ckptflow.store.open import open_bucket_arg
+
+    # The artifact exists only in the archive: merged elsewhere (locally) and published there.
+    src = Flow(tmp_path / "elsewhere", {"base": str(kit.base), "run": RUN, "materialize": {"min_tensors": 1},
+                                        "merge": {"300": {"mode": "avg", "experts": [str(p) for p in kit.experts]}}})
+    src.ok("merge_experts", iter=300)
+    publish_artifact(src.artifact(), open_bucket_arg(seaweedfs_bucket, str(seaweedfs_credentials_path)),
+                     f"{RUN}/checkpoints", progress=False)
+
+    flow = Flow(tmp_path / "cluster", {"base": str(kit.base), "run": RUN, "materialize": {"min_tensors": 1},
+                                       "bucket": f"s3://{seaweedfs_bucket}",
+                                       "credentials": str(seaweedfs_credentials_path)})
+    flow.root.mkdir(parents=True)
+    configfile = flow.root / "test-config.yaml"
+    configfile.write_text(json.dumps(flow.config), encoding="utf-8")  # YAML reads JSON
+    run = snakemake(flow.root, "materialize_teacher", config={"iter": "300"}, env=flow.env, configfile=configfile)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-5000:]
+    ids = slurm_job_ids(out)
+    assert len(ids) >= 2, out[-5000:]  # fetch, then materialize: each its own Slurm job
+    rows = sacct(ids)
+    assert rows and all(state == "COMPLETED" for _, _, state in rows), rows
+
+    uri = f"s3://{seaweedfs_bucket}/{RUN}/checkpoint_artifacts/iter_000300"
+    marker = json.loads((flow.teacher() / ".materialized").read_text())
+    assert marker["source"]["uri"] == uri and not flow.runs.exists()
+    model, info = AutoModelForCausalLM.from_pretrained(str(flow.teacher()), output_loading_info=True)
+    assert all(not v for v in info.values()), info
+    assert model.config.model_type == "qwen3"
+    again = snakemake(flow.root, "-n", "materialize_teacher", config={"iter": "300"}, env=flow.env,
+                      configfile=configfile)
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
