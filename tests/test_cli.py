@@ -61,6 +61,7 @@ def test_missing_bucket_is_a_usage_error(monkeypatch, capsys):
 
 
 def test_every_verb_has_help():
-    for verb in ("seal", "merge", "publish", "verify", "prune-verified", "fetch", "materialize", "probe", "status"):
+    for verb in ("seal", "merge", "publish", "verify", "prune-verified", "fetch", "materialize", "probe", "status",
+                 "gc-uploads"):
         proc = run_cli(verb, "--help", json_report=False)
         assert proc.returncode == 0 and verb in proc.stdout

@@ -28,7 +28,8 @@ from .errors import CkptflowError, ConflictError, Refused, UsageError
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 # Order is the order of `ckptflow --help`.
-VERBS = ["seal", "merge", "publish", "verify", "prune-verified", "fetch", "materialize", "probe", "status"]
+VERBS = ["seal", "merge", "publish", "verify", "prune-verified", "fetch", "materialize", "probe", "status",
+         "gc-uploads"]
 
 
 class _Parser(argparse.ArgumentParser):
