@@ -45,9 +45,11 @@ def _killed(big_artifact, sw_store, creds):
 
 @pytest.mark.slow
 def test_a_killed_publish_resumes_its_upload_and_sends_only_the_missing_parts(
-        big_artifact, sw_store, seaweedfs_credentials_path):
+        big_artifact, sw_store, seaweedfs_credentials_path, probe_cache):
     creds = seaweedfs_credentials_path
     args, upload_id, stored = _killed(big_artifact, sw_store, creds)
+    [entry] = (probe_cache / "uploads").glob("*.json")  # the killed run's journal, outside the artifact
+    assert json.loads(entry.read_text())["upload_id"] == upload_id
     rerun = run_cli(*args)
     assert rerun.returncode == 0, rerun.stderr
     report = rerun.report
@@ -61,6 +63,7 @@ def test_a_killed_publish_resumes_its_upload_and_sends_only_the_missing_parts(
     assert report["sent_bytes"] <= report["uploaded_bytes"] - KILL_AFTER * PART
     assert report["aborted_uploads"] == []
     assert pending(creds, sw_store.bucket) == []
+    assert list((probe_cache / "uploads").iterdir()) == []
     assert_remote_matches_declaration(sw_store)
     assert sw_store.head(f"{ARTIFACT_PREFIX}/model.pt").checksum.endswith("-32")  # the composite binds every part
     ver = run_cli("verify", "--artifact-dir", str(big_artifact), "--credentials", str(creds), "--read-data")

@@ -92,7 +92,7 @@ def _resume_sends_only_missing_parts(store: S3Store, tmp_path: Path) -> None:
     assert log.sent_bytes == len(data) - 2 * PART and log.aborted == []
     assert store.get_bytes("a/big.bin") == data
     assert _pending(store) == []
-    assert list(s3_uploads.journal_dir().glob("*.json")) == []  # completed: forgotten
+    assert list(s3_uploads.journal_dir().iterdir()) == []  # completed: forgotten, lock file included
 
 
 def test_moto_resume_sends_only_the_missing_parts(moto_store, tmp_path) -> None:
@@ -196,6 +196,7 @@ def test_sweep_aborts_only_what_no_live_process_uses_and_is_old_enough(sw_small,
     assert "elsewhere" in kept[0]["reason"]
     assert set(_pending(store)) == {foreign, outside}
     assert s3_uploads.peek(store.destination, "p/journaled") is None
+    assert list(s3_uploads.journal_dir().iterdir()) == []
     assert store.list_uploads("p/")[0].initiated > datetime.now(UTC) - timedelta(hours=1)
 
 
@@ -224,5 +225,6 @@ def test_a_killed_upload_leaves_its_journal_entry_and_no_lock(moto_store, tmp_pa
     upload_id = leave_killed_upload(moto_store, "k", data)
     [entry] = s3_uploads.journal_dir().glob("*.json")
     assert json.loads(entry.read_text())["upload_id"] == upload_id
+    assert entry.with_suffix(".lock").exists()  # kept while the entry is: it is what tells a live holder
     assert moto_store.upload_is_live("k", upload_id) is False
     assert moto_store.upload_is_live("k", "another") is None

@@ -105,7 +105,12 @@ class Claim:
             self.path.unlink()
 
     def release(self) -> None:
+        """Drop the hold; with no entry left, its lock file goes too (under the lock: a process that
+        opened it meanwhile sees it unlinked and tries again), so the cache does not grow per key."""
         if self._fd is not None:
+            if not self.path.exists():
+                with contextlib.suppress(FileNotFoundError):
+                    self.path.with_suffix(".lock").unlink()
             os.close(self._fd)  # drops the flock
             self._fd = None
 
@@ -113,17 +118,25 @@ class Claim:
 def claim(destination, key: str) -> Claim | None:
     """Hold ``key``'s journal entry; None when a live process on this machine holds it."""
     path = _entry_path(destination, key)
+    lock = path.with_suffix(".lock")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    except BaseException:
-        os.close(fd)
-        raise
-    return Claim(path, fd)
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            current = os.stat(lock).st_ino
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except FileNotFoundError:  # unlinked by its releasing holder after we opened it
+            os.close(fd)
+            continue
+        except BaseException:
+            os.close(fd)
+            raise
+        if current == os.fstat(fd).st_ino:
+            return Claim(path, fd)
+        os.close(fd)  # replaced meanwhile: lock the file that is there now
 
 
 def peek(destination, key: str) -> UploadEntry | None:
