@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 
 import pytest
 from test_publish_processes import assert_remote_matches_declaration, publish_args
@@ -38,9 +39,18 @@ def _killed(big_artifact, sw_store, creds):
     assert killed.returncode == -signal.SIGKILL
     [left] = pending(creds, sw_store.bucket)
     assert left["Key"] == f"{ARTIFACT_PREFIX}/model.pt"
-    stored = servers.s3_client(creds).list_parts(Bucket=sw_store.bucket, Key=left["Key"], UploadId=left["UploadId"])
-    assert len(stored["Parts"]) >= KILL_AFTER
-    return args, left["UploadId"], len(stored["Parts"])
+    # A part whose bytes were all sent before the kill may still be stored by the server just after it:
+    # count once the listing has settled.
+    counts = [-1]
+    while True:
+        listed = servers.s3_client(creds).list_parts(Bucket=sw_store.bucket, Key=left["Key"],
+                                                     UploadId=left["UploadId"])
+        counts.append(len(listed["Parts"]))
+        if counts[-1] == counts[-2]:
+            break
+        time.sleep(1.0)
+    assert counts[-1] >= KILL_AFTER
+    return args, left["UploadId"], counts[-1]
 
 
 @pytest.mark.slow
