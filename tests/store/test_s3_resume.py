@@ -157,6 +157,7 @@ def test_a_file_changed_after_hashing_inside_a_reused_part_is_refused(moto_store
     with pytest.raises(VerificationFailed, match="changed after it was hashed"):
         moto_store.put_files([("k", src, digest)], uploads=UploadLog())
     assert moto_store.head("k") is None and _pending(moto_store) == []
+    assert list(s3_uploads.journal_dir().iterdir()) == []  # aborted, forgotten and released
 
 
 def test_an_upload_a_live_process_holds_is_neither_resumed_nor_aborted(moto_store, tmp_path) -> None:

@@ -10,8 +10,11 @@ Order (each step is safe to interrupt; a rerun resumes or refuses by name):
 3. Create the declaration ``.posttrain-archive.json`` with a create-once PUT. An identical one means
    resume; a different one is refused before a payload is written. It is never deleted or replaced.
 4. Upload every declared payload not already present with the declared size and sha256; HEAD-verify.
+   On S3 an unfinished multipart upload a killed run left for the same bytes is resumed: only its parts
+   not proven (server checksum = this hashing pass's digest of the range) are sent (``store/s3_uploads.py``).
 5. Commit the manifest remotely (create-once; an existing one must be byte-identical), verify the
-   whole remote inventory, then write the local ``.uploaded`` receipt.
+   whole remote inventory, abort the unfinished uploads under the prefix that no live process uses,
+   then write the local ``.uploaded`` receipt.
 
 A remote manifest means a committed archive: it is adopted (verified, receipt written) when it matches
 the local inventory, and refused when it does not. An artifact whose payloads were pruned locally can

@@ -349,7 +349,7 @@ class S3Store(s3_uploads.UnfinishedUploads):
         return info
 
     def _parted(self, key: str, path: Path, digest: FileDigest, progress: ByteProgress | None,
-                uploads: base.UploadLog | None = None, journals: list | None = None) -> PartedFile:
+                uploads: base.UploadLog | None, journals: list) -> PartedFile:
         """A multipart upload of ``path`` to ``key``, created when its first part is sent (or, with
         ``uploads``, the unfinished one a killed run left for these bytes, see ``_resume``).
 
@@ -365,6 +365,7 @@ class S3Store(s3_uploads.UnfinishedUploads):
         client = self._unsigned() if checked else self._client
         extra = {"ChecksumAlgorithm": "SHA256"} if checked else {}
         held = s3_uploads.claim(self.destination, key) if uploads is not None else None
+        journals.append(held)  # at once: put_files releases it whatever happens next
         handle, reused = self._resume(held, key, digest, part_size, checked, uploads)
 
         def begin() -> None:
@@ -399,7 +400,6 @@ class S3Store(s3_uploads.UnfinishedUploads):
 
         parted = PartedFile(path, digest.size, part_size, send, begin=begin, abort=abort, progress=progress,
                             hash_sent=not checked, handle=handle, reused=reused)
-        journals.append(held)
         return parted
 
     # ------------------------------------------------------------------ verified part checksums
