@@ -9,14 +9,22 @@ same concurrency (8) and part size, one file at a time, no hashing, also in a ch
 each step, the order reversed every other run), medians printed as JSON. Targets: time ratio ≤ 1.15,
 publish peak RSS < 300 MiB.
 
-    python bench/publish.py --credentials .ckptflow/bench-servers/credentials-seaweedfs.json
+With ``--resume`` it measures instead what a killed publish costs: per run, a full publish of the
+artifact to a fresh prefix, and a publish SIGKILLed once half of ``model.pt``'s parts are stored
+(``CKPTFLOW_TEST_KILL_AT=upload:part-N-stored``) then run again; it reports the bytes each sent (the
+report's ``sent_bytes``) and the rerun's wall time against the full one (its hashing pass included).
+
+    python bench/publish.py --credentials .ckptflow/bench-servers/credentials-seaweedfs.json [--resume]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 from functools import partial
@@ -59,13 +67,62 @@ def _raw_child(args: argparse.Namespace) -> int:
     return 0
 
 
+def _resume_figures(args: argparse.Namespace, creds) -> dict:
+    """Full publish versus the rerun of a publish killed at half of model.pt's parts."""
+    full_t: list[float] = []
+    rerun_t: list[float] = []
+    full_sent = rerun_sent = reused = 0
+    with scratch_bucket(creds, "resume") as store, tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        art = make_artifact(Path(tmp), args.model_mib, args.shard_mib, args.shards)
+        parts = -(-(art / "model.pt").stat().st_size // base.DEFAULT_PART_SIZE)
+        env = {"CKPTFLOW_CACHE_DIR": str(Path(tmp) / "cache")}
+
+        def publish(prefix: str) -> list[str]:
+            (art / ".uploaded").unlink(missing_ok=True)
+            return ["-m", "ckptflow", "publish", "--artifact-dir", str(art), "--upload-prefix", prefix,
+                    "--bucket", store.bucket, "--credentials", args.credentials]
+
+        for run in range(args.runs):
+            subprocess.run(["sync"], check=False)
+            elapsed, _, out = run_child(publish(f"full/{run}/checkpoints"), env=env)
+            full_t.append(elapsed)
+            full_sent = json.loads(out)["sent_bytes"]
+            killed = subprocess.run([sys.executable, *publish(f"resume/{run}/checkpoints")], capture_output=True,
+                                    env={**os.environ, "CKPTFLOW_PROGRESS": "0", **env,
+                                         "CKPTFLOW_TEST_KILL_AT": f"upload:part-{parts // 2}-stored"})
+            if killed.returncode != -signal.SIGKILL:
+                raise SystemExit(f"the publish to be killed ended with {killed.returncode}: {killed.stderr[-2000:]}")
+            subprocess.run(["sync"], check=False)
+            elapsed, _, out = run_child(publish(f"resume/{run}/checkpoints"), env=env)
+            rerun_t.append(elapsed)
+            report = json.loads(out)
+            rerun_sent, reused = report["sent_bytes"], sum(r["reused_bytes"] for r in report["resumed_uploads"])
+            print(f"run {run + 1}/{args.runs}: full {full_t[-1]:.2f}s, rerun after kill {rerun_t[-1]:.2f}s",
+                  file=sys.stderr)
+    full_med, rerun_med = statistics.median(full_t), statistics.median(rerun_t)
+    return {
+        "artifact_mib": round(full_sent / MiB), "model_parts": parts, "killed_after_part": parts // 2, "runs": args.runs,
+        "full_publish": {"median_seconds": round(full_med, 3), "sent_mib": round(full_sent / MiB, 1)},
+        "rerun_after_kill": {"median_seconds": round(rerun_med, 3), "sent_mib": round(rerun_sent / MiB, 1),
+                             "reused_mib": round(reused / MiB, 1)},
+        "ratio_time_rerun_vs_full": round(rerun_med / full_med, 3),
+        "ratio_bytes_rerun_vs_full": round(rerun_sent / full_sent, 3),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_artifact_args(ap)
     add_raw_child_args(ap, "--artifact", "--prefix")
+    ap.add_argument("--resume", action="store_true",
+                    help="measure the rerun of a publish killed at half of model.pt's parts against a full publish")
     args = ap.parse_args()
     if args.raw_child:
         return _raw_child(args)
+    if args.resume:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
+        print(json.dumps(_resume_figures(args, load_credentials(args.credentials)), indent=2, sort_keys=True))
+        return 0
 
     creds = load_credentials(args.credentials)
     Path(args.workdir).mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ckptflow.cli import main
+from ckptflow.cli import VERBS, main
 from ckptflow.jsonio import validate
 from helpers.cli import run_cli
 
@@ -61,6 +61,6 @@ def test_missing_bucket_is_a_usage_error(monkeypatch, capsys):
 
 
 def test_every_verb_has_help():
-    for verb in ("seal", "merge", "publish", "verify", "prune-verified", "fetch", "materialize", "probe", "status"):
+    for verb in VERBS:
         proc = run_cli(verb, "--help", json_report=False)
         assert proc.returncode == 0 and verb in proc.stdout

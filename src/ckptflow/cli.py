@@ -29,7 +29,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 # Order is the order of `ckptflow --help`.
 VERBS = ["seal", "merge", "publish", "verify", "prune-verified", "fetch", "materialize", "probe", "status",
-         "resume-check", "retain-checkpoints"]
+         "resume-check", "retain-checkpoints", "gc-uploads"]
 
 
 class _Parser(argparse.ArgumentParser):

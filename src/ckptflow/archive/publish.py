@@ -10,8 +10,11 @@ Order (each step is safe to interrupt; a rerun resumes or refuses by name):
 3. Create the declaration ``.posttrain-archive.json`` with a create-once PUT. An identical one means
    resume; a different one is refused before a payload is written. It is never deleted or replaced.
 4. Upload every declared payload not already present with the declared size and sha256; HEAD-verify.
+   On S3 an unfinished multipart upload a killed run left for the same bytes is resumed: only its parts
+   not proven (server checksum = this hashing pass's digest of the range) are sent (``store/s3_uploads.py``).
 5. Commit the manifest remotely (create-once; an existing one must be byte-identical), verify the
-   whole remote inventory, then write the local ``.uploaded`` receipt.
+   whole remote inventory, abort the unfinished uploads under the prefix that no live process uses,
+   then write the local ``.uploaded`` receipt.
 
 A remote manifest means a committed archive: it is adopted (verified, receipt written) when it matches
 the local inventory, and refused when it does not. An artifact whose payloads were pruned locally can
@@ -47,7 +50,7 @@ from ..records import legacy_manifest as legacy_record
 from ..records import manifest as manifest_record
 from ..records import receipt as receipt_record
 from ..records.inventory import FileEntry
-from ..store.base import DEFAULT_MULTIPART_THRESHOLD, ObjectStore, server_checksums_of
+from ..store.base import DEFAULT_MULTIPART_THRESHOLD, ObjectStore, UploadLog, server_checksums_of
 from .keys import artifact_prefix, object_key
 from .verify import (
     READ_UNPROVEN,
@@ -61,6 +64,9 @@ from .verify import (
 log = logging.getLogger(__name__)
 
 SMALL_FILE_WORKERS = 8
+# An unfinished upload under the archive's prefix that this machine's journal does not name is aborted
+# only once it is older than this: it may belong to a live publisher on another machine.
+DEFAULT_STALE_UPLOAD_AGE = 24 * 3600.0
 
 
 @dataclass
@@ -74,6 +80,9 @@ class PublishResult:
     uploaded_bytes: int = 0
     removed: list[str] = field(default_factory=list)
     freed_bytes: int = 0
+    sent_bytes: int = 0
+    resumed_uploads: list[dict] = field(default_factory=list)
+    aborted_uploads: list[dict] = field(default_factory=list)
 
     def to_report(self) -> dict:
         return {
@@ -86,6 +95,9 @@ class PublishResult:
             "uploaded_bytes": self.uploaded_bytes,
             "removed": self.removed,
             "freed_bytes": self.freed_bytes,
+            "sent_bytes": self.sent_bytes,
+            "resumed_uploads": self.resumed_uploads,
+            "aborted_uploads": self.aborted_uploads,
         }
 
 
@@ -179,11 +191,14 @@ class LocalInventory:
 
 
 def build_local_inventory(artifact_dir: Path, *, progress: bool | None = None,
-                          part_size_for: Callable[[int], int | None] | None = None) -> LocalInventory:
+                          part_size_for: Callable[[int], int | None] | None = None,
+                          md5_parts_for: Callable[[str, int], int | None] | None = None) -> LocalInventory:
     """Steps 1–2: select, hash once, check against the manifest, and build the declaration.
 
     ``part_size_for`` is the store's ``part_digest_size``: the same pass also takes the per-part digests
-    that let the server refuse any part whose bytes differ from those hashed here."""
+    that let the server refuse any part whose bytes differ from those hashed here. ``md5_parts_for(path,
+    size)`` names the files (and part size) whose per-part MD5s the pass also takes, to prove the parts
+    of an unfinished upload a killed run left."""
     manifest = _read_native_manifest(artifact_dir)
     if iteration_from_dir(artifact_dir) != manifest.iteration:
         raise Refused(
@@ -193,7 +208,8 @@ def build_local_inventory(artifact_dir: Path, *, progress: bool | None = None,
         )
     refuse_unrestorable_names(artifact_dir, [e.path for e in manifest.physical_files()])
     selected, pruned = _selected_paths(artifact_dir, manifest)
-    digests = hash_files(artifact_dir, selected, progress=progress, desc="publish sha256", part_size_for=part_size_for)
+    digests = hash_files(artifact_dir, selected, progress=progress, desc="publish sha256", part_size_for=part_size_for,
+                         md5_parts_for=md5_parts_for)
     manifest = _check_against_manifest(artifact_dir, manifest, digests)
     manifest_bytes = manifest_record.path_in(artifact_dir).read_bytes()
     manifest_sha = sha256_bytes(manifest_bytes)
@@ -225,7 +241,7 @@ def _create_or_match_declaration(store: ObjectStore, prefix: str, inv: LocalInve
 
 def _upload_payloads(
     store: ObjectStore, prefix: str, artifact_dir: Path, entries: list[FileEntry], progress: bool | None,
-    digests: dict[str, FileDigest],
+    digests: dict[str, FileDigest], uploads: UploadLog | None = None,
 ) -> tuple[list[str], int]:
     todo: list[FileEntry] = []
     for entry, state in zip(entries, check_remote_inventory(store, prefix, entries), strict=True):
@@ -252,8 +268,11 @@ def _upload_payloads(
         large = [e for e in todo if e.size >= threshold]
         small = [e for e in todo if e.size < threshold]
         if large:
+            resume = {"uploads": uploads} if uploads is not None else {}
             store.put_files([(object_key(prefix, e.path), artifact_dir / e.path, _digest_of(e, digests))
-                             for e in large], progress=bar, on_stored=stored)
+                             for e in large], progress=bar, on_stored=stored, **resume)
+        if uploads is not None:
+            uploads.sent(sum(e.size for e in small))
         uploaded = [e.path for e in large]
         if small:
             with ThreadPoolExecutor(max_workers=min(SMALL_FILE_WORKERS, len(small)), thread_name_prefix="upload") as pool:
@@ -326,8 +345,14 @@ def publish_artifact(
     *,
     delete_local: bool = False,
     progress: bool | None = None,
+    stale_upload_age: float = DEFAULT_STALE_UPLOAD_AGE,
 ) -> PublishResult:
-    """Publish one artifact; the one function the CLI, the workflow and trainers call."""
+    """Publish one artifact; the one function the CLI, the workflow and trainers call.
+
+    On a store that journals its multipart uploads (S3), an unfinished upload a killed run left for the
+    same bytes is resumed, and once the archive is verified the unfinished uploads under its prefix that
+    no live process uses are aborted: those this machine's journal names, and any other older than
+    ``stale_upload_age`` seconds (``_clean_uploads``)."""
     artifact_dir = Path(artifact_dir)
     if not artifact_dir.is_dir():
         raise NotFound(f"artifact directory {artifact_dir} does not exist", remedy="check --artifact-dir")
@@ -339,7 +364,11 @@ def publish_artifact(
 
         require_qualified(store, prefix)  # before any remote write: fail closed on unqualified endpoints
 
-    inv = build_local_inventory(artifact_dir, progress=progress, part_size_for=store.part_digest_size)
+    resumable = getattr(store, "resumable_part_size", None)
+    uploads = UploadLog() if resumable is not None else None
+    inv = build_local_inventory(
+        artifact_dir, progress=progress, part_size_for=store.part_digest_size,
+        md5_parts_for=(lambda rel, size: resumable(object_key(prefix, rel), size)) if resumable else None)
     decl_sha = sha256_bytes(inv.declaration_bytes)
     result = PublishResult("published", artifact_dir, dest, inv.files, decl_sha)
 
@@ -364,13 +393,14 @@ def publish_artifact(
         testhooks.reached("publish:after-declaration")
         payloads = [e for e in inv.files if e.path != manifest_record.FILENAME]
         result.uploaded, result.uploaded_bytes = _upload_payloads(store, prefix, artifact_dir, payloads, progress,
-                                                                  inv.digests)
+                                                                  inv.digests, uploads)
         testhooks.reached("publish:before-manifest")
         _commit_manifest(store, prefix, inv)
 
     where = f"{dest.scheme}://{dest.bucket}/{prefix}"
     states = [check_declaration(store, prefix, decl_sha), *check_remote_inventory(store, prefix, inv.files)]
     require_all_ok(states, where)
+    _clean_uploads(store, prefix, stale_upload_age, uploads, result)
     if result.status != "skipped" or receipt_record.read_receipt(artifact_dir).server_checksums is None:
         testhooks.reached("publish:before-receipt")
         receipt = receipt_record.Receipt(
@@ -381,6 +411,23 @@ def publish_artifact(
     if delete_local:
         result.removed, result.freed_bytes = delete_verified_payloads(artifact_dir, inv.manifest, store, progress)
     return result
+
+
+def _clean_uploads(store: ObjectStore, prefix: str, stale_age: float, uploads: UploadLog | None,
+                   result: PublishResult) -> None:
+    """The archive is verified: abort the unfinished uploads under its prefix that no live process uses
+    (none can still be needed), and put in the report what was resumed, aborted and sent."""
+    result.sent_bytes = result.uploaded_bytes
+    if uploads is None:
+        return
+    aborted, kept = store.sweep_uploads(prefix + "/", older_than=stale_age, journaled_any_age=True)
+    for row in kept:
+        log.info("%s: left unfinished upload %s alone: %s", row["key"], row["upload_id"], row["reason"])
+    rel = len(prefix) + 1
+    result.sent_bytes = uploads.sent_bytes
+    result.resumed_uploads = [{"path": r["key"][rel:], "upload_id": r["upload_id"], "reused_parts": r["reused_parts"],
+                               "reused_bytes": r["reused_bytes"]} for r in uploads.resumed]
+    result.aborted_uploads = [dict(r, path=r["key"][rel:]) for r in uploads.aborted + aborted]
 
 
 def _proven_checksums(states: list[ObjectState], inv: LocalInventory) -> dict[str, str]:

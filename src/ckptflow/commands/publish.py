@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .summary import block, destination_uri, files_bytes, inventory_total
+from .summary import block, destination_uri, files_bytes, human_bytes, inventory_total, plural
 
 
 def register(sub) -> None:
@@ -22,15 +22,23 @@ def register(sub) -> None:
         "--delete-local", action="store_true",
         help="after verification, remove the local payload files (needs a passing probe of the endpoint)",
     )
+    s.add_argument(
+        "--stale-upload-age", default="24h",
+        help="abort unfinished uploads under the artifact's prefix started longer ago than this, even where this "
+        "machine's journal does not name them (90s, 30m, 24h, 7d; default 24h)",
+    )
     s.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from ..archive.publish import publish_artifact
     from ..store.open import open_bucket_arg
+    from .gc_uploads import parse_age
 
+    stale = parse_age(args.stale_upload_age)
     store = open_bucket_arg(args.bucket, args.credentials)
-    result = publish_artifact(Path(args.artifact_dir), store, args.upload_prefix, delete_local=args.delete_local)
+    result = publish_artifact(Path(args.artifact_dir), store, args.upload_prefix, delete_local=args.delete_local,
+                              stale_upload_age=stale)
     return result.to_report()
 
 
@@ -44,9 +52,17 @@ _HEADLINES = {
 def summarize(report: dict[str, Any], elapsed: float | None) -> str:
     what = files_bytes(*inventory_total(report["inventory"]))
     freed = f"{files_bytes(len(report['removed']), report['freed_bytes'])} of local payload" if report["removed"] else None
+    resumed = report.get("resumed_uploads") or []
+    reused = sum(r["reused_bytes"] for r in resumed)
+    resumed_row = (f"{plural(len(resumed), 'killed upload')}: {human_bytes(reused)} already stored, "
+                   f"{human_bytes(report.get('sent_bytes', 0))} sent") if resumed else None
+    aborted = report.get("aborted_uploads") or []
+    aborted_row = ", ".join(f"{a['path']} ({a['reason']})" for a in aborted) or None
     return block(_HEADLINES[report["status"]].format(what=what), [
         ("artifact", report["artifact_dir"]),
         ("archive", destination_uri(report["destination"])),
         ("uploaded", files_bytes(len(report["uploaded"]), report["uploaded_bytes"])),
+        ("resumed", resumed_row),
+        ("aborted", aborted_row),
         ("freed", freed),
     ], elapsed)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import threading
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -51,6 +52,22 @@ def server_checksums_of(digest: FileDigest) -> tuple[str, ...]:
         joined = hashlib.sha256(b"".join(digest.parts)).digest()
         out.append(f"{base64.b64encode(joined).decode('ascii')}-{len(digest.parts)}")
     return tuple(out)
+
+
+@dataclass
+class UploadLog:
+    """What ``put_files(uploads=...)`` did with unfinished multipart uploads, for the report: uploads
+    resumed (``{"key", "upload_id", "reused_parts", "reused_bytes"}``), uploads aborted (``{"key",
+    "upload_id", "initiated", "reason"}``) and the payload bytes actually sent."""
+
+    resumed: list[dict] = field(default_factory=list)
+    aborted: list[dict] = field(default_factory=list)
+    sent_bytes: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def sent(self, n: int) -> None:
+        with self._lock:
+            self.sent_bytes += n
 
 
 @dataclass(frozen=True, slots=True)

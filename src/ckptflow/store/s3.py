@@ -26,6 +26,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 import boto3
@@ -35,7 +36,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from ..digest import FileDigest, is_sha256_hex, sha256_bytes
 from ..errors import CkptflowError, NotFound, Refused, StoreError, UsageError, VerificationFailed
 from ..progress import ByteProgress
-from . import base
+from . import base, s3_uploads
 from .credentials import Credentials, endpoint_authority
 from .s3_errors import (
     BAD_DIGEST,
@@ -107,7 +108,7 @@ def _reported_checksum(value: str | None) -> str | None:
     return value if ok else None
 
 
-class S3Store:
+class S3Store(s3_uploads.UnfinishedUploads):
     """One bucket on one S3 endpoint. Thread-safe: the boto3 client is shared by the worker threads."""
 
     def __init__(
@@ -254,22 +255,37 @@ class S3Store:
         return info
 
     def put_files(self, files: Sequence[tuple[str, Path, FileDigest]], *, progress: ByteProgress | None = None,
-                  on_stored: Callable[[str], None] | None = None) -> list[base.ObjectInfo]:
+                  on_stored: Callable[[str], None] | None = None,
+                  uploads: base.UploadLog | None = None) -> list[base.ObjectInfo]:
         """``put_file`` for several files: the multipart ones as one stream of parts (no idle
         connections between files), each completed and HEAD-checked on a commit thread while later
-        ones are sent; the others one by one. ``on_stored(key)`` follows each verified file."""
+        ones are sent; the others one by one. ``on_stored(key)`` follows each verified file.
+
+        With ``uploads``, multipart uploads are journaled and an unfinished one a killed run left for
+        the same bytes is resumed: only its parts not proven to hold them are sent (``s3_uploads``);
+        one left for other bytes is aborted. ``uploads`` records both and the bytes sent."""
         infos: list[base.ObjectInfo | None] = [None] * len(files)
         parted: list[PartedFile] = []
         index: list[int] = []
-        for i, (key, path, digest) in enumerate(files):
-            validate_key(key)
-            size = os.stat(path).st_size
-            if size != digest.size:
-                raise VerificationFailed(f"{path} has {size} bytes but was hashed at {digest.size}",
-                                         remedy="the file changed after it was hashed; hash it again", path=str(path))
-            if size >= self.multipart_threshold and size > 0:
-                parted.append(self._parted(key, Path(path), digest, progress))
-                index.append(i)
+        journals: list[s3_uploads.Claim | None] = []  # per parted file: its held journal entry
+        try:
+            for i, (key, path, digest) in enumerate(files):
+                validate_key(key)
+                size = os.stat(path).st_size
+                if size != digest.size:
+                    raise VerificationFailed(f"{path} has {size} bytes but was hashed at {digest.size}",
+                                             remedy="the file changed after it was hashed; hash it again",
+                                             path=str(path))
+                if size >= self.multipart_threshold and size > 0:
+                    parted.append(self._parted(key, Path(path), digest, progress, uploads, journals))
+                    index.append(i)
+            return self._put_all(files, infos, parted, index, progress, on_stored, uploads, journals)
+        finally:
+            for held in journals:
+                if held is not None:
+                    held.release()
+
+    def _put_all(self, files, infos, parted, index, progress, on_stored, uploads, journals) -> list[base.ObjectInfo]:
 
         def commit(j: int, etags: list[str], sent: str | None) -> None:
             key, path, digest = files[index[j]]
@@ -283,6 +299,8 @@ class S3Store:
                     part["ChecksumSHA256"] = _b64(raw)
             done = self._call("CompleteMultipartUpload", key, self._client.complete_multipart_upload,
                               Bucket=self.bucket, Key=key, UploadId=parted[j].handle, MultipartUpload={"Parts": parts})
+            if journals[j] is not None:
+                journals[j].clear()
             if sent is None:
                 try:
                     _check_composite(done.get("ChecksumSHA256"), digest.parts, self._where(key))
@@ -313,6 +331,8 @@ class S3Store:
                 if self.supports_checksum_sha256:
                     kwargs["ChecksumSHA256"] = _b64_sha256(digest.sha256)
                 self._call("PUT", key, self._client.put_object, Body=data, **kwargs)
+                if uploads is not None:
+                    uploads.sent(digest.size)
                 if progress is not None:
                     progress.update(digest.size)
                 infos[i] = self._check_stored(key, digest)
@@ -328,8 +348,10 @@ class S3Store:
                 remedy="the endpoint dropped the upload or its metadata; run `ckptflow probe` on it")
         return info
 
-    def _parted(self, key: str, path: Path, digest: FileDigest, progress: ByteProgress | None) -> PartedFile:
-        """A multipart upload of ``path`` to ``key``, created when its first part is sent.
+    def _parted(self, key: str, path: Path, digest: FileDigest, progress: ByteProgress | None,
+                uploads: base.UploadLog | None, journals: list) -> PartedFile:
+        """A multipart upload of ``path`` to ``key``, created when its first part is sent (or, with
+        ``uploads``, the unfinished one a killed run left for these bytes, see ``_resume``).
 
         Where the digest carries per-part digests of this upload's part size and the endpoint refuses a
         part that does not match its ``ChecksumSHA256``, each part is sent with the digest taken when
@@ -342,11 +364,19 @@ class S3Store:
                    and len(digest.parts) == -(-digest.size // part_size) and self.part_checksums_enforced(key))
         client = self._unsigned() if checked else self._client
         extra = {"ChecksumAlgorithm": "SHA256"} if checked else {}
+        held = s3_uploads.claim(self.destination, key) if uploads is not None else None
+        journals.append(held)  # at once: put_files releases it whatever happens next
+        handle, reused = self._resume(held, key, digest, part_size, checked, uploads)
 
         def begin() -> None:
+            if parted.handle is not None:  # resumed
+                return
             created = self._call("CreateMultipartUpload", key, client.create_multipart_upload,
                                  Bucket=self.bucket, Key=key, Metadata={"sha256": digest.sha256}, **extra)
             parted.handle = created["UploadId"]
+            if held is not None:
+                now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                held.write(s3_uploads.UploadEntry(parted.handle, digest.size, digest.sha256, part_size, checked, now))
 
         def send(number: int, data: bytearray) -> str:
             checksum = {"ChecksumSHA256": _b64(digest.parts[number - 1])} if checked else {}
@@ -358,14 +388,18 @@ class S3Store:
                 raise VerificationFailed(
                     f"{path} changed after it was hashed, or part {number} was damaged on the way: {exc.message}",
                     remedy="hash it again and retry; the multipart upload was aborted", path=str(path)) from None
+            if uploads is not None:
+                uploads.sent(len(data))
             return resp["ETag"]
 
         def abort() -> None:
             with contextlib.suppress(ClientError, BotoCoreError):
                 self._client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=parted.handle)
+            if held is not None:
+                held.clear()
 
         parted = PartedFile(path, digest.size, part_size, send, begin=begin, abort=abort, progress=progress,
-                            hash_sent=not checked)
+                            hash_sent=not checked, handle=handle, reused=reused)
         return parted
 
     # ------------------------------------------------------------------ verified part checksums

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ... import testhooks
 from ...errors import VerificationFailed
 from .stream import BUFFERS, BatchFile, MiB, open_stream, split_ranges
 
@@ -30,7 +31,10 @@ class PartedFile:
     reused); ``abort()`` runs if the batch fails after ``begin`` and before the file's commit returned.
     ``handle`` is the caller's own state (the upload id). ``hash_sent=False`` skips the in-order hash
     of the sent bytes (the commit gets None): only for a ``send`` whose server verifies every part
-    against a digest taken when the file was hashed.
+    against a digest taken when the file was hashed. ``reused`` maps the numbers of parts an earlier
+    upload already holds (proven by the caller) to their results: they are not sent, but with
+    ``hash_sent`` their local bytes are still read and hashed in order, so the commit's digest covers
+    the whole file.
     """
 
     path: Path
@@ -42,6 +46,7 @@ class PartedFile:
     progress: Any = None
     handle: Any = None
     hash_sent: bool = True
+    reused: dict[int, Any] | None = None
 
 
 class _Source(BatchFile):
@@ -93,6 +98,9 @@ def upload_batch(files: Sequence[PartedFile], *, concurrency: int = 8,
         i, number, offset, length, _ = item
         source = sources[i]
         fd = source.open()
+        reused = source.spec.reused or {}
+        if number in reused and not source.spec.hash_sent:
+            return None, reused[number]
         # A body must be exactly the part (botocore sends a bytearray whole): a short last part gets a
         # buffer of its own size.
         data = BUFFERS.take(length) if length % MiB == 0 else bytearray(length)
@@ -106,7 +114,7 @@ def upload_batch(files: Sequence[PartedFile], *, concurrency: int = 8,
                         f"{source.spec.path} is shorter than the {source.spec.size} bytes that were hashed",
                         remedy="the file changed after it was hashed; hash it again", path=str(source.spec.path))
                 got += n
-            result = source.spec.send(number, data)
+            result = reused[number] if number in reused else source.spec.send(number, data)
         except BaseException:
             BUFFERS.give(data)
             raise
@@ -131,13 +139,14 @@ def upload_batch(files: Sequence[PartedFile], *, concurrency: int = 8,
             stream.commit(commit, i, sources[i].hasher.hexdigest() if sources[i].spec.hash_sent else None)
 
         def consume(item: tuple[int, int, int, int, bool], out: tuple[bytearray | None, Any]) -> None:
-            i, _, _, length, last = item
+            i, number, _, length, last = item
             source, (data, result) = sources[i], out
             if data is not None:
                 stream.hashing.submit(source.hasher.update, data, after=lambda: BUFFERS.give(data))
             source.results.append(result)
             if source.spec.progress is not None:
                 source.spec.progress.update(length)
+            testhooks.reached(f"upload:part-{number}-stored")  # parts 1..number of this file are stored
             if last:
                 source.close()
                 stream.hashing.submit(complete, i)
