@@ -10,6 +10,7 @@ This file imports nothing heavy, so the core legs collect it.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -117,3 +118,32 @@ def test_a_module_missing_that_no_extra_provides_is_not_disguised(monkeypatch):
     monkeypatch.setattr(merge, "run", run)
     with pytest.raises(ModuleNotFoundError, match=r"ckptflow\.nowhere"):
         cli.main(["merge", "--mode", "avg", "--experts", "a", "--out", "x/iter_000001/model.pt"])
+
+
+def _pins(lines) -> dict[str, str]:
+    pins = {}
+    for line in lines:
+        line = line.split("#", 1)[0].strip().removeprefix("- ")
+        if "==" in line:
+            name, version = line.split("==", 1)
+            pins[re.sub(r"\[.*\]", "", name).strip().lower()] = version.strip()
+    return pins
+
+
+def test_the_lock_satisfies_every_declared_range_and_environment_yml_mirrors_it():
+    from packaging.requirements import Requirement
+
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.10 has no tomllib; the 3.11 suite checks the lock")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    lock = _pins((REPO / "constraints.txt").read_text(encoding="utf-8").splitlines())
+    declared = [Requirement(r) for r in project["dependencies"]]
+    declared += [Requirement(r) for name, reqs in project["optional-dependencies"].items() if name != "all" for r in reqs]
+    for req in declared:
+        assert req.name.lower() in lock, f"constraints.txt pins no {req.name}"
+        assert req.specifier.contains(lock[req.name.lower()], prereleases=True), (
+            f"constraints.txt pins {req.name}=={lock[req.name.lower()]}, outside pyproject's {req}")
+    assert lock["torch"] == "2.13.0"
+    assert project["optional-dependencies"]["all"] == ["ckptflow[convert,workflow]"]
+    mirrored = _pins((REPO / "environment.yml").read_text(encoding="utf-8").splitlines())
+    assert set(mirrored) == {r.name.lower() for r in declared}, "environment.yml lists the direct dependencies"
+    assert {n: v for n, v in mirrored.items() if lock[n] != v} == {}, "environment.yml differs from constraints.txt"
