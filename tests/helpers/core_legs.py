@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
     args = p.parse_args(argv)
     ci = bool(os.environ.get("CI"))
-    failed, skipped = [], []
+    ran, failed, skipped = [], [], []
     for version in args.versions:
         python = find_interpreter(version)
         if python is None:
@@ -162,9 +162,9 @@ def main(argv: list[str] | None = None) -> int:
                 skipped.append(version)
             continue
         log(f"{version}: {python}")
+        ran.append(version)
         if run_leg(version, python, args.servers.resolve(), args.pytest_args) != 0:
             failed.append(version)
-    ran = [v for v in args.versions if v not in skipped]
     log(f"ran {', '.join(ran) or 'none'}; skipped {', '.join(skipped) or 'none'}; failed {', '.join(failed) or 'none'}")
     return 1 if failed else 0
 
