@@ -19,8 +19,8 @@ import pytest
 from helpers import REPO
 
 HEAVY = ("torch", "transformers", "snakemake", "safetensors", "tokenizers", "PIL", "numpy")
-# Every module the core verbs (seal, probe, publish, verify, prune-verified, fetch, status) and the trainer
-# API reach; the steps of the [convert] extra (merge/, conversion/, materialize/) are left out on purpose.
+# Every module the core verbs (seal, probe, publish, verify, prune-verified, fetch, status, resume-check,
+# retain-checkpoints) and the trainer API reach (its write functions import torch when called); the steps of the [convert] extra (merge/, conversion/, materialize/) are left out on purpose.
 CORE_MODULES = (
     "ckptflow", "ckptflow.cli", "ckptflow.artifact", "ckptflow.trainer", "ckptflow.workflow", "ckptflow.archive",
     "ckptflow.archive.publish", "ckptflow.archive.fetch", "ckptflow.archive.verify", "ckptflow.archive.prune",
@@ -28,7 +28,8 @@ CORE_MODULES = (
     "ckptflow.store.gcs", "ckptflow.store.local", "ckptflow.status", "ckptflow.commands.seal",
     "ckptflow.commands.publish", "ckptflow.commands.verify", "ckptflow.commands.prune_verified",
     "ckptflow.commands.fetch", "ckptflow.commands.probe", "ckptflow.commands.status",
-    "ckptflow.commands.merge", "ckptflow.commands.materialize",
+    "ckptflow.commands.resume_check", "ckptflow.commands.retain_checkpoints", "ckptflow.trainer.retention",
+    "ckptflow.trainer.resume", "ckptflow.trainer.write", "ckptflow.trainer.publish", "ckptflow.commands.merge", "ckptflow.commands.materialize",
 )
 
 _CHILD = """
@@ -67,7 +68,7 @@ def test_core_modules_and_publish_help_load_no_torch_transformers_or_snakemake()
 
 
 @pytest.mark.parametrize("verb", ["seal", "probe", "publish", "verify", "prune-verified", "fetch", "status",
-                                  "merge", "materialize"])
+                                  "merge", "materialize", "resume-check", "retain-checkpoints"])
 def test_every_verbs_help_loads_nothing_heavy(verb):
     result = _child([verb, "--help"])
     assert result["code"] == 0 and result["stdout"].startswith("usage: ckptflow"), result
