@@ -87,6 +87,8 @@ def test_a_verb_without_its_extra_exits_2_with_one_line_naming_it(tmp_path, verb
     assert len(lines) == 1 and "Traceback" not in result["stderr"], result["stderr"]
     assert lines[0].startswith(f"ckptflow {verb}: missing extra: "), lines[0]
     assert "pip install 'ckptflow[convert]'" in lines[0] and blocked[0] in lines[0], lines[0]
+    if "PIL" in blocked:  # named by the package to install, not its import name
+        assert "pillow" in lines[0] and "PIL" not in lines[0], lines[0]
     report = json.loads(result["stdout"])
     assert report["status"] == "usage-error" and report["error"]["type"] == "MissingExtra", report
     assert result["loaded"] == [], f"the check imported {result['loaded']} before refusing"

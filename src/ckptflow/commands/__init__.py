@@ -18,11 +18,12 @@ from typing import Any
 
 from ..errors import MissingExtra
 
-# The import names each extra of pyproject.toml provides (pillow imports as PIL).
+# The import names each extra of pyproject.toml provides, and the package names where they differ.
 EXTRAS: dict[str, tuple[str, ...]] = {
     "convert": ("torch", "transformers", "safetensors", "tokenizers", "PIL"),
     "workflow": ("snakemake",),
 }
+_PACKAGE = {"PIL": "pillow"}
 
 
 def _installed(module: str) -> bool:
@@ -45,6 +46,7 @@ def extra_of(module: str | None) -> str | None:
 
 
 def missing_extra(verb: str, extra: str, missing: list[str]) -> MissingExtra:
+    missing = [_PACKAGE.get(m, m) for m in missing]
     return MissingExtra(
         f"{verb} needs the optional dependencies of ckptflow[{extra}] and {', '.join(missing)} "
         f"{'is' if len(missing) == 1 else 'are'} not installed",
