@@ -12,17 +12,18 @@ PYTEST_ARGS ?=
 # `make test` brings up the single-node Slurm for the slurm tests; `test-fast` deselects them and skips it.
 SLURM_UP ?= yes
 
-.PHONY: setup test test-fast demo lint bench servers-up servers-down slurm-up slurm-down clean
+.PHONY: setup test test-fast test-core-legs demo lint bench servers-up servers-down slurm-up slurm-down clean
 
 setup: $(STAMP)
 
-# torch==2.13.0 is pinned in pyproject.toml, so it is resolved in the same pip command as everything
-# that depends on it (transformers): pip takes the CPU build from local disk and never a newer torch.
-$(STAMP): pyproject.toml
-	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "ckptflow needs Python 3.11 (set PYTHON=...)")'
+# pyproject.toml declares ranges; constraints.txt is the lock the project is developed and tested with.
+# torch==2.13.0 is pinned there, so it is resolved in the same pip command as everything that depends
+# on it (transformers): pip takes the CPU build from local disk and never a newer torch.
+$(STAMP): pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "the development environment is Python 3.11 (set PYTHON=...)")'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[all,test]'
 	@$(BIN)/python -c 'import torch; assert torch.__version__.startswith("2.13.0"), torch.__version__'
 	@touch $@
 
@@ -36,6 +37,7 @@ lint: setup
 # the whole suite, and stops Slurm's daemons and both servers by PID whatever pytest's outcome; exits with
 # pytest's status. Where Slurm cannot run (not root, no apt-get) the slurm tests skip, except under CI
 # (the variable CI set), where they must run: there a Slurm that does not come up fails `make test`.
+# Then the core legs run on the same servers; `make test` exits non-zero when pytest or a core leg failed.
 test: setup lint
 	@set -u; \
 	trap '$(BIN)/python tests/helpers/slurm.py down --root $(SLURM_ROOT) >/dev/null; \
@@ -46,12 +48,25 @@ test: setup lint
 	  if [ $$rc -eq 3 ] && [ -z "$${CI:-}" ]; then echo "make test: Slurm cannot run here; the slurm tests skip" >&2; \
 	  elif [ $$rc -ne 0 ]; then exit $$rc; fi; \
 	fi; \
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	$(CORE_LEGS) || rc=$$((rc ? rc : 1)); \
+	exit $$rc
 
 # The suite without slow tests (the Slurm tests are slow), for quick iteration.
 test-fast: PYTEST_ARGS = -m "not slow"
 test-fast: SLURM_UP = no
 test-fast: test
+
+# The torch-free core on Python 3.10, 3.12 and 3.13 (pyenv), each in a core-only venv under
+# .ckptflow/core-legs/, against the running test servers (tests/helpers/core_legs.py); a missing
+# interpreter skips its leg, except under CI. `make test` runs them after the 3.11 suite.
+CORE_LEGS = CKPTFLOW_TEST_SERVERS=$(SERVERS_ROOT) $(BIN)/python tests/helpers/core_legs.py
+
+test-core-legs: setup
+	@set -u; \
+	trap '$(BIN)/python tests/helpers/servers.py down --root $(SERVERS_ROOT)' EXIT; \
+	$(BIN)/python tests/helpers/servers.py up --root $(SERVERS_ROOT) || exit $$?; \
+	$(CORE_LEGS)
 
 demo: setup
 	$(BIN)/python -c 'import ckptflow' && bash demo/demo.sh

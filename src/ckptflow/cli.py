@@ -4,7 +4,8 @@ When stdout is a terminal (and ``--json`` is not given) the report is replaced b
 the verb module's ``summarize(report, elapsed)``, or ``commands.summary.generic`` (see
 ``commands/summary.py``); a refusal is then its one stderr line, repeated on stdout only when stderr goes
 elsewhere. Exit codes: 0 done; 1 refused or failed (one line on stderr naming the file and the remedy, and a JSON
-report with ``status`` ``refused``/``failed`` on stdout); 2 usage error. ``CKPTFLOW_DEBUG=1`` adds the
+report with ``status`` ``refused``/``failed`` on stdout); 2 usage error, or a verb whose optional
+dependencies (``ckptflow[convert]``) are not installed. ``CKPTFLOW_DEBUG=1`` adds the
 traceback. Report keys are documented in ``schemas/report_<verb>.schema.json``; each verb lives in
 ``commands/<verb>.py``.
 """
@@ -22,8 +23,8 @@ import traceback
 from typing import Any
 
 from . import __version__
-from .commands import ReportedFailure, summary
-from .errors import CkptflowError, ConflictError, Refused, UsageError
+from .commands import ReportedFailure, extra_of, missing_extra, summary
+from .errors import CkptflowError, ConflictError, MissingExtra, Refused, UsageError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -133,8 +134,17 @@ def main(argv: list[str] | None = None) -> int:
         out.report(exc.report, time.monotonic() - started)
         sys.stderr.write(f"ckptflow {args.verb}: {exc.line}\n")
         return EXIT_FAILED
+    except MissingExtra as exc:
+        fail("usage-error", exc, "missing extra")
+        return EXIT_USAGE
     except UsageError as exc:
         fail("usage-error", exc, "usage error")
+        return EXIT_USAGE
+    except ModuleNotFoundError as exc:  # an optional dependency a verb's own check did not name
+        extra = extra_of(exc.name)
+        if extra is None:
+            raise
+        fail("usage-error", missing_extra(args.verb, extra, [exc.name or ""]), "missing extra")
         return EXIT_USAGE
     except CkptflowError as exc:
         fail("refused" if isinstance(exc, Refused | ConflictError) else "failed", exc)

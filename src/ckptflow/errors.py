@@ -60,3 +60,7 @@ class EndpointNotQualified(Refused):
 
 class UsageError(CkptflowError, ValueError):
     """Command-line arguments are inconsistent; the CLI exits with status 2."""
+
+
+class MissingExtra(UsageError):
+    """A verb needs an optional dependency group (``ckptflow[convert]``) that is not installed; exit 2."""

@@ -114,13 +114,21 @@ def test_json_and_absent_receipts_are_not_legacy(tmp_path):
 
 @pytest.mark.parametrize(
     "stamp",
-    ["2025-01-31 12:00:00Z", "2025-01-31T12:00:00+01:00", "2025-01-31T12:00:00", "2025-02-30T00:00:00Z", "x"],
+    ["2025-01-31 12:00:00Z", "2025-01-31T12:00:00+01:00", "2025-01-31T12:00:00", "2025-02-30T00:00:00Z", "x",
+     "2025-01-31T12:00:60Z", "2025-01-31T24:00:00Z", "2025-13-01T00:00:00Z"],
 )
 def test_receipt_time_must_be_iso_8601_utc(stamp):
     data = make_receipt(0).to_dict()
     data["uploaded_at"] = stamp
     with pytest.raises(InvalidRecord, match=r"uploaded_at"):
         parse_receipt(encode_json(data))
+
+
+@pytest.mark.parametrize("stamp", ["2025-01-31T12:00:00Z", "2024-02-29T23:59:59.5Z", "2025-01-31T12:00:00.12345+00:00"])
+def test_receipt_time_accepts_every_iso_8601_utc_form_on_every_python(stamp):
+    data = make_receipt(0).to_dict()
+    data["uploaded_at"] = stamp
+    assert parse_receipt(encode_json(data)).uploaded_at == stamp
 
 
 def test_receipt_server_checksums_round_trip_and_are_optional_on_read(tmp_path):

@@ -13,7 +13,7 @@ import logging
 import re
 import socket
 import threading
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote
 
@@ -27,7 +27,7 @@ from ckptflow.store.gcs import GCSStore
 BUCKET = "ckpt-bucket"
 ACCESS = "GOOG1ETESTACCESSIDFORCKPTFLOW"
 SECRET = "s3cr3t/HMAC+never=shown-anywhere"
-NOW = datetime(2024, 3, 9, 17, 5, 42, tzinfo=UTC)
+NOW = datetime(2024, 3, 9, 17, 5, 42, tzinfo=timezone.utc)
 
 
 class _Recorder:

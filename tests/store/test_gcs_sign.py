@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -26,7 +26,7 @@ from ckptflow.store.gcs_sign import AWS4, EMPTY_SHA256, GOOG4
 AWS_ACCESS = "AKIAIOSFODNN7EXAMPLE"
 AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 AWS_HOST = "examplebucket.s3.amazonaws.com"
-AWS_NOW = datetime(2013, 5, 24, 0, 0, 0, tzinfo=UTC)
+AWS_NOW = datetime(2013, 5, 24, 0, 0, 0, tzinfo=timezone.utc)
 
 
 def _aws(method, path, *, headers=None, query=None, payload=EMPTY_SHA256):
@@ -162,7 +162,7 @@ def test_botocore_sigv4_agrees_on_awkward_key_and_query():
 
 G_ACCESS = "GOOG1EXAMPLEACCESSIDFORCKPTFLOWTESTS0000000000000000000000"
 G_SECRET = "bGoa+V7g/yqDXvKRqq+JTFn4uQZbPiQJo4pf9RzJ"
-G_NOW = datetime(2024, 3, 9, 17, 5, 42, tzinfo=UTC)
+G_NOW = datetime(2024, 3, 9, 17, 5, 42, tzinfo=timezone.utc)
 G_BODY = b'{"schema": "posttrain.artifact-archive.v1"}\n'
 
 
@@ -294,10 +294,10 @@ def test_explicit_host_header_is_kept():
 @pytest.mark.parametrize(
     "now",
     [
-        datetime(2024, 3, 9, 17, 5, 42, tzinfo=UTC),
+        datetime(2024, 3, 9, 17, 5, 42, tzinfo=timezone.utc),
         datetime(2024, 3, 9, 17, 5, 42),  # naive: taken as UTC
         datetime(2024, 3, 9, 19, 5, 42, tzinfo=timezone(timedelta(hours=2))),
-        datetime(2024, 3, 9, 17, 5, 42, 999999, tzinfo=UTC),
+        datetime(2024, 3, 9, 17, 5, 42, 999999, tzinfo=timezone.utc),
     ],
 )
 def test_format_timestamp_is_utc(now):

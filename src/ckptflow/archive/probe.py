@@ -25,7 +25,7 @@ import secrets
 import tempfile
 import threading
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from ..digest import sha256_file
@@ -47,7 +47,7 @@ class ProbeOutcome:
 
 def _scratch_prefix(prefix: str) -> str:
     base = prefix.strip("/")
-    token = f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(4)}"
+    token = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(4)}"
     return f"{base}/{PROBE_DIR}/{token}" if base else f"{PROBE_DIR}/{token}"
 
 
@@ -69,7 +69,7 @@ def run_probe(store: ObjectStore, prefix: str, *, creators: int = DEFAULT_CREATO
             "protocol": probe_record.PROTOCOL,
             "destination": store.destination.as_dict(),
             "prefix": prefix,
-            "checked_at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+            "checked_at": datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
             "results": {
                 "create_once_refused_second_write": second_refused,
                 "concurrent_creators": creators,

@@ -4,11 +4,54 @@
 A verb raises ``errors.CkptflowError`` subclasses for refusals and failures, or ``ReportedFailure``
 when it has a full report but must still exit 1. ``cli.py`` owns output and exit codes. Stores are
 opened by ``store.open`` from the raw ``--bucket``/``--credentials`` values.
+
+A verb that needs an optional dependency group calls ``require_extra`` first: the core install
+(``pip install ckptflow``) has no torch, transformers or snakemake, and such a verb then exits 2 with
+one line naming the extra to install instead of an ImportError traceback.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from typing import Any
+
+from ..errors import MissingExtra
+
+# The import names each extra of pyproject.toml provides, and the package names where they differ.
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "convert": ("torch", "transformers", "safetensors", "tokenizers", "PIL"),
+    "workflow": ("snakemake",),
+}
+_PACKAGE = {"PIL": "pillow"}
+
+
+def _installed(module: str) -> bool:
+    if module in sys.modules:  # None there means the import is blocked
+        return sys.modules[module] is not None
+    return importlib.util.find_spec(module) is not None
+
+
+def require_extra(verb: str, extra: str) -> None:
+    """Raise ``MissingExtra`` unless every module of ``extra`` can be imported (nothing is imported)."""
+    missing = [m for m in EXTRAS[extra] if not _installed(m)]
+    if missing:
+        raise missing_extra(verb, extra, missing)
+
+
+def extra_of(module: str | None) -> str | None:
+    """The extra that provides top-level module ``module`` (``torch.nn`` → ``convert``), or None."""
+    top = (module or "").partition(".")[0]
+    return next((extra for extra, names in EXTRAS.items() if top in names), None)
+
+
+def missing_extra(verb: str, extra: str, missing: list[str]) -> MissingExtra:
+    missing = [_PACKAGE.get(m, m) for m in missing]
+    return MissingExtra(
+        f"{verb} needs the optional dependencies of ckptflow[{extra}] and {', '.join(missing)} "
+        f"{'is' if len(missing) == 1 else 'are'} not installed",
+        remedy=f"install them with: pip install 'ckptflow[{extra}]'",
+    )
 
 
 class ReportedFailure(Exception):

@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from ..errors import UsageError
+from . import require_extra
 from .summary import block, files_bytes, human_bytes, plural
 
 _SIZE_RE = re.compile(r"^\s*([0-9]+)\s*([KMGT]i?B)?\s*$", re.IGNORECASE)
@@ -51,6 +52,7 @@ def parse_size(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    require_extra("materialize", "convert")
     from ..materialize import materialize
     from ..store.open import credentials_for
 

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from .. import __version__
+from . import require_extra
 from .summary import block, human_bytes, plural
 
 
@@ -26,6 +27,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    require_extra("merge", "convert")
     from ..merge import merge_experts
 
     experts = [e.strip() for e in args.experts.split(",") if e.strip()]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ _REPORT_RE = re.compile(r"^iter_(\d+)\.json$")
 
 
 def _mtime(seconds: float) -> str:
-    return utc_timestamp(datetime.fromtimestamp(seconds, UTC))
+    return utc_timestamp(datetime.fromtimestamp(seconds, timezone.utc))
 
 
 def collect_status(

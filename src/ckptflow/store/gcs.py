@@ -38,7 +38,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -72,7 +72,7 @@ _ERROR_CODE_RE = re.compile(rb"<Code>\s*([A-Za-z0-9_.\-]{1,64})\s*</Code>")
 
 
 def _now_utc() -> datetime:
-    return datetime.now(UTC)
+    return datetime.now(timezone.utc)
 
 
 def _goog_metadata_as_amz(parsed: Any = None, **_: Any) -> None:

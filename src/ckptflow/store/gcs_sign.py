@@ -41,7 +41,7 @@ import hashlib
 import hmac
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from urllib.parse import quote
 
 __all__ = [
@@ -197,8 +197,8 @@ def canonical_request(
 
 def _utc(now: datetime) -> datetime:
     if now.tzinfo is None:
-        return now.replace(tzinfo=UTC)
-    return now.astimezone(UTC)
+        return now.replace(tzinfo=timezone.utc)
+    return now.astimezone(timezone.utc)
 
 
 def format_timestamp(now: datetime) -> tuple[str, str]:

@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import boto3
@@ -375,7 +375,7 @@ class S3Store(s3_uploads.UnfinishedUploads):
                                  Bucket=self.bucket, Key=key, Metadata={"sha256": digest.sha256}, **extra)
             parted.handle = created["UploadId"]
             if held is not None:
-                now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
                 held.write(s3_uploads.UploadEntry(parted.handle, digest.size, digest.sha256, part_size, checked, now))
 
         def send(number: int, data: bytearray) -> str:

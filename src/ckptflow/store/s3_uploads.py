@@ -32,7 +32,7 @@ import json
 import logging
 import os
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -285,14 +285,14 @@ class UnfinishedUploads:
         ``older_than`` seconds and, with ``journaled_any_age``, every one this machine's journal names
         whose process is gone. One a live process on this machine holds is never aborted. Returns
         ``(aborted, kept)``, each ``{"key", "upload_id", "initiated", "reason"}``."""
-        now = datetime.now(UTC)
+        now = datetime.now(timezone.utc)
         aborted: list[dict] = []
         kept: list[dict] = []
         for up in self.list_uploads(prefix):
             live = self.upload_is_live(up.key, up.upload_id)
             age = (now - up.initiated).total_seconds()
             row = {"key": up.key, "upload_id": up.upload_id,
-                   "initiated": up.initiated.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+                   "initiated": up.initiated.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
             if live:
                 kept.append(row | {"reason": "in use by a live process on this machine"})
             elif age > older_than:
