@@ -1,24 +1,29 @@
 """``materialize``: build the Hugging Face teacher directory of a checkpoint artifact, staged and identified.
 
-Order of work (each step only after the previous one succeeded; nothing is written before step 5, except
-that step 3 renames back an output a killed swap left aside)::
+Order of work (each step only after the previous one succeeded; nothing is written before step 6, except
+that step 4 renames back an output a killed swap left aside)::
 
-    1. source identity   --ckpt-dir: the local native manifest's ``model`` file component (size, sha256;
-                         a manifest without a digest -> the file is hashed); --artifact-uri: the remote
-                         native manifest alone (one small GET), no payload
-    2. base identity     sha256 of config.json and of the weight index (or of a lone shard's header)
-    3. decision          on <out> (see below); a crash-orphaned previous tree is renamed back first
-    4. preflight         the base is read and validated, the tensor floor / count checked (torch-free)
-    5. payload           archive: ``archive.fetch.fetch_artifact`` into the stage (``staging.py``: the
+    1. source identity   --ckpt-dir: the local native manifest's ``model`` file component (size, sha256);
+                         --artifact-uri: the remote native manifest alone (one small GET), no payload
+    2. lock              ``<out>.lock`` (``lock.py``), waited for up to --lock-wait-seconds; held to the end
+    3. bind the source   --ckpt-dir: model.pt opened ONCE (``source.OpenedModel``); a manifest without a
+                         digest -> the identity is hashed from that descriptor
+    4. base identity     sha256 of config.json and of the weight index (or of a lone shard's header);
+       decision          on <out> (see below); a crash-orphaned previous tree is renamed back first
+    5. preflight         the base is read and validated, the tensor floor / count checked (torch-free)
+    6. payload           archive: ``archive.fetch.fetch_artifact`` into the stage (``staging.py``: the
                          named <stage-dir>/iter_N when kept or already there, else a private one), every
                          byte hashed by this fetch (downloaded, or re-hashed in an existing copy) against
-                         the source identity; local: model.pt re-hashed against the manifest
-    6. staged build      convert into <out>.tmp.<host>.<pid>.<token> beside <out>, verify_output,
-                         hash the shards, write ``.materialized`` inside the staged tree (commit record)
-    7. publish           <out> absent or empty: rename; otherwise swap: <out> -> <out>.previous.<...>
+                         the source identity, then opened once; local: the opened model.pt hashed from
+                         its descriptor against the manifest
+    7. staged build      convert into <out>.tmp.<host>.<pid>.<token> beside <out> and verify_output, both
+                         reading the opened file (``/proc/self/fd/N``: a path replaced meanwhile is never
+                         read); an in-place change of it (size/mtime) refuses; hash the shards, write
+                         ``.materialized`` inside the staged tree (commit record)
+    8. publish           <out> absent or empty: rename; otherwise swap: <out> -> <out>.previous.<...>
                          (a file no build writes found there puts it back and refuses), staged tree ->
                          <out>, then of the previous tree only what a build wrote is removed (marker first)
-    8. cleanup           a private stage: only this tool's files in it, then the directories this
+    9. cleanup           a private stage: only this tool's files in it, then the directories this
                          invocation created while they are empty (never a named or kept stage)
 
 Decision on <out> (identity = conversion version + source sha256/size + base config/index sha256 +
@@ -43,20 +48,23 @@ the base's sidecars. Any other entry (``eval/results.json``, ``NOTES.md``) refus
 before anything is fetched, and again at the swap, once the old tree is aside.
 
 A refusal writes nothing: <out> stays byte-identical. A failure before the swap removes only the staged
-tree; <out> stays byte-identical. ``flock`` is not trusted (Lustre/GPFS/NFS): correctness comes from the
-unique staged names and renames. Two concurrent requests for one <out> both build; the second rename
-finds <out> taken and re-decides (same identity -> skipped, else refused). Leftovers of killed runs
-(this host, dead pid) are removed by the next run that builds (a superseded previous tree also by a
-skip); an orphaned previous tree (killed between the two
-renames of a swap, <out> absent) is renamed back to <out> before any decision.
+tree; <out> stays byte-identical. The lock serialises requests for one <out> (two identical ones: one
+builds, the other waits and skips; a differing one is refused on the marker), but ``flock`` is not
+trusted (Lustre/GPFS/NFS may ignore it): correctness comes from the unique staged names and renames.
+Two requests that both get past the lock both build; the second rename finds <out> taken and re-decides
+(same identity -> skipped, else refused). Leftovers of killed runs (this host, dead pid) are removed by
+the next run that builds (a superseded previous tree also by a skip); an orphaned previous tree (killed
+between the two renames of a swap, <out> absent) is renamed back to <out> before any decision.
 
-Test points (``testhooks``): ``materialize:after-fetch``, ``materialize:after-convert``,
+Test points (``testhooks``): ``materialize:lock-wait`` (the lock is held by another; reached once),
+``materialize:after-open`` (model.pt opened, under the lock), ``materialize:after-fetch``, ``materialize:after-convert``,
 ``materialize:after-marker``, ``materialize:before-swap``, ``materialize:mid-swap`` (old output aside,
 new one not yet in), ``materialize:after-swap`` (before the old tree is removed).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import struct
@@ -80,6 +88,7 @@ from ..errors import NotFound, Refused, UsageError, VerificationFailed
 from ..fsutil import fsync_dir
 from ..records.inventory import FileEntry
 from ..records.materialized import BaseModelIdentity, Materialized, write_materialized
+from .lock import DEFAULT_WAIT_SECONDS, check_wait_seconds, output_lock
 from .output import (
     Decision,
     Identity,
@@ -89,7 +98,7 @@ from .output import (
     restore_orphaned,
     staged_tree,
 )
-from .source import ModelSource, resolve_source
+from .source import ModelSource, OpenedModel, resolve_source
 from .staging import Stage, open_stage, release
 
 log = logging.getLogger("ckptflow.materialize")
@@ -179,6 +188,7 @@ def materialize(
     stage_dir: Path | str | None = None,
     keep_staged: bool = False,
     max_shard_bytes: int = hf_shards.DEFAULT_MAX_SHARD_BYTES,
+    lock_wait_seconds: float = DEFAULT_WAIT_SECONDS,
     store=None,
     credentials=None,
     progress: bool | None = None,
@@ -192,28 +202,57 @@ def materialize(
     base_dir, out = Path(os.path.abspath(base)), Path(os.path.abspath(out))
     stage = _check_arguments(base_dir, out, ckpt_dir, artifact_uri, expect_tensors, min_tensors, stage_dir,
                              keep_staged, max_shard_bytes)
+    wait = check_wait_seconds(lock_wait_seconds)
     source = resolve_source(ckpt_dir=ckpt_dir, artifact_uri=artifact_uri, store=store, credentials=credentials)
-    wanted = Identity(CONVERSION_VERSION, source.identity, base_identity(base_dir), {"max_shard_bytes": max_shard_bytes})
+    request = _Request(base_dir, out, stage, expect_tensors, min_tensors, verify_tensors, force, keep_staged,
+                       max_shard_bytes, progress)
+    with output_lock(out, wait), contextlib.ExitStack() as held:
+        opened = None
+        if source.kind == "ckpt-dir":  # opened once, under the lock: every later read goes through it
+            source, opened = held.enter_context(source.open_local(progress=progress))
+            testhooks.reached("materialize:after-open")
+        return _locked(request, source, opened, held)
+
+
+@dataclass(frozen=True)
+class _Request:
+    base_dir: Path
+    out: Path
+    stage: Path | None
+    expect_tensors: int
+    min_tensors: int
+    verify_tensors: bool
+    force: bool
+    keep_staged: bool
+    max_shard_bytes: int
+    progress: bool | None
+
+
+def _locked(req: _Request, source: ModelSource, opened: OpenedModel | None,
+            held: contextlib.ExitStack) -> MaterializeResult:
+    """Restore, decide, build and swap: all of it under the output's lock."""
+    out, base_dir = req.out, req.base_dir
+    wanted = Identity(CONVERSION_VERSION, source.identity, base_identity(base_dir), {"max_shard_bytes": req.max_shard_bytes})
     restored = restore_orphaned(out)
-    decision = decide(out, wanted, base_dir, force=force)
+    decision = decide(out, wanted, base_dir, force=req.force)
     if decision.action == "skip":
         return _finish_skip(out, base_dir, source, wanted, decision, restored)
 
-    _preflight(base_dir, expect_tensors, min_tensors)
+    _preflight(base_dir, req.expect_tensors, req.min_tensors)
     removed = remove_dead_leftovers(out, base_dir, include_staged=True)
     staging: dict | None = None
     fetched: dict | None = None
     where: Stage | None = None
     try:
-        if source.kind == "artifact-uri":
-            assert stage is not None
-            where = open_stage(stage, source.artifact_name, keep=keep_staged)
-            model_pt, fetched = _fetch(source, where.root, progress)
+        if opened is None:
+            assert req.stage is not None
+            where = open_stage(req.stage, source.artifact_name, keep=req.keep_staged)
+            model_pt, fetched = _fetch(source, where.root, req.progress)
+            opened = OpenedModel.open(model_pt)  # hashed by the fetch; converted and verified through this
+            held.callback(opened.close)
         else:
-            model_pt = source.verified_local_path(progress=progress)
-        result = _build(out, model_pt, base_dir, wanted, decision, expect_tensors=expect_tensors,
-                        min_tensors=min_tensors, verify_tensors=verify_tensors, max_shard_bytes=max_shard_bytes,
-                        progress=progress)
+            source.check_digest(opened, progress=req.progress)
+        result = _build(req, opened, wanted, decision)
     finally:
         if where is not None:
             staging = where.report(kept=release(where))
@@ -300,13 +339,16 @@ def _fetch(source: ModelSource, root: Path, progress) -> tuple[Path, dict]:
     return result.path / source.model_path, fetched
 
 
-def _build(out: Path, model_pt: Path, base_dir: Path, wanted: Identity, decision: Decision, *, expect_tensors: int,
-           min_tensors: int, verify_tensors: bool, max_shard_bytes: int, progress):
+def _build(req: _Request, opened: OpenedModel, wanted: Identity, decision: Decision):
+    out, base_dir, progress = req.out, req.base_dir, req.progress
     with staged_tree(out) as tmp:
-        conversion = convert_checkpoint(model_pt, base_dir, tmp, max_shard_bytes=max_shard_bytes, progress=progress)
+        conversion = convert_checkpoint(opened.read_path, base_dir, tmp, max_shard_bytes=req.max_shard_bytes,
+                                        progress=progress)
         testhooks.reached("materialize:after-convert")
-        summary = verify_output(tmp, base_dir, model_pt if verify_tensors else None, expect_tensors=expect_tensors,
-                                min_tensors=min_tensors, verify_tensors=verify_tensors)
+        summary = verify_output(tmp, base_dir, opened.read_path if req.verify_tensors else None,
+                                expect_tensors=req.expect_tensors, min_tensors=req.min_tensors,
+                                verify_tensors=req.verify_tensors)
+        opened.check_unchanged()  # the bytes converted and verified are the bytes the identity names
         digests = hash_files(tmp, [s.name for s in conversion.shards], progress=progress, desc="materialize sha256")
         record = Materialized(
             conversion_version=wanted.conversion_version, source=wanted.source, base=wanted.base,
