@@ -39,9 +39,11 @@ def test_kill_during_a_forced_replacement_never_loses_the_old_output(models, tmp
         assert tree_state(aside) == old
     elif point == "after-swap":  # the new tree is in; the old one not yet removed
         assert marker.read_materialized(out).source.sha256 == sha_of(models, 2)
-        (aside,) = [str(out.parent / n) for n in siblings(out) if n.startswith("teacher.previous.")]
-        skipped = rerun(models, out, seed=2)  # the same request skips, and drops the superseded tree
-        assert skipped.status == "skipped" and skipped.removed_leftovers == [aside]
+        (aside,) = [out.parent / n for n in siblings(out) if n.startswith("teacher.previous.")]
+        kept = tree_state(aside)
+        skipped = rerun(models, out, seed=2)  # the same request skips and deletes nothing, not even this
+        assert skipped.status == "skipped" and skipped.removed_leftovers == []
+        assert tree_state(aside) == kept
     else:
         assert tree_state(out) == old
     if point != "after-swap":
@@ -50,7 +52,7 @@ def test_kill_during_a_forced_replacement_never_loses_the_old_output(models, tmp
             rerun(models, out, seed=2)
         assert tree_state(out) == old
 
-    result = rerun(models, out, seed=2, force=True)
+    result = rerun(models, out, seed=2, force=True)  # a leftover previous tree goes at this swap
     assert result.status == "built"
     assert marker.read_materialized(out).source.sha256 == sha_of(models, 2)
     assert siblings(out) == []  # the killed run's staged and previous trees are gone
@@ -58,16 +60,26 @@ def test_kill_during_a_forced_replacement_never_loses_the_old_output(models, tmp
 
 
 @pytest.mark.slow
-def test_kill_before_the_first_publication_then_the_same_command_completes(models, tmp_path):
+def test_kill_before_the_first_publication_then_the_same_command_publishes_the_verified_tree(models, tmp_path):
+    """The killed run's marked staged tree is the only complete tree: never deleted, recovered."""
     out = tmp_path / "teacher"
     args = cli_args(models.artifact("qwen3", 1), models.base(), out)
     proc = run_cli(*args, env=cli_env(CKPTFLOW_TEST_KILL_AT="materialize:after-marker"))
     assert proc.returncode == -9
     assert not out.exists() and [n.split(".")[1] for n in siblings(out)] == ["tmp"]
+    [left] = [out.parent / n for n in siblings(out)]
+    record = marker.read_materialized(left)
+    inodes = {e.path: (left / e.path).stat().st_ino for e in record.shards}
     proc = run_cli(*args)
     assert proc.returncode == 0, proc.stderr
-    assert proc.report["status"] == "built" and len(proc.report["removed_leftovers"]) == 1
+    report = proc.report
+    assert report["status"] == "built" and report["reason"].startswith("recovered")
+    assert report["recovered"] == str(left) and report["removed_leftovers"] == []
+    assert report["verification"]["tensors_verified"] is True  # the same checks as a fresh build
+    assert {e.path: (out / e.path).stat().st_ino for e in record.shards} == inodes  # published, not rebuilt
+    assert marker.read_materialized(out) == record
     assert siblings(out) == []
+    assert run_cli(*args).report["status"] == "skipped"
 
 
 @pytest.mark.slow

@@ -52,9 +52,11 @@ tree; <out> stays byte-identical. The lock serialises requests for one <out> (tw
 builds, the other waits and skips; a differing one is refused on the marker), but ``flock`` is not
 trusted (Lustre/GPFS/NFS may ignore it): correctness comes from the unique staged names and renames.
 Two requests that both get past the lock both build; the second rename finds <out> taken and re-decides
-(same identity -> skipped, else refused). Leftovers of killed runs (this host, dead pid) are removed by
-the next run that builds (a superseded previous tree also by a skip); an orphaned previous tree (killed
-between the two renames of a swap, <out> absent) is renamed back to <out> before any decision.
+(same identity -> skipped, else refused). Leftovers of killed runs (this host, dead pid) follow
+``recovery.py``: an orphaned previous tree (<out> absent) is renamed back before any decision; a skip
+deletes nothing; a build is refused beside another leftover previous tree unless ``force``; a complete
+staged tree that is the only complete one is recovered (same identity, no ``force``) or kept until
+<out> is complete again; other staged trees are removed by the next run that builds.
 
 Test points (``testhooks``): ``materialize:lock-wait`` (the lock is held by another; reached once),
 ``materialize:after-open`` (model.pt opened, under the lock), ``materialize:after-fetch``, ``materialize:after-convert``,
@@ -67,6 +69,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,10 +87,11 @@ from ..conversion import shards as hf_shards
 from ..conversion import sidecars as hf_sidecars
 from ..conversion.source import read_base
 from ..digest import hash_files, sha256_bytes, sha256_file
-from ..errors import NotFound, Refused, UsageError, VerificationFailed
+from ..errors import CkptflowError, NotFound, Refused, UsageError, VerificationFailed
 from ..fsutil import fsync_dir
 from ..records.inventory import FileEntry
-from ..records.materialized import BaseModelIdentity, Materialized, write_materialized
+from ..records.materialized import BaseModelIdentity, Materialized, read_materialized, write_materialized
+from . import recovery
 from .lock import DEFAULT_WAIT_SECONDS, check_wait_seconds, output_lock
 from .output import (
     Decision,
@@ -97,6 +101,7 @@ from .output import (
     remove_dead_leftovers,
     restore_orphaned,
     staged_tree,
+    unregister_active,
 )
 from .source import ModelSource, OpenedModel, resolve_source
 from .staging import Stage, open_stage, release
@@ -120,6 +125,7 @@ class MaterializeResult:
     staging: dict | None = None
     restored: str | None = None
     removed_leftovers: list[str] = field(default_factory=list)
+    recovered: str | None = None
 
     def to_report(self) -> dict[str, Any]:
         return {
@@ -138,6 +144,7 @@ class MaterializeResult:
             "staging": self.staging,
             "restored": self.restored,
             "removed_leftovers": self.removed_leftovers,
+            "recovered": self.recovered,
             "tool_version": __version__,
         }
 
@@ -235,11 +242,14 @@ def _locked(req: _Request, source: ModelSource, opened: OpenedModel | None,
     wanted = Identity(CONVERSION_VERSION, source.identity, base_identity(base_dir), {"max_shard_bytes": req.max_shard_bytes})
     restored = restore_orphaned(out)
     decision = decide(out, wanted, base_dir, force=req.force)
-    if decision.action == "skip":
-        return _finish_skip(out, base_dir, source, wanted, decision, restored)
+    if decision.action == "skip":  # a killed run's leftovers stay as they are: a skip deletes nothing
+        return MaterializeResult("skipped", decision.reason, out, source, wanted, decision.previous,
+                                 restored=restored)
 
     _preflight(base_dir, req.expect_tensors, req.min_tensors)
-    removed = remove_dead_leftovers(out, base_dir, include_staged=True)
+    recovery.refuse_leftover_previous(out, force=req.force)
+    recover = None if req.force or decision.replace else recovery.recoverable(out, wanted)
+    removed = remove_dead_leftovers(out, base_dir, previous=False)
     staging: dict | None = None
     fetched: dict | None = None
     where: Stage | None = None
@@ -252,7 +262,9 @@ def _locked(req: _Request, source: ModelSource, opened: OpenedModel | None,
             held.callback(opened.close)
         else:
             source.check_digest(opened, progress=req.progress)
-        result = _build(req, opened, wanted, decision)
+        result = _recover(req, recover, opened, wanted, decision) if recover is not None else None
+        if result is None:
+            result = _build(req, opened, wanted, decision)
     finally:
         if where is not None:
             staging = where.report(kept=release(where))
@@ -263,7 +275,8 @@ def _locked(req: _Request, source: ModelSource, opened: OpenedModel | None,
     return MaterializeResult(status, reason, out, source, wanted, record, summary,
                              Identity.of(decision.previous) if decision.previous is not None else None,
                              fetched, staging, restored,
-                             removed + remove_dead_leftovers(out, base_dir, include_staged=False))
+                             removed + remove_dead_leftovers(out, base_dir, previous=True),
+                             str(recover) if reason.startswith("recovered") else None)
 
 
 def _check_arguments(base_dir, out, ckpt_dir, artifact_uri, expect_tensors, min_tensors, stage_dir, keep_staged,
@@ -294,13 +307,6 @@ def _check_arguments(base_dir, out, ckpt_dir, artifact_uri, expect_tensors, min_
 
 def _overlaps(a: Path, b: Path) -> bool:
     return a == b or a.is_relative_to(b) or b.is_relative_to(a)
-
-
-def _finish_skip(out: Path, base_dir: Path, source: ModelSource, wanted: Identity, decision: Decision,
-                 restored) -> MaterializeResult:
-    removed = remove_dead_leftovers(out, base_dir, include_staged=False)
-    return MaterializeResult("skipped", decision.reason, out, source, wanted, decision.previous,
-                             restored=restored, removed_leftovers=removed)
 
 
 def _preflight(base_dir: Path, expect_tensors: int, min_tensors: int) -> None:
@@ -363,3 +369,35 @@ def _build(req: _Request, opened: OpenedModel, wanted: Identity, decision: Decis
     if outcome is not None:  # lost a race to a request of the same identity; ours was discarded
         return outcome, None, "skipped", "a concurrent request published the same identity first"
     return record, summary, "built", decision.reason
+
+
+def _recover(req: _Request, tmp: Path, opened: OpenedModel, wanted: Identity, decision: Decision):
+    """Publish a killed run's complete staged tree of this identity (``recovery.py``); None when another
+    request adopted it first. A failed check refuses by name and keeps the tree (under this run's name)."""
+    out, base_dir = req.out, req.base_dir
+    own = recovery.adopt(tmp, out)
+    if own is None:
+        return None
+    try:
+        record = read_materialized(own)
+        synced = recovery.resync_sidecars(own, base_dir)
+        summary = recovery.check_recovered(own, base_dir, record, opened.read_path if req.verify_tensors else None,
+                                           expect_tensors=req.expect_tensors, min_tensors=req.min_tensors,
+                                           progress=req.progress)
+        opened.check_unchanged()
+    except CkptflowError as exc:
+        state = "absent" if not os.path.lexists(out) else "an empty directory"
+        raise Refused(f"the complete staged tree {tmp} of a killed materialize (kept, now {own.name}) failed its "
+                      f"recovery check: {exc.message}; {out} is {state}", path=str(own),
+                      remedy="inspect it; rerun with --force to build afresh (the kept tree is removed once "
+                      f"{out} is complete), or remove it yourself") from None
+    finally:
+        unregister_active(own)
+    if synced:
+        log.warning("re-synced %s in the recovered tree %s from the base", ", ".join(synced), own)
+    testhooks.reached("materialize:before-swap")
+    outcome = publish(own, out, wanted, replace=decision.replace, base_dir=base_dir)
+    if outcome is not None:  # a concurrent request published the same identity: ours is a spare copy
+        shutil.rmtree(own, ignore_errors=True)
+        return outcome, None, "skipped", "a concurrent request published the same identity first"
+    return record, summary, "built", f"recovered: the complete staged tree of a killed run ({tmp.name}), verified"
