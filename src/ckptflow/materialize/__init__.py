@@ -8,9 +8,11 @@ that step 4 renames back an output a killed swap left aside)::
     2. lock              ``<out>.lock`` (``lock.py``), waited for up to --lock-wait-seconds; held to the end
     3. bind the source   --ckpt-dir: model.pt opened ONCE (``source.OpenedModel``); a manifest without a
                          digest -> the identity is hashed from that descriptor
-    4. base identity     sha256 of config.json and of the weight index (or of a lone shard's header);
-       decision          on <out> (see below); a crash-orphaned previous tree is renamed back first
-    5. preflight         the base is read and validated, the tensor floor / count checked (torch-free)
+    4. preflight         the base is read and validated, the tensor floor / count checked
+                         (``preflight.py``: one refusal family), before any leftover is restored or removed
+    5. base identity     sha256 of config.json and of the weight index (or of a lone shard's header);
+       decision          on <out> (see below); a crash-orphaned previous tree is renamed back first;
+                         a build: free space for the staged export beside the existing one
     6. payload           archive: ``archive.fetch.fetch_artifact`` into the stage (``staging.py``: the
                          named <stage-dir>/iter_N when kept or already there, else a private one), every
                          byte hashed by this fetch (downloaded, or re-hashed in an existing copy) against
@@ -85,13 +87,12 @@ from ..conversion import (
 )
 from ..conversion import shards as hf_shards
 from ..conversion import sidecars as hf_sidecars
-from ..conversion.source import read_base
 from ..digest import hash_files, sha256_bytes, sha256_file
 from ..errors import CkptflowError, NotFound, Refused, UsageError, VerificationFailed
 from ..fsutil import fsync_dir
 from ..records.inventory import FileEntry
 from ..records.materialized import BaseModelIdentity, Materialized, read_materialized, write_materialized
-from . import recovery
+from . import preflight, recovery
 from .lock import DEFAULT_WAIT_SECONDS, check_wait_seconds, output_lock
 from .output import (
     Decision,
@@ -239,6 +240,7 @@ def _locked(req: _Request, source: ModelSource, opened: OpenedModel | None,
             held: contextlib.ExitStack) -> MaterializeResult:
     """Restore, decide, build and swap: all of it under the output's lock."""
     out, base_dir = req.out, req.base_dir
+    base = preflight.check_base(base_dir, expect_tensors=req.expect_tensors, min_tensors=req.min_tensors)
     wanted = Identity(CONVERSION_VERSION, source.identity, base_identity(base_dir), {"max_shard_bytes": req.max_shard_bytes})
     restored = restore_orphaned(out)
     decision = decide(out, wanted, base_dir, force=req.force)
@@ -246,7 +248,7 @@ def _locked(req: _Request, source: ModelSource, opened: OpenedModel | None,
         return MaterializeResult("skipped", decision.reason, out, source, wanted, decision.previous,
                                  restored=restored)
 
-    _preflight(base_dir, req.expect_tensors, req.min_tensors)
+    preflight.check_space(out, base)
     recovery.refuse_leftover_previous(out, force=req.force)
     recover = None if req.force or decision.replace else recovery.recoverable(out, wanted)
     removed = remove_dead_leftovers(out, base_dir, previous=False)
@@ -307,18 +309,6 @@ def _check_arguments(base_dir, out, ckpt_dir, artifact_uri, expect_tensors, min_
 
 def _overlaps(a: Path, b: Path) -> bool:
     return a == b or a.is_relative_to(b) or b.is_relative_to(a)
-
-
-def _preflight(base_dir: Path, expect_tensors: int, min_tensors: int) -> None:
-    """Torch-free checks of the base before anything is fetched or written (the export has its tensors)."""
-    base = read_base(base_dir)
-    count = len(base.index.weight_map)
-    if count < min_tensors:
-        raise Refused(f"base {base_dir} has {count} tensors, fewer than the floor of {min_tensors} (--min-tensors)",
-                      path=str(base_dir), remedy="check that the base is the full model, or lower --min-tensors")
-    if expect_tensors > 0 and count != expect_tensors:
-        raise Refused(f"base {base_dir} has {count} tensors, --expect-tensors says {expect_tensors}",
-                      path=str(base_dir), remedy="check the base, or fix --expect-tensors")
 
 
 def _fetch(source: ModelSource, root: Path, progress) -> tuple[Path, dict]:
