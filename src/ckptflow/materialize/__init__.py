@@ -338,13 +338,15 @@ def _fetch(source: ModelSource, root: Path, progress) -> tuple[Path, dict]:
 def _build(req: _Request, opened: OpenedModel, wanted: Identity, decision: Decision):
     out, base_dir, progress = req.out, req.base_dir, req.progress
     with staged_tree(out) as tmp:
-        conversion = convert_checkpoint(opened.read_path, base_dir, tmp, max_shard_bytes=req.max_shard_bytes,
-                                        progress=progress)
+        with _stage("overlay", out):
+            conversion = convert_checkpoint(opened.read_path, base_dir, tmp, max_shard_bytes=req.max_shard_bytes,
+                                            progress=progress)
         testhooks.reached("materialize:after-convert")
-        summary = verify_output(tmp, base_dir, opened.read_path if req.verify_tensors else None,
-                                expect_tensors=req.expect_tensors, min_tensors=req.min_tensors,
-                                verify_tensors=req.verify_tensors)
-        opened.check_unchanged()  # the bytes converted and verified are the bytes the identity names
+        with _stage("verify", out):
+            summary = verify_output(tmp, base_dir, opened.read_path if req.verify_tensors else None,
+                                    expect_tensors=req.expect_tensors, min_tensors=req.min_tensors,
+                                    verify_tensors=req.verify_tensors)
+            opened.check_unchanged()  # the bytes converted and verified are the bytes the identity names
         digests = hash_files(tmp, [s.name for s in conversion.shards], progress=progress, desc="materialize sha256")
         record = Materialized(
             conversion_version=wanted.conversion_version, source=wanted.source, base=wanted.base,
@@ -355,10 +357,23 @@ def _build(req: _Request, opened: OpenedModel, wanted: Identity, decision: Decis
         fsync_dir(tmp)
         testhooks.reached("materialize:after-marker")
         testhooks.reached("materialize:before-swap")
-        outcome = publish(tmp, out, wanted, replace=decision.replace, base_dir=base_dir)
+        with _stage("swap", out):
+            outcome = publish(tmp, out, wanted, replace=decision.replace, base_dir=base_dir)
     if outcome is not None:  # lost a race to a request of the same identity; ours was discarded
         return outcome, None, "skipped", "a concurrent request published the same identity first"
     return record, summary, "built", decision.reason
+
+
+@contextlib.contextmanager
+def _stage(name: str, out: Path):
+    """Name the stage of the staged build in a failure's message (the staged tree is then removed and the
+    existing output is as it was, except where the swap itself says otherwise)."""
+    try:
+        yield
+    except CkptflowError as exc:
+        exc.message = f"materialize {name} stage failed for {out}: {exc.message}"
+        exc.args = (str(exc),)
+        raise
 
 
 def _recover(req: _Request, tmp: Path, opened: OpenedModel, wanted: Identity, decision: Decision):
