@@ -5,6 +5,8 @@ kill -9: no finally blocks, no atexit). ``CKPTFLOW_TEST_PAUSE_AT=<point>`` makes
 named by ``CKPTFLOW_TEST_PAUSE_FILE`` and wait there until the test removes that file (at most 120 s),
 so a test can act while it waits (kill it, stop a server, run a racing process). Points are named ``<step>:<moment>``, e.g.
 ``publish:after-declaration``. Both variables may hold several points separated by commas.
+``CKPTFLOW_TEST_DISABLE=<guard>`` switches off a named guard (``disabled``), so a test can show that
+correctness does not depend on it (``materialize:lock``: the per-output lock).
 """
 
 from __future__ import annotations
@@ -31,3 +33,8 @@ def reached(point: str) -> None:
             time.sleep(0.05)
     if point in _points("CKPTFLOW_TEST_KILL_AT"):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def disabled(guard: str) -> bool:
+    """Whether a test switched off the named guard (``CKPTFLOW_TEST_DISABLE``); False in normal runs."""
+    return guard in _points("CKPTFLOW_TEST_DISABLE")

@@ -73,8 +73,14 @@ def tree_state(root: Path) -> dict[str, tuple]:
 
 
 def siblings(out: Path) -> list[str]:
-    """Entries beside ``out`` whose name starts with ``out``'s (staged, previous, stage directories)."""
-    return sorted(p.name for p in out.parent.iterdir() if p.name.startswith(out.name + "."))
+    """Entries beside ``out`` whose name starts with ``out``'s (staged, previous, stage directories), except
+    the lock file ``<out>.lock``, which stays by design (``lock_file`` checks it)."""
+    return sorted(p.name for p in out.parent.iterdir()
+                  if p.name.startswith(out.name + ".") and p.name != out.name + ".lock")
+
+
+def lock_file(out: Path) -> Path:
+    return out.with_name(out.name + ".lock")
 
 
 def cli_env(**extra: str) -> dict[str, str]:

@@ -13,6 +13,7 @@ from ckptflow.materialize import materialize
 from ckptflow.records import manifest as manifest_record
 from ckptflow.records import materialized as marker
 from helpers import tiny_models as tm
+from helpers.trees import tree_bytes
 
 
 def build(models, out, *, kind="qwen3", seed=1, ckpt_dir=None, **kw):
@@ -185,3 +186,20 @@ def test_single_file_base_is_identified_by_its_header(models, tmp_path):
     assert result.status == "built"
     assert marker.read_materialized(out).base.index_sha256 == sha256_bytes(header)
     assert materialize(ckpt_dir=models.artifact(), base=base, out=out, **DEFAULTS).status == "skipped"
+
+
+@pytest.mark.parametrize(("stage", "target"), [("overlay", "convert_checkpoint"), ("verify", "verify_output")])
+def test_a_failure_names_its_stage_and_keeps_the_old_output_under_force_no_verify(models, tmp_path, monkeypatch,
+                                                                                  stage, target):
+    out = tmp_path / "teacher"
+    build(models, out)
+    before = tree_bytes(out)
+
+    def failing(*args, **kwargs):
+        raise VerificationFailed(f"{target} failed (injected)")
+
+    monkeypatch.setattr(f"ckptflow.materialize.{target}", failing)
+    with pytest.raises(VerificationFailed, match=rf"materialize {stage} stage failed for {out}: {target} failed"):
+        build(models, out, seed=2, force=True, verify_tensors=False)
+    assert tree_bytes(out) == before
+    assert siblings(out) == []

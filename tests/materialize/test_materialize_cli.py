@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import socket
+
 import pytest
-from materialize_helpers import cli_args, cli_env, siblings
+from materialize_helpers import cli_args, cli_env, lock_file, siblings
 
 from ckptflow.commands.materialize import parse_size
 from ckptflow.errors import UsageError
@@ -34,14 +37,26 @@ def test_build_then_skip_then_refuse(models, tmp_path):
 @pytest.mark.parametrize("extra", [
     ["--artifact-uri", "file:///x/iter_000001"],  # two sources
     ["--unified-chat-template"],  # documented in DESIGN, not implemented yet: refused as unknown
-    ["--lock-wait-seconds", "5"],
+    ["--lock-wait-seconds", "inf"],
+    ["--lock-wait-seconds", "nan"],
+    ["--lock-wait-seconds", "-1"],
+    ["--lock-wait-seconds", "soon"],
     ["--max-shard-size", "lots"],
 ])
 def test_usage_errors_exit_2_and_touch_nothing(models, tmp_path, extra):
     out = tmp_path / "teacher"
     proc = run_cli(*cli_args(models.artifact(), models.base(), out, *extra))
     assert proc.returncode == 2, proc.stderr
-    assert not out.exists() and siblings(out) == []
+    assert not out.exists() and siblings(out) == [] and not lock_file(out).exists()
+
+
+def test_lock_wait_seconds_is_accepted_and_the_lock_file_names_its_last_holder(models, tmp_path):
+    out = tmp_path / "teacher"
+    proc = run_cli(*cli_args(models.artifact(), models.base(), out, "--lock-wait-seconds", "0"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.report["status"] == "built"
+    holder = json.loads(lock_file(out).read_text())
+    assert set(holder) == {"pid", "host", "started"} and holder["host"] == socket.gethostname()
 
 
 @pytest.mark.parametrize(("text", "value"), [("100000", 100_000), ("5GB", 5 * 10**9), ("4GiB", 4 * 2**30),

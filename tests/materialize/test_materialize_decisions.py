@@ -63,7 +63,7 @@ def test_skip_does_not_read_model_pt(models, tmp_path, monkeypatch):
     def no_hashing(*args, **kwargs):
         raise AssertionError("a skip must not hash model.pt")
 
-    monkeypatch.setattr("ckptflow.materialize.source.hash_files", no_hashing)
+    monkeypatch.setattr("ckptflow.materialize.source.sha256_file", no_hashing)
     assert build(models, out).status == "skipped"
 
 

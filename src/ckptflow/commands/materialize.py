@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from typing import Any
 
@@ -38,7 +39,21 @@ def register(sub) -> None:
     s.add_argument("--credentials", help="credentials JSON; default $CKPTFLOW_CREDENTIALS (unused for file://)")
     s.add_argument("--max-shard-size", default="5GB", metavar="BYTES",
                    help="largest tensor data per shard: bytes, or with KB/MB/GB/KiB/MiB/GiB (default 5GB); part of the identity")
+    s.add_argument("--lock-wait-seconds", type=_wait_seconds, default=120.0, metavar="S",
+                   help="how long to wait for another materialize of the same --out (<out>.lock) before refusing "
+                   "(default 120; a finite number >= 0)")
     s.set_defaults(func=run)
+
+
+def _wait_seconds(text: str) -> float:
+    """A finite number >= 0; anything else is a usage error (exit 2)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds >= 0 (inf and nan are refused)")
+    return value
 
 
 def parse_size(text: str) -> int:
@@ -61,7 +76,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         base=args.base, out=args.out, ckpt_dir=args.ckpt_dir, artifact_uri=args.artifact_uri,
         expect_tensors=args.expect_tensors, min_tensors=args.min_tensors, verify_tensors=not args.no_verify,
         force=args.force, stage_dir=args.stage_dir, keep_staged=args.keep_staged,
-        max_shard_bytes=parse_size(args.max_shard_size), credentials=credentials,
+        max_shard_bytes=parse_size(args.max_shard_size), lock_wait_seconds=args.lock_wait_seconds,
+        credentials=credentials,
     )
     return result.to_report()
 

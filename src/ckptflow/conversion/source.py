@@ -57,12 +57,16 @@ class Checkpoint:
 
 
 def open_checkpoint(path: Path) -> Checkpoint:
-    """Memory-map ``model.pt`` and validate its structure (``{"net": {str: Tensor}}``)."""
-    path = Path(path)
-    if not path.is_file():
+    """Memory-map ``model.pt`` and validate its structure (``{"net": {str: Tensor}}``).
+
+    ``path`` may be ``/proc/self/fd/N`` (a file the caller opened once): messages then name the file
+    it was opened as."""
+    opened = Path(path)
+    path = _display_path(opened)
+    if not opened.is_file():
         raise NotFound(f"checkpoint {path} does not exist", path=str(path), remedy="check --ckpt-dir / the fetched artifact")
     try:
-        obj = torch.load(path, mmap=True, weights_only=True, map_location="cpu")
+        obj = torch.load(opened, mmap=True, weights_only=True, map_location="cpu")
     except Exception as exc:  # noqa: BLE001 - torch raises many types for a bad file; report it by name
         raise InvalidRecord(
             f"checkpoint {path} cannot be memory-mapped by torch.load(weights_only=True): {type(exc).__name__}: {exc}",
@@ -82,21 +86,39 @@ def open_checkpoint(path: Path) -> Checkpoint:
             raise InvalidRecord(f"checkpoint {path}: entry {key!r} is a {type(value).__name__}, not a tensor",
                                 path=str(path), remedy="'net' must map parameter names to tensors only")
         dtype_name(value.dtype)
-    return Checkpoint(path, dict(net), _file_mappings(path))
+    return Checkpoint(path, dict(net), _file_mappings(opened))
+
+
+def _display_path(path: Path) -> Path:
+    if path.parent == Path("/proc/self/fd"):
+        try:
+            return Path(os.readlink(path))
+        except OSError:
+            return path
+    return path
 
 
 def _file_mappings(path: Path) -> list[tuple[int, int]]:
-    """Address ranges of this process mapped from ``path`` (empty where /proc is unavailable)."""
-    target = os.path.realpath(path)
+    """Address ranges of this process mapped from ``path``'s file (empty where /proc is unavailable).
+
+    Matched by device and inode, not by name: ``path`` may be ``/proc/self/fd/N`` (a file opened once
+    whose name was since replaced or removed)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return []
     ranges = []
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
             for line in fh:
                 parts = line.split(maxsplit=5)
-                if len(parts) == 6 and parts[5].strip() == target:
+                if len(parts) < 6 or parts[4] != str(st.st_ino):
+                    continue
+                major, minor = (int(x, 16) for x in parts[3].split(":"))
+                if (major, minor) == (os.major(st.st_dev), os.minor(st.st_dev)):
                     start, end = (int(x, 16) for x in parts[0].split("-"))
                     ranges.append((start, end))
-    except OSError:
+    except (OSError, ValueError):
         return []
     return ranges
 

@@ -1,24 +1,31 @@
 """``materialize``: build the Hugging Face teacher directory of a checkpoint artifact, staged and identified.
 
-Order of work (each step only after the previous one succeeded; nothing is written before step 5, except
-that step 3 renames back an output a killed swap left aside)::
+Order of work (each step only after the previous one succeeded; nothing is written before step 6, except
+that step 4 renames back an output a killed swap left aside)::
 
-    1. source identity   --ckpt-dir: the local native manifest's ``model`` file component (size, sha256;
-                         a manifest without a digest -> the file is hashed); --artifact-uri: the remote
-                         native manifest alone (one small GET), no payload
-    2. base identity     sha256 of config.json and of the weight index (or of a lone shard's header)
-    3. decision          on <out> (see below); a crash-orphaned previous tree is renamed back first
-    4. preflight         the base is read and validated, the tensor floor / count checked (torch-free)
-    5. payload           archive: ``archive.fetch.fetch_artifact`` into the stage (``staging.py``: the
+    1. source identity   --ckpt-dir: the local native manifest's ``model`` file component (size, sha256);
+                         --artifact-uri: the remote native manifest alone (one small GET), no payload
+    2. lock              ``<out>.lock`` (``lock.py``), waited for up to --lock-wait-seconds; held to the end
+    3. bind the source   --ckpt-dir: model.pt opened ONCE (``source.OpenedModel``); a manifest without a
+                         digest -> the identity is hashed from that descriptor
+    4. preflight         the base is read and validated, the tensor floor / count checked
+                         (``preflight.py``: one refusal family), before any leftover is restored or removed
+    5. base identity     sha256 of config.json and of the weight index (or of a lone shard's header);
+       decision          on <out> (see below); a crash-orphaned previous tree is renamed back first;
+                         a build: free space for the staged export beside the existing one
+    6. payload           archive: ``archive.fetch.fetch_artifact`` into the stage (``staging.py``: the
                          named <stage-dir>/iter_N when kept or already there, else a private one), every
                          byte hashed by this fetch (downloaded, or re-hashed in an existing copy) against
-                         the source identity; local: model.pt re-hashed against the manifest
-    6. staged build      convert into <out>.tmp.<host>.<pid>.<token> beside <out>, verify_output,
-                         hash the shards, write ``.materialized`` inside the staged tree (commit record)
-    7. publish           <out> absent or empty: rename; otherwise swap: <out> -> <out>.previous.<...>
+                         the source identity, then opened once; local: the opened model.pt hashed from
+                         its descriptor against the manifest
+    7. staged build      convert into <out>.tmp.<host>.<pid>.<token> beside <out> and verify_output, both
+                         reading the opened file (``/proc/self/fd/N``: a path replaced meanwhile is never
+                         read); an in-place change of it (size/mtime) refuses; hash the shards, write
+                         ``.materialized`` inside the staged tree (commit record)
+    8. publish           <out> absent or empty: rename; otherwise swap: <out> -> <out>.previous.<...>
                          (a file no build writes found there puts it back and refuses), staged tree ->
                          <out>, then of the previous tree only what a build wrote is removed (marker first)
-    8. cleanup           a private stage: only this tool's files in it, then the directories this
+    9. cleanup           a private stage: only this tool's files in it, then the directories this
                          invocation created while they are empty (never a named or kept stage)
 
 Decision on <out> (identity = conversion version + source sha256/size + base config/index sha256 +
@@ -43,22 +50,28 @@ the base's sidecars. Any other entry (``eval/results.json``, ``NOTES.md``) refus
 before anything is fetched, and again at the swap, once the old tree is aside.
 
 A refusal writes nothing: <out> stays byte-identical. A failure before the swap removes only the staged
-tree; <out> stays byte-identical. ``flock`` is not trusted (Lustre/GPFS/NFS): correctness comes from the
-unique staged names and renames. Two concurrent requests for one <out> both build; the second rename
-finds <out> taken and re-decides (same identity -> skipped, else refused). Leftovers of killed runs
-(this host, dead pid) are removed by the next run that builds (a superseded previous tree also by a
-skip); an orphaned previous tree (killed between the two
-renames of a swap, <out> absent) is renamed back to <out> before any decision.
+tree; <out> stays byte-identical. The lock serialises requests for one <out> (two identical ones: one
+builds, the other waits and skips; a differing one is refused on the marker), but ``flock`` is not
+trusted (Lustre/GPFS/NFS may ignore it): correctness comes from the unique staged names and renames.
+Two requests that both get past the lock both build; the second rename finds <out> taken and re-decides
+(same identity -> skipped, else refused). Leftovers of killed runs (this host, dead pid) follow
+``recovery.py``: an orphaned previous tree (<out> absent) is renamed back before any decision; a skip
+deletes nothing; a build is refused beside another leftover previous tree unless ``force``; a complete
+staged tree that is the only complete one is recovered (same identity, no ``force``) or kept until
+<out> is complete again; other staged trees are removed by the next run that builds.
 
-Test points (``testhooks``): ``materialize:after-fetch``, ``materialize:after-convert``,
+Test points (``testhooks``): ``materialize:lock-wait`` (the lock is held by another; reached once),
+``materialize:after-open`` (model.pt opened, under the lock), ``materialize:after-fetch``, ``materialize:after-convert``,
 ``materialize:after-marker``, ``materialize:before-swap``, ``materialize:mid-swap`` (old output aside,
 new one not yet in), ``materialize:after-swap`` (before the old tree is removed).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,12 +87,13 @@ from ..conversion import (
 )
 from ..conversion import shards as hf_shards
 from ..conversion import sidecars as hf_sidecars
-from ..conversion.source import read_base
 from ..digest import hash_files, sha256_bytes, sha256_file
-from ..errors import NotFound, Refused, UsageError, VerificationFailed
+from ..errors import CkptflowError, NotFound, Refused, UsageError, VerificationFailed
 from ..fsutil import fsync_dir
 from ..records.inventory import FileEntry
-from ..records.materialized import BaseModelIdentity, Materialized, write_materialized
+from ..records.materialized import BaseModelIdentity, Materialized, read_materialized, write_materialized
+from . import preflight, recovery
+from .lock import DEFAULT_WAIT_SECONDS, check_wait_seconds, output_lock
 from .output import (
     Decision,
     Identity,
@@ -88,8 +102,9 @@ from .output import (
     remove_dead_leftovers,
     restore_orphaned,
     staged_tree,
+    unregister_active,
 )
-from .source import ModelSource, resolve_source
+from .source import ModelSource, OpenedModel, resolve_source
 from .staging import Stage, open_stage, release
 
 log = logging.getLogger("ckptflow.materialize")
@@ -111,6 +126,7 @@ class MaterializeResult:
     staging: dict | None = None
     restored: str | None = None
     removed_leftovers: list[str] = field(default_factory=list)
+    recovered: str | None = None
 
     def to_report(self) -> dict[str, Any]:
         return {
@@ -129,6 +145,7 @@ class MaterializeResult:
             "staging": self.staging,
             "restored": self.restored,
             "removed_leftovers": self.removed_leftovers,
+            "recovered": self.recovered,
             "tool_version": __version__,
         }
 
@@ -179,6 +196,7 @@ def materialize(
     stage_dir: Path | str | None = None,
     keep_staged: bool = False,
     max_shard_bytes: int = hf_shards.DEFAULT_MAX_SHARD_BYTES,
+    lock_wait_seconds: float = DEFAULT_WAIT_SECONDS,
     store=None,
     credentials=None,
     progress: bool | None = None,
@@ -192,28 +210,63 @@ def materialize(
     base_dir, out = Path(os.path.abspath(base)), Path(os.path.abspath(out))
     stage = _check_arguments(base_dir, out, ckpt_dir, artifact_uri, expect_tensors, min_tensors, stage_dir,
                              keep_staged, max_shard_bytes)
+    wait = check_wait_seconds(lock_wait_seconds)
     source = resolve_source(ckpt_dir=ckpt_dir, artifact_uri=artifact_uri, store=store, credentials=credentials)
-    wanted = Identity(CONVERSION_VERSION, source.identity, base_identity(base_dir), {"max_shard_bytes": max_shard_bytes})
-    restored = restore_orphaned(out)
-    decision = decide(out, wanted, base_dir, force=force)
-    if decision.action == "skip":
-        return _finish_skip(out, base_dir, source, wanted, decision, restored)
+    request = _Request(base_dir, out, stage, expect_tensors, min_tensors, verify_tensors, force, keep_staged,
+                       max_shard_bytes, progress)
+    with output_lock(out, wait), contextlib.ExitStack() as held:
+        opened = None
+        if source.kind == "ckpt-dir":  # opened once, under the lock: every later read goes through it
+            source, opened = held.enter_context(source.open_local(progress=progress))
+            testhooks.reached("materialize:after-open")
+        return _locked(request, source, opened, held)
 
-    _preflight(base_dir, expect_tensors, min_tensors)
-    removed = remove_dead_leftovers(out, base_dir, include_staged=True)
+
+@dataclass(frozen=True)
+class _Request:
+    base_dir: Path
+    out: Path
+    stage: Path | None
+    expect_tensors: int
+    min_tensors: int
+    verify_tensors: bool
+    force: bool
+    keep_staged: bool
+    max_shard_bytes: int
+    progress: bool | None
+
+
+def _locked(req: _Request, source: ModelSource, opened: OpenedModel | None,
+            held: contextlib.ExitStack) -> MaterializeResult:
+    """Restore, decide, build and swap: all of it under the output's lock."""
+    out, base_dir = req.out, req.base_dir
+    base = preflight.check_base(base_dir, expect_tensors=req.expect_tensors, min_tensors=req.min_tensors)
+    wanted = Identity(CONVERSION_VERSION, source.identity, base_identity(base_dir), {"max_shard_bytes": req.max_shard_bytes})
+    restored = restore_orphaned(out)
+    decision = decide(out, wanted, base_dir, force=req.force)
+    if decision.action == "skip":  # a killed run's leftovers stay as they are: a skip deletes nothing
+        return MaterializeResult("skipped", decision.reason, out, source, wanted, decision.previous,
+                                 restored=restored)
+
+    preflight.check_space(out, base)
+    recovery.refuse_leftover_previous(out, force=req.force)
+    recover = None if req.force or decision.replace else recovery.recoverable(out, wanted)
+    removed = remove_dead_leftovers(out, base_dir, previous=False)
     staging: dict | None = None
     fetched: dict | None = None
     where: Stage | None = None
     try:
-        if source.kind == "artifact-uri":
-            assert stage is not None
-            where = open_stage(stage, source.artifact_name, keep=keep_staged)
-            model_pt, fetched = _fetch(source, where.root, progress)
+        if opened is None:
+            assert req.stage is not None
+            where = open_stage(req.stage, source.artifact_name, keep=req.keep_staged)
+            model_pt, fetched = _fetch(source, where.root, req.progress)
+            opened = OpenedModel.open(model_pt)  # hashed by the fetch; converted and verified through this
+            held.callback(opened.close)
         else:
-            model_pt = source.verified_local_path(progress=progress)
-        result = _build(out, model_pt, base_dir, wanted, decision, expect_tensors=expect_tensors,
-                        min_tensors=min_tensors, verify_tensors=verify_tensors, max_shard_bytes=max_shard_bytes,
-                        progress=progress)
+            source.check_digest(opened, progress=req.progress)
+        result = _recover(req, recover, opened, wanted, decision) if recover is not None else None
+        if result is None:
+            result = _build(req, opened, wanted, decision)
     finally:
         if where is not None:
             staging = where.report(kept=release(where))
@@ -224,7 +277,8 @@ def materialize(
     return MaterializeResult(status, reason, out, source, wanted, record, summary,
                              Identity.of(decision.previous) if decision.previous is not None else None,
                              fetched, staging, restored,
-                             removed + remove_dead_leftovers(out, base_dir, include_staged=False))
+                             removed + remove_dead_leftovers(out, base_dir, previous=True),
+                             str(recover) if reason.startswith("recovered") else None)
 
 
 def _check_arguments(base_dir, out, ckpt_dir, artifact_uri, expect_tensors, min_tensors, stage_dir, keep_staged,
@@ -257,25 +311,6 @@ def _overlaps(a: Path, b: Path) -> bool:
     return a == b or a.is_relative_to(b) or b.is_relative_to(a)
 
 
-def _finish_skip(out: Path, base_dir: Path, source: ModelSource, wanted: Identity, decision: Decision,
-                 restored) -> MaterializeResult:
-    removed = remove_dead_leftovers(out, base_dir, include_staged=False)
-    return MaterializeResult("skipped", decision.reason, out, source, wanted, decision.previous,
-                             restored=restored, removed_leftovers=removed)
-
-
-def _preflight(base_dir: Path, expect_tensors: int, min_tensors: int) -> None:
-    """Torch-free checks of the base before anything is fetched or written (the export has its tensors)."""
-    base = read_base(base_dir)
-    count = len(base.index.weight_map)
-    if count < min_tensors:
-        raise Refused(f"base {base_dir} has {count} tensors, fewer than the floor of {min_tensors} (--min-tensors)",
-                      path=str(base_dir), remedy="check that the base is the full model, or lower --min-tensors")
-    if expect_tensors > 0 and count != expect_tensors:
-        raise Refused(f"base {base_dir} has {count} tensors, --expect-tensors says {expect_tensors}",
-                      path=str(base_dir), remedy="check the base, or fix --expect-tensors")
-
-
 def _fetch(source: ModelSource, root: Path, progress) -> tuple[Path, dict]:
     """Fetch into ``root``/iter_N. Every staged byte the build reads was hashed by this fetch (downloaded
     and verified, or re-hashed in an existing copy) against the digest the source identity records."""
@@ -300,13 +335,18 @@ def _fetch(source: ModelSource, root: Path, progress) -> tuple[Path, dict]:
     return result.path / source.model_path, fetched
 
 
-def _build(out: Path, model_pt: Path, base_dir: Path, wanted: Identity, decision: Decision, *, expect_tensors: int,
-           min_tensors: int, verify_tensors: bool, max_shard_bytes: int, progress):
+def _build(req: _Request, opened: OpenedModel, wanted: Identity, decision: Decision):
+    out, base_dir, progress = req.out, req.base_dir, req.progress
     with staged_tree(out) as tmp:
-        conversion = convert_checkpoint(model_pt, base_dir, tmp, max_shard_bytes=max_shard_bytes, progress=progress)
+        with _stage("overlay", out):
+            conversion = convert_checkpoint(opened.read_path, base_dir, tmp, max_shard_bytes=req.max_shard_bytes,
+                                            progress=progress)
         testhooks.reached("materialize:after-convert")
-        summary = verify_output(tmp, base_dir, model_pt if verify_tensors else None, expect_tensors=expect_tensors,
-                                min_tensors=min_tensors, verify_tensors=verify_tensors)
+        with _stage("verify", out):
+            summary = verify_output(tmp, base_dir, opened.read_path if req.verify_tensors else None,
+                                    expect_tensors=req.expect_tensors, min_tensors=req.min_tensors,
+                                    verify_tensors=req.verify_tensors)
+            opened.check_unchanged()  # the bytes converted and verified are the bytes the identity names
         digests = hash_files(tmp, [s.name for s in conversion.shards], progress=progress, desc="materialize sha256")
         record = Materialized(
             conversion_version=wanted.conversion_version, source=wanted.source, base=wanted.base,
@@ -317,7 +357,52 @@ def _build(out: Path, model_pt: Path, base_dir: Path, wanted: Identity, decision
         fsync_dir(tmp)
         testhooks.reached("materialize:after-marker")
         testhooks.reached("materialize:before-swap")
-        outcome = publish(tmp, out, wanted, replace=decision.replace, base_dir=base_dir)
+        with _stage("swap", out):
+            outcome = publish(tmp, out, wanted, replace=decision.replace, base_dir=base_dir)
     if outcome is not None:  # lost a race to a request of the same identity; ours was discarded
         return outcome, None, "skipped", "a concurrent request published the same identity first"
     return record, summary, "built", decision.reason
+
+
+@contextlib.contextmanager
+def _stage(name: str, out: Path):
+    """Name the stage of the staged build in a failure's message (the staged tree is then removed and the
+    existing output is as it was, except where the swap itself says otherwise)."""
+    try:
+        yield
+    except CkptflowError as exc:
+        exc.message = f"materialize {name} stage failed for {out}: {exc.message}"
+        exc.args = (str(exc),)
+        raise
+
+
+def _recover(req: _Request, tmp: Path, opened: OpenedModel, wanted: Identity, decision: Decision):
+    """Publish a killed run's complete staged tree of this identity (``recovery.py``); None when another
+    request adopted it first. A failed check refuses by name and keeps the tree (under this run's name)."""
+    out, base_dir = req.out, req.base_dir
+    own = recovery.adopt(tmp, out)
+    if own is None:
+        return None
+    try:
+        record = read_materialized(own)
+        synced = recovery.resync_sidecars(own, base_dir)
+        summary = recovery.check_recovered(own, base_dir, record, opened.read_path if req.verify_tensors else None,
+                                           expect_tensors=req.expect_tensors, min_tensors=req.min_tensors,
+                                           progress=req.progress)
+        opened.check_unchanged()
+    except CkptflowError as exc:
+        state = "absent" if not os.path.lexists(out) else "an empty directory"
+        raise Refused(f"the complete staged tree {tmp} of a killed materialize (kept, now {own.name}) failed its "
+                      f"recovery check: {exc.message}; {out} is {state}", path=str(own),
+                      remedy="inspect it; rerun with --force to build afresh (the kept tree is removed once "
+                      f"{out} is complete), or remove it yourself") from None
+    finally:
+        unregister_active(own)
+    if synced:
+        log.warning("re-synced %s in the recovered tree %s from the base", ", ".join(synced), own)
+    testhooks.reached("materialize:before-swap")
+    outcome = publish(own, out, wanted, replace=decision.replace, base_dir=base_dir)
+    if outcome is not None:  # a concurrent request published the same identity: ours is a spare copy
+        shutil.rmtree(own, ignore_errors=True)
+        return outcome, None, "skipped", "a concurrent request published the same identity first"
+    return record, summary, "built", f"recovered: the complete staged tree of a killed run ({tmp.name}), verified"

@@ -9,8 +9,9 @@ Sibling names beside ``<out>`` (same directory, so every rename stays on one fil
 The names carry host and pid because ``flock`` is silently a no-op on some Lustre/GPFS/NFS mounts: no two
 processes can pick the same staged name, and each step that publishes is one ``rename``. A sibling whose
 writer is gone (this host, dead pid) is a leftover of a killed run: a staged tree is removed by the next
-build; a previous tree is renamed back to <out> when <out> is absent (the kill fell between the swap's
-two renames) and removed once <out> is complete again. A staged tree is private to its writer and is
+build (one with a marker only once <out> is complete: ``recovery.py``); a previous tree is renamed back
+to <out> when <out> is absent (the kill fell between the swap's two renames), and otherwise removed by a
+forced build once <out> is complete again. A staged tree is private to its writer and is
 removed whole; of a previous tree (a user's <out>) only the files a build writes are removed
 (``build_files``), and a tree still holding anything else is kept.
 """
@@ -278,12 +279,24 @@ def _sibling(out: Path, kind: str) -> Path:
     return out.with_name(tagged_name(f"{out.name}.{kind}"))
 
 
-def _dead_siblings(out: Path, kind: str) -> list[Path]:
+def dead_siblings(out: Path, kind: str) -> list[Path]:
     """``kind`` siblings of ``out`` whose writer is gone (this host, dead pid, or this process but idle)."""
     return dead_temporaries(out.parent, {f"{out.name}.{kind}"}, kind="dir", in_flight=_active)
 
 
-def _has_marker(tree: Path) -> bool:
+def own_staged_name(out: Path) -> Path:
+    return _sibling(out, "tmp")
+
+
+def register_active(tree: Path) -> None:
+    _active.add(tree)
+
+
+def unregister_active(tree: Path) -> None:
+    _active.discard(tree)
+
+
+def has_marker(tree: Path) -> bool:
     try:
         marker.read_materialized(tree)
     except (InvalidRecord, NotFound, OSError):
@@ -295,8 +308,8 @@ def restore_orphaned(out: Path) -> str | None:
     """<out> absent but a killed swap's previous tree is complete: rename it back. Returns its old path."""
     if os.path.lexists(out):
         return None
-    for aside in sorted(_dead_siblings(out, "previous"), key=lambda p: p.stat().st_mtime, reverse=True):
-        if _has_marker(aside):
+    for aside in sorted(dead_siblings(out, "previous"), key=lambda p: p.stat().st_mtime, reverse=True):
+        if has_marker(aside):
             os.rename(aside, out)
             fsync_dir(out.parent)
             log.warning("restored %s from %s, left by a killed swap", out, aside)
@@ -304,16 +317,18 @@ def restore_orphaned(out: Path) -> str | None:
     return None
 
 
-def remove_dead_leftovers(out: Path, base_dir: Path, *, include_staged: bool) -> list[str]:
-    """Remove staged trees (``include_staged``) and, once <out> is complete, previous trees of killed runs
-    (of these, only what a build wrote: a file someone added stays, with the tree holding it)."""
+def remove_dead_leftovers(out: Path, base_dir: Path, *, previous: bool) -> list[str]:
+    """Remove what killed runs left beside <out> that is not the only complete tree: staged trees without
+    a marker always; once <out> is complete, staged trees with one and (``previous``) previous trees (of
+    these, only what a build wrote: a file someone added stays, with the tree holding it)."""
     removed = []
-    if include_staged:
-        for tmp in _dead_siblings(out, "tmp"):
+    complete = has_marker(out)
+    for tmp in dead_siblings(out, "tmp"):
+        if complete or not has_marker(tmp):
             shutil.rmtree(tmp)
             removed.append(str(tmp))
-    if _has_marker(out):
-        for aside in _dead_siblings(out, "previous"):
+    if complete and previous:
+        for aside in dead_siblings(out, "previous"):
             if not _remove_previous(aside, base_dir):
                 removed.append(str(aside))
     for path in removed:

@@ -2,8 +2,11 @@
 
 * ``--ckpt-dir DIR``: a local artifact (trainer or merge output). Its native manifest must have a ``model``
   component of format ``file``. The identity is that descriptor (size + sha256); the local file's size is
-  checked at once and its digest before a build (``verified_local_path``), so a skip never reads it. A
-  manifest without a digest (trainers may not hash) makes the file be hashed for the identity itself.
+  checked at once. Under the output's lock the file is opened ONCE (``OpenedModel``): its digest is taken
+  from that descriptor before a build (``bind``/``check_digest``), so a skip never reads it, and the
+  conversion and the verification read the same descriptor (``read_path``): a ``model.pt`` replaced at
+  its path while the request waited or converted is never what the marker names. A manifest without a
+  digest (trainers may not hash) makes the opened file be hashed for the identity itself.
 * ``--artifact-uri URI``: an archived artifact (``s3://``, ``gs://``, ``file://`` ending in ``iter_N``). Only
   the remote native manifest is read (one small GET); a manifest without a digest for the model falls
   back to the object's ``sha256`` metadata (HEAD), as fetch does for legacy archives. The payload is
@@ -12,15 +15,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..archive.keys import parse_artifact_uri
-from ..digest import hash_files
+from ..digest import FileDigest, sha256_file
 from ..errors import InvalidRecord, NotFound, Refused, VerificationFailed
 from ..fsutil import resolve_inside
+from ..progress import ByteProgress
 from ..records import manifest as manifest_record
 from ..records.materialized import SourceIdentity
 from ..store import Credentials, StoreURI
@@ -43,19 +49,36 @@ class ModelSource:
     artifact_name: str = ""  # iter_N
     hashed: bool = False  # the local file was hashed for the identity itself (its manifest has no digest)
 
-    def verified_local_path(self, *, progress: bool | None = None) -> Path:
-        """The local model.pt after checking its size and content hash against the identity (one read)."""
+    @contextlib.contextmanager
+    def open_local(self, *, progress: bool | None = None) -> Iterator[tuple[ModelSource, OpenedModel]]:
+        """Open the local model.pt once (call under the output's lock). Yields the source bound to the
+        opened file: a manifest without a digest gets its identity hashed from this descriptor."""
         assert self.local_path is not None
+        opened = OpenedModel.open(self.local_path)
+        try:
+            if opened.size != self.identity.size:
+                raise VerificationFailed(f"{self.local_path} has {opened.size} bytes; its manifest records "
+                                         f"{self.identity.size}", path=str(self.local_path),
+                                         remedy="the artifact was rewritten after its manifest; restore it")
+            bound = self
+            if self.hashed:
+                digest = opened.digest(progress)
+                bound = replace(self, identity=SourceIdentity(None, digest.sha256, digest.size))
+            yield bound, opened
+        finally:
+            opened.close()
+
+    def check_digest(self, opened: OpenedModel, *, progress: bool | None = None) -> None:
+        """The opened model.pt's size and content hash against the identity (one read; none when the
+        identity was itself hashed from this descriptor)."""
         if self.hashed:
-            return self.local_path
-        root = Path(self.location)
-        digest = hash_files(root, [self.model_path], progress=progress, desc="model.pt sha256")[self.model_path]
+            return
+        digest = opened.digest(progress)
         if (digest.size, digest.sha256) != (self.identity.size, self.identity.sha256):
             raise VerificationFailed(
                 f"{self.local_path} has {digest.size} bytes sha256 {digest.sha256}; its manifest records "
                 f"{self.identity.size} bytes sha256 {self.identity.sha256}", path=str(self.local_path),
                 remedy="the artifact is damaged or was rewritten after its manifest; restore it or use --artifact-uri")
-        return self.local_path
 
     def to_report(self) -> dict[str, Any]:
         return {"kind": self.kind, "location": self.location, "model_path": self.model_path,
@@ -100,9 +123,8 @@ def _local_source(artifact_dir: Path) -> ModelSource:
     if size != model.size:
         raise VerificationFailed(f"{path} has {size} bytes; its manifest records {model.size}", path=str(path),
                                  remedy="the artifact is damaged or was rewritten after its manifest; restore it")
-    sha256 = model.sha256
-    if sha256 is None:  # the manifest binds no digest: the identity must come from the bytes themselves
-        sha256 = hash_files(artifact_dir, [model.path], desc="model.pt sha256")[model.path].sha256
+    # A manifest without a digest binds none: the identity is hashed from the file opened under the lock.
+    sha256 = model.sha256 or ""
     return ModelSource("ckpt-dir", str(artifact_dir), model.path, SourceIdentity(None, sha256, size), model.sha256,
                        local_path=path, artifact_name=artifact_dir.name, hashed=model.sha256 is None)
 
@@ -132,3 +154,51 @@ def _archive_source(artifact_uri: str, store: ObjectStore | None, credentials) -
                           remedy="republish the artifact from its local copy with `ckptflow publish`")
     return ModelSource("artifact-uri", str(uri), model.path, SourceIdentity(str(uri), sha256, model.size),
                        model.sha256, uri=uri, store=store, artifact_name=name)
+
+
+@dataclass
+class OpenedModel:
+    """model.pt opened once: hashed, converted and verified through this one descriptor.
+
+    ``read_path`` (``/proc/self/fd/N``) reopens this inode whatever now lies at ``path``, so a file
+    replaced at its path is never read. ``check_unchanged`` compares size and mtime with the values seen
+    at open: an in-place rewrite refuses the build when the file system reports it (best effort on a
+    networked one; the guarantee of record is against a replaced path)."""
+
+    path: Path
+    fd: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def open(cls, path: Path) -> OpenedModel:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise NotFound(f"{path} is missing", path=str(path), remedy="restore the artifact, or materialize "
+                           "from the archive with --artifact-uri") from None
+        st = os.fstat(fd)
+        return cls(Path(path), fd, st.st_size, st.st_mtime_ns)
+
+    @property
+    def read_path(self) -> Path:
+        proc = Path(f"/proc/self/fd/{self.fd}")
+        return proc if os.path.exists(proc) else self.path
+
+    def digest(self, progress: bool | None = None) -> FileDigest:
+        os.lseek(self.fd, 0, os.SEEK_SET)
+        with ByteProgress(self.size, "model.pt sha256", enabled=progress) as bar:
+            return sha256_file(self.fd, on_bytes=bar.update)
+
+    def check_unchanged(self) -> None:
+        st = os.fstat(self.fd)
+        if (st.st_size, st.st_mtime_ns) != (self.size, self.mtime_ns):
+            raise VerificationFailed(
+                f"{self.path} changed in place while this request read it (size {self.size} -> {st.st_size}, "
+                f"mtime changed: {st.st_mtime_ns != self.mtime_ns}); the build is discarded",
+                path=str(self.path), remedy="let the writer finish (write a new file and rename it into place), "
+                "then rerun")
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)

@@ -1,0 +1,120 @@
+"""Crash states beside <out>, and the recovery of the complete staged tree a killed run left behind.
+
+What a kill leaves, and what the next request (under the lock) does with it:
+
+* ``<out>.tmp.*`` without a marker (killed while converting): garbage of a dead run; removed by the next
+  request that builds.
+* ``<out>.tmp.*`` with its marker (killed after the marker, before or during the publish) while <out> is
+  not complete (absent or empty): the ONLY complete tree, never deleted while it is. A request of the
+  same identity without ``force`` recovers it: the tree is adopted (renamed to this run's own staged
+  name), its sidecars and config.json are re-synced from the base (each through a temporary and a
+  replace; never a shard), it gets the same verification as a fresh build (``verify_output``, tensor
+  probes through the opened model.pt, every shard re-hashed against the marker; under --no-verify the
+  shard sizes and the tensor count) and is published by rename. A failed check refuses by name and keeps
+  the tree. ``force`` (or another identity) builds afresh; the dead tree goes only once <out> is complete.
+* ``<out>.tmp.*`` with its marker beside a complete <out>: not the only complete tree; removed by the next
+  request that builds.
+* ``<out>.previous.*`` and no <out> (killed between the swap's two renames): renamed back first, under
+  ``force`` too (``output.restore_orphaned``).
+* ``<out>.previous.*`` otherwise: a skip leaves it; a build is refused naming it unless ``force``, which
+  removes it once <out> holds the new tree (only what a build wrote).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import filecmp
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from ..conversion import VerificationSummary, verify_output
+from ..conversion import sidecars as hf_sidecars
+from ..errors import CkptflowError, Refused
+from ..fsutil import fsync_dir, unique_temp_path
+from ..records import materialized as marker
+from ..records.inventory import damaged_entry
+from ..records.materialized import Materialized
+from .output import Identity, dead_siblings, has_marker, own_staged_name, register_active
+
+log = logging.getLogger("ckptflow.materialize")
+
+
+def leftover_previous(out: Path) -> list[Path]:
+    return dead_siblings(out, "previous")
+
+
+def refuse_leftover_previous(out: Path, *, force: bool) -> None:
+    """A build is refused while a killed run's previous tree is beside <out>, unless ``force``."""
+    found = leftover_previous(out)
+    if found and not force:
+        raise Refused(f"{found[0]} is the previous output a killed materialize left beside {out}; a build "
+                      "would remove it at the swap", path=str(found[0]),
+                      remedy="inspect it; rerun with --force to rebuild (it is removed at the swap), or move it away")
+
+
+def recoverable(out: Path, wanted: Identity) -> Path | None:
+    """A killed run's complete staged tree of ``wanted`` while <out> holds no complete tree, else None."""
+    if has_marker(out):
+        return None
+    for tmp in dead_siblings(out, "tmp"):
+        try:
+            record = marker.read_materialized(tmp)
+        except (CkptflowError, OSError):
+            continue
+        if not Identity.of(record).differences(wanted):
+            return tmp
+    return None
+
+
+def adopt(tmp: Path, out: Path) -> Path | None:
+    """Rename a dead staged tree to this run's own staged name (None: another request took it first)."""
+    own = own_staged_name(out)
+    try:
+        os.rename(tmp, own)
+    except FileNotFoundError:
+        return None
+    register_active(own)
+    fsync_dir(out.parent)
+    log.warning("adopted %s, the complete staged tree of a killed materialize, as %s", tmp, own)
+    return own
+
+
+def resync_sidecars(tree: Path, base_dir: Path) -> list[str]:
+    """config.json and every sidecar of ``tree`` made byte-identical to the base's, each differing or
+    missing file through a temporary and a replace; shards are never touched. Returns what was rewritten."""
+    names = [hf_sidecars.CONFIG_NAME, *hf_sidecars.list_sidecars(base_dir).files]
+    rewritten = []
+    for rel in names:
+        src, dst = base_dir / rel, tree / rel
+        if os.path.isfile(dst) and not os.path.islink(dst) and filecmp.cmp(src, dst, shallow=False):
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = unique_temp_path(dst, ".copying")
+        try:
+            shutil.copyfile(src, tmp)
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, dst)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        fsync_dir(dst.parent)
+        rewritten.append(rel)
+    return rewritten
+
+
+def check_recovered(tree: Path, base_dir: Path, record: Materialized, model_pt: Path | None, *,
+                    expect_tensors: int, min_tensors: int, progress) -> VerificationSummary:
+    """The checks a fresh build passes before its marker; ``model_pt`` None (--no-verify): the tensor
+    probes are skipped and the shards are trusted on size and tensor count instead of re-hashed."""
+    summary = verify_output(tree, base_dir, model_pt, expect_tensors=expect_tensors, min_tensors=min_tensors,
+                            verify_tensors=model_pt is not None)
+    if summary.tensor_count != record.tensor_count:
+        raise Refused(f"{tree} holds {summary.tensor_count} tensors; its marker records {record.tensor_count}",
+                      path=str(tree))
+    problem = damaged_entry(tree, record.shards, record="the marker", rehash=model_pt is not None)
+    if problem:
+        raise Refused(f"{tree}: shard {problem}", path=str(tree))
+    return summary

@@ -1,0 +1,192 @@
+"""One materializer per output (``<out>.lock``) and the source bound once (model.pt opened once, under it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+
+import pytest
+from materialize_helpers import DEFAULTS, cli_args, cli_env, copy_tree, lock_file, siblings
+
+from ckptflow.conversion import verify_output
+from ckptflow.digest import sha256_file
+from ckptflow.errors import Refused, UsageError
+from ckptflow.materialize import materialize
+from ckptflow.materialize.lock import output_lock
+from ckptflow.records import manifest as manifest_record
+from ckptflow.records import materialized as marker
+from helpers.cli import run_cli, start_cli, wait_for_file
+from helpers.trees import tree_bytes
+
+
+def build(models, out, *, seed: int = 1, ckpt_dir=None, **kw):
+    return materialize(ckpt_dir=ckpt_dir or models.artifact("qwen3", seed), base=models.base(), out=out,
+                       **{**DEFAULTS, **kw})
+
+
+def finish(proc, timeout: float = 300) -> tuple[str, str]:
+    try:
+        return proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def own_artifact(models, tmp_path, *, digest: bool = True):
+    """A private copy of the seed-1 artifact (tests replace its model.pt); ``digest=False``: its manifest
+    records no digest for model.pt, so the identity is hashed from the file."""
+    art = copy_tree(models.artifact("qwen3", 1), tmp_path / "run" / "checkpoint_artifacts" / "iter_000300")
+    if not digest:
+        manifest = manifest_record.read_manifest(art)
+        model = manifest.components["model"]
+        manifest_record.path_in(art).unlink()
+        manifest_record.write_manifest(art, manifest_record.Manifest(
+            manifest.iteration, {"model": manifest_record.FileComponent(model.path, model.size)}))
+    return art
+
+
+def replace_model(art, models, seed: int) -> None:
+    """Put another model.pt (same size, other bytes) at the path by rename, as a re-save does."""
+    tmp = art / "model.pt.new"
+    shutil.copyfile(models.artifact("qwen3", seed) / "model.pt", tmp)
+    os.replace(tmp, art / "model.pt")
+
+
+# --------------------------------------------------------------------------------------------- the lock
+
+
+@pytest.mark.parametrize("wait", [-1, float("inf"), float("nan"), "5"])
+def test_lock_wait_seconds_must_be_a_finite_number(models, tmp_path, wait):
+    out = tmp_path / "teacher"
+    with pytest.raises(UsageError, match="--lock-wait-seconds"):
+        build(models, out, lock_wait_seconds=wait)
+    assert not out.exists() and not lock_file(out).exists()
+
+
+def test_a_held_lock_is_refused_after_the_bound_naming_its_holder_and_nothing_is_touched(models, tmp_path):
+    out = tmp_path / "teacher"
+    build(models, out)
+    before, beside = tree_bytes(out), siblings(out)
+    with output_lock(out, 0):
+        holder = json.loads(lock_file(out).read_text())
+        assert holder["pid"] == os.getpid() and holder["host"] == socket.gethostname() and holder["started"]
+        proc = run_cli(*cli_args(models.artifact("qwen3", 2), models.base(), out, "--force",
+                                 "--lock-wait-seconds", "0.5"))
+    assert proc.returncode == 1 and proc.report["status"] == "refused", proc.stderr
+    assert f"pid {os.getpid()} on host {socket.gethostname()}" in proc.stderr and "--lock-wait-seconds" in proc.stderr
+    assert tree_bytes(out) == before and siblings(out) == beside
+    assert build(models, out).status == "skipped"  # released: the next request decides as usual
+
+
+@pytest.mark.slow
+def test_simultaneous_requests_wait_then_one_builds_one_skips_and_a_differing_one_is_refused(models, tmp_path):
+    out = tmp_path / "teacher"
+    flags = {name: tmp_path / f"paused-{name}" for name in ("first", "same", "other")}
+    first = start_cli(*cli_args(models.artifact("qwen3", 1), models.base(), out),
+                      env=cli_env(CKPTFLOW_TEST_PAUSE_AT="materialize:after-open",
+                                  CKPTFLOW_TEST_PAUSE_FILE=str(flags["first"])))
+    procs = {"first": first}
+    try:
+        wait_for_file(flags["first"], first)  # it holds the lock
+        for name, seed in (("same", 1), ("other", 2)):
+            procs[name] = start_cli(*cli_args(models.artifact("qwen3", seed), models.base(), out),
+                                    env=cli_env(CKPTFLOW_TEST_PAUSE_AT="materialize:lock-wait",
+                                                CKPTFLOW_TEST_PAUSE_FILE=str(flags[name])))
+            wait_for_file(flags[name], procs[name])  # it found the lock held and waits
+            flags[name].unlink()
+        flags["first"].unlink()
+        outputs = {name: finish(proc) for name, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert procs["first"].returncode == 0 and '"status": "built"' in outputs["first"][0], outputs["first"][1]
+    assert procs["same"].returncode == 0 and '"status": "skipped"' in outputs["same"][0], outputs["same"][1]
+    assert procs["other"].returncode == 1 and "holds the completed build" in outputs["other"][1]
+    assert marker.read_materialized(out).source.sha256 == sha256_file(models.artifact("qwen3", 1) / "model.pt").sha256
+    assert siblings(out) == []
+
+
+# --------------------------------------------------------------------------------------------- the source bound once
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["after-open", "after-convert"])
+def test_model_pt_replaced_during_the_build_is_not_what_is_converted_or_verified(models, tmp_path, point):
+    reference = build(models, tmp_path / "reference").record  # what seed 1 converts to
+    art = own_artifact(models, tmp_path)
+    out = tmp_path / "teacher"
+    flag = tmp_path / "paused"
+    proc = start_cli(*cli_args(art, models.base(), out),
+                     env=cli_env(CKPTFLOW_TEST_PAUSE_AT=f"materialize:{point}", CKPTFLOW_TEST_PAUSE_FILE=str(flag)))
+    wait_for_file(flag, proc)
+    replace_model(art, models, seed=2)
+    flag.unlink()
+    stdout, stderr = finish(proc)
+    assert proc.returncode == 0 and '"status": "built"' in stdout, stderr
+    assert json.loads(stdout)["verification"]["tensors_verified"] is True
+    record = marker.read_materialized(out)
+    assert record.source == reference.source  # the bytes consumed: the file opened, not the path's new one
+    assert [(e.path, e.sha256) for e in record.shards] == [(e.path, e.sha256) for e in reference.shards]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("digest", [False, True])
+def test_model_pt_replaced_while_waiting_for_the_lock_is_read_once_under_it(models, tmp_path, digest):
+    art = own_artifact(models, tmp_path, digest=digest)
+    out = tmp_path / "teacher"
+    flag = tmp_path / "paused"
+    with output_lock(out, 0):
+        proc = start_cli(*cli_args(art, models.base(), out),
+                         env=cli_env(CKPTFLOW_TEST_PAUSE_AT="materialize:lock-wait", CKPTFLOW_TEST_PAUSE_FILE=str(flag)))
+        wait_for_file(flag, proc)
+        replace_model(art, models, seed=2)  # while it waits: the manifest was read, model.pt not yet opened
+        flag.unlink()
+    stdout, stderr = finish(proc)
+    if digest:  # the manifest binds seed 1's digest: the file opened under the lock is refused against it
+        assert proc.returncode == 1 and "its manifest records" in stderr, stderr
+        assert not out.exists() and siblings(out) == []
+        return
+    assert proc.returncode == 0 and '"status": "built"' in stdout, stderr
+    consumed = models.artifact("qwen3", 2) / "model.pt"
+    assert marker.read_materialized(out).source.sha256 == sha256_file(consumed).sha256  # the marker names them
+    verify_output(out, models.base(), consumed, min_tensors=DEFAULTS["min_tensors"])
+
+
+@pytest.mark.slow
+def test_an_in_place_change_of_the_opened_model_pt_refuses_the_build(models, tmp_path):
+    art = own_artifact(models, tmp_path)
+    out = tmp_path / "teacher"
+    build(models, out, ckpt_dir=art)
+    before = tree_bytes(out)
+    flag = tmp_path / "paused"
+    proc = start_cli(*cli_args(art, models.base(), out, "--force"),
+                     env=cli_env(CKPTFLOW_TEST_PAUSE_AT="materialize:after-convert", CKPTFLOW_TEST_PAUSE_FILE=str(flag)))
+    wait_for_file(flag, proc)
+    path = art / "model.pt"
+    st = path.stat()
+    with open(path, "r+b") as fh:  # the same inode rewritten in place (here with the same byte)
+        first = fh.read(1)
+        fh.seek(0)
+        fh.write(first)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    flag.unlink()
+    _stdout, stderr = finish(proc)
+    assert proc.returncode == 1 and "changed in place" in stderr, stderr
+    assert tree_bytes(out) == before and siblings(out) == []
+
+
+def test_refusing_a_held_lock_does_not_open_model_pt(models, tmp_path, monkeypatch):
+    out = tmp_path / "teacher"
+
+    def no_open(*args, **kwargs):
+        raise AssertionError("model.pt is opened only under the lock")
+
+    monkeypatch.setattr("ckptflow.materialize.source.OpenedModel.open", no_open)
+    with output_lock(out, 0), pytest.raises(Refused, match="still held"):
+        build(models, out, lock_wait_seconds=0)
+    assert not out.exists()

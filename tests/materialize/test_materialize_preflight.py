@@ -1,0 +1,116 @@
+"""The preflight: a damaged base is refused in one message family before anything is published, removed,
+restored or written, and the existing output stays byte-identical."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from materialize_helpers import DEFAULTS, cli_args, cli_env, copy_tree, siblings
+
+from ckptflow.errors import Refused
+from ckptflow.materialize import materialize
+from helpers.cli import run_cli
+from helpers.trees import tree_bytes
+
+FAMILY = "REFUSED before anything is published: "
+
+
+def request(models, out, base, *, seed: int = 1, **kw):
+    return materialize(ckpt_dir=models.artifact("qwen3", seed), base=base, out=out, **{**DEFAULTS, **kw})
+
+
+def first_shard(base):
+    return base / sorted(set(json.loads((base / "model.safetensors.index.json").read_text())["weight_map"].values()))[0]
+
+
+def damage(base, kind: str) -> str:
+    """Damage the base copy; returns what the refusal must name."""
+    if kind == "bom":
+        (base / "tokenizer_config.json").write_bytes(b"\xef\xbb\xbf" + (base / "tokenizer_config.json").read_bytes())
+        return "tokenizer_config.json starts with a UTF-8 byte-order mark"
+    if kind == "tokenizer-config-not-object":
+        (base / "tokenizer_config.json").write_text("[]")
+        return "tokenizer_config.json must hold a JSON object"
+    if kind == "chat-template-json-empty":
+        (base / "chat_template.json").write_text(json.dumps({"chat_template": ""}))
+        return "chat_template.json has no non-empty 'chat_template' string"
+    if kind == "chat-template-json-missing-key":
+        (base / "chat_template.json").write_text(json.dumps({"other": 1}))
+        return "chat_template.json has no non-empty 'chat_template' string"
+    if kind == "weight-map-empty":
+        (base / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {}}))
+        return "weight_map must be a non-empty object"
+    if kind == "shard-missing":
+        shard = first_shard(base)
+        shard.unlink()
+        return shard.name
+    if kind == "shard-truncated":
+        shard = first_shard(base)
+        with open(shard, "r+b") as fh:
+            fh.truncate(shard.stat().st_size - 1)
+        return shard.name
+    if kind == "jinja-not-utf8":
+        (base / "chat_template.jinja").write_bytes(b"{{ messages }}\xff")
+        return "chat_template.jinja is not valid UTF-8"
+    if kind == "template-dir-not-files":
+        (base / "additional_chat_templates" / "nested").mkdir(parents=True)
+        return "nested is not a regular file"
+    if kind == "base-missing":
+        shutil.rmtree(base)
+        return str(base)
+    raise AssertionError(kind)
+
+
+KINDS = ["bom", "tokenizer-config-not-object", "chat-template-json-empty", "chat-template-json-missing-key",
+         "weight-map-empty", "shard-missing", "shard-truncated", "jinja-not-utf8", "template-dir-not-files",
+         "base-missing"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_damaged_base_is_refused_in_one_family_and_the_output_stays_byte_identical(models, tmp_path, kind):
+    base = copy_tree(models.base(), tmp_path / "base")
+    out = tmp_path / "teacher"
+    request(models, out, base)
+    before, beside = tree_bytes(out), siblings(out)
+    named = damage(base, kind)
+    with pytest.raises(Refused) as err:
+        request(models, out, base, seed=2, force=True)
+    message = str(err.value)
+    assert message.startswith(FAMILY) and named in message and "; the staged build" in message, message
+    assert tree_bytes(out) == before and siblings(out) == beside
+
+
+def test_the_tensor_floor_is_in_the_family(models, tmp_path):
+    out = tmp_path / "teacher"
+    with pytest.raises(Refused, match=FAMILY + r".*fewer than the floor of 800 \(--min-tensors\)"):
+        request(models, out, models.base(), min_tensors=800)
+    assert not out.exists() and siblings(out) == []
+
+
+def test_too_little_free_space_for_two_exports_is_refused_by_name(models, tmp_path, monkeypatch):
+    out = tmp_path / "teacher"
+    request(models, out, models.base())
+    before = tree_bytes(out)
+    monkeypatch.setattr("ckptflow.materialize.preflight.free_bytes", lambda path: 1000)
+    with pytest.raises(Refused, match=FAMILY + r".* has 1000 bytes free, the staged export of .* needs") as err:
+        request(models, out, models.base(), seed=2, force=True)
+    assert "second export beside the existing output" in str(err.value)
+    assert tree_bytes(out) == before and siblings(out) == []
+
+
+@pytest.mark.slow
+def test_a_refused_preflight_restores_no_leftover_either(models, tmp_path):
+    """Killed between the swap's renames, then a request on a damaged base: the old tree stays aside."""
+    base = copy_tree(models.base(), tmp_path / "base")
+    out = tmp_path / "teacher"
+    request(models, out, base)
+    proc = run_cli(*cli_args(models.artifact("qwen3", 2), base, out, "--force"),
+                   env=cli_env(CKPTFLOW_TEST_KILL_AT="materialize:mid-swap"))
+    assert proc.returncode == -9
+    beside = {n: tree_bytes(out.parent / n) for n in siblings(out)}
+    damage(base, "bom")
+    proc = run_cli(*cli_args(models.artifact("qwen3", 2), base, out, "--force"))
+    assert proc.returncode == 1 and FAMILY in proc.stderr and "byte-order mark" in proc.stderr, proc.stderr
+    assert not out.exists() and {n: tree_bytes(out.parent / n) for n in siblings(out)} == beside
