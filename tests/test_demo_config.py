@@ -1,7 +1,7 @@
 """``make demo``'s workflow configuration stays valid and names what ``demo/build_run.py`` writes.
 
-The demo itself is not run here (the workflow tests drive the same rules on tiny models); this catches a
-configuration key renamed in the schema, or an expert path the builder no longer writes, without it.
+A fast check beside the end-to-end run in ``test_demo.py``: it catches a configuration key renamed in the
+schema, or an expert path the builder no longer writes, without running the demo.
 """
 
 from __future__ import annotations
