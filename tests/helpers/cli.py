@@ -83,3 +83,13 @@ def run_on_terminal(*args: str, env: dict | None = None, timeout: float = 300,
         os.close(master)
     return subprocess.CompletedProcess(proc.args, proc.returncode, b"".join(chunks).decode(),
                                        (err or b"").decode())
+
+
+def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[str, str]:
+    """Wait for a started verb and return its (stdout, stderr); kill it if it outlives ``timeout``."""
+    try:
+        return proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

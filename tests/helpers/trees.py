@@ -28,3 +28,21 @@ def tree_bytes(root: Path, *, exclude: tuple[str, ...] = ()) -> dict[str, bytes 
 def file_bytes(root: Path, *, exclude: tuple[str, ...] = ()) -> dict[str, bytes]:
     """Every regular file under ``root`` with its bytes (directories and symlinks left out)."""
     return {k: v for k, v in tree_bytes(root, exclude=exclude).items() if isinstance(v, bytes)}
+
+
+def tree_state(root: Path) -> dict[str, tuple]:
+    """Every entry under ``root`` with what a rewrite would change: files by content, mtime and inode,
+    directories by mtime, links by target. An absent ``root`` gives ``{}``."""
+    out: dict[str, tuple] = {}
+    if not os.path.lexists(root):
+        return out
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        st = path.lstat()
+        if path.is_symlink():
+            out[rel] = ("link", os.readlink(path))
+        elif path.is_dir():
+            out[rel] = ("dir", st.st_mtime_ns)
+        else:
+            out[rel] = ("file", path.read_bytes(), st.st_mtime_ns, st.st_ino)
+    return out

@@ -55,21 +55,6 @@ def copy_tree(src: Path, dst: Path) -> Path:
     return dst
 
 
-def tree_state(root: Path) -> dict[str, tuple]:
-    """Every entry under ``root``: files by content and mtime, directories by mtime, links by target."""
-    out: dict[str, tuple] = {}
-    if not os.path.lexists(root):
-        return out
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root).as_posix()
-        st = path.lstat()
-        if path.is_symlink():
-            out[rel] = ("link", os.readlink(path))
-        elif path.is_dir():
-            out[rel] = ("dir", st.st_mtime_ns)
-        else:
-            out[rel] = ("file", path.read_bytes(), st.st_mtime_ns, st.st_ino)
-    return out
 
 
 def siblings(out: Path) -> list[str]:

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from materialize_helpers import DEFAULTS, cli_args, copy_tree, siblings, tree_state
+from materialize_helpers import DEFAULTS, cli_args, copy_tree, siblings
 
 from ckptflow.archive.publish import publish_artifact
 from ckptflow.errors import NotFound, Refused
@@ -17,6 +17,7 @@ from ckptflow.records import materialized as marker
 from ckptflow.store import LocalStore, load_credentials
 from ckptflow.store.s3 import S3Store
 from helpers.cli import run_cli
+from helpers.trees import tree_state
 
 UPLOAD_PREFIX = "proj/group/run1/20261129T000000Z/checkpoints"
 ARTIFACT_PREFIX = "proj/group/run1/20261129T000000Z/checkpoint_artifacts/iter_000300"

@@ -6,14 +6,14 @@ import json
 
 import pytest
 import torch
-from materialize_helpers import DEFAULTS, copy_tree, siblings, tree_state
+from materialize_helpers import DEFAULTS, copy_tree, siblings
 
 from ckptflow.errors import NotFound, Refused, UsageError, VerificationFailed
 from ckptflow.materialize import materialize
 from ckptflow.records import manifest as manifest_record
 from ckptflow.records import materialized as marker
 from helpers import tiny_models as tm
-from helpers.trees import tree_bytes
+from helpers.trees import tree_bytes, tree_state
 
 
 def build(models, out, *, kind="qwen3", seed=1, ckpt_dir=None, **kw):

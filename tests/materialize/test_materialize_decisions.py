@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from materialize_helpers import DEFAULTS, copy_tree, siblings, tree_state
+from materialize_helpers import DEFAULTS, copy_tree, siblings
 
 from ckptflow.conversion import CONVERSION_VERSION
 from ckptflow.digest import FileDigest, sha256_file
@@ -14,6 +14,7 @@ from ckptflow.errors import Refused
 from ckptflow.jsonio import validate
 from ckptflow.materialize import materialize
 from ckptflow.records import materialized as marker
+from helpers.trees import tree_state
 
 
 def build(models, out: Path, *, seed: int = 1, base: Path | None = None, **kw):

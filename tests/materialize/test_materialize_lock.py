@@ -17,7 +17,7 @@ from ckptflow.materialize import materialize
 from ckptflow.materialize.lock import output_lock
 from ckptflow.records import manifest as manifest_record
 from ckptflow.records import materialized as marker
-from helpers.cli import run_cli, start_cli, wait_for_file
+from helpers.cli import finish, run_cli, start_cli, wait_for_file
 from helpers.trees import tree_bytes
 
 
@@ -26,13 +26,6 @@ def build(models, out, *, seed: int = 1, ckpt_dir=None, **kw):
                        **{**DEFAULTS, **kw})
 
 
-def finish(proc, timeout: float = 300) -> tuple[str, str]:
-    try:
-        return proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def own_artifact(models, tmp_path, *, digest: bool = True):

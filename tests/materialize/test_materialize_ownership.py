@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from materialize_helpers import DEFAULTS, cli_args, cli_env, copy_tree, siblings, tree_state
+from materialize_helpers import DEFAULTS, cli_args, cli_env, copy_tree, siblings
 
 from ckptflow.archive.fetch import fetch_artifact
 from ckptflow.archive.publish import publish_artifact
@@ -14,7 +14,8 @@ from ckptflow.errors import Refused
 from ckptflow.materialize import materialize
 from ckptflow.records import materialized as marker
 from ckptflow.store import LocalStore
-from helpers.cli import run_cli, start_cli, wait_for_file
+from helpers.cli import finish, run_cli, start_cli, wait_for_file
+from helpers.trees import tree_state
 
 UPLOAD_PREFIX = "proj/group/run1/20261129T000000Z/checkpoints"
 ARTIFACT_PREFIX = "proj/group/run1/20261129T000000Z/checkpoint_artifacts/iter_000300"
@@ -35,13 +36,6 @@ def file_archive(models, tmp_path) -> str:
 
 
 
-def finish(proc, timeout: float = 300) -> tuple[str, str]:
-    try:
-        return proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 # --------------------------------------------------------------------------------------------- 1: user files in <out>

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from materialize_helpers import DEFAULTS, cli_args, cli_env, siblings, tree_state
+from materialize_helpers import DEFAULTS, cli_args, cli_env, siblings
 
 from ckptflow.conversion import verify_output
 from ckptflow.digest import sha256_file
@@ -13,6 +13,7 @@ from ckptflow.errors import Refused
 from ckptflow.materialize import materialize
 from ckptflow.records import materialized as marker
 from helpers.cli import run_cli, start_cli, wait_for_file
+from helpers.trees import tree_state
 
 
 def sha_of(models, seed: int) -> str:

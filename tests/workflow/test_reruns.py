@@ -11,11 +11,12 @@ import json
 import shutil
 
 import pytest
-from workflow_helpers import RUN, Flow, tree_state
+from workflow_helpers import RUN, Flow
 
 from ckptflow.archive.publish import publish_artifact
 from ckptflow.store.open import open_bucket_arg
 from helpers.artifacts import make_artifact
+from helpers.trees import tree_state
 
 pytestmark = pytest.mark.slow
 

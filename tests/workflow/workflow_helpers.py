@@ -16,18 +16,6 @@ RUN = "proj/grp/run1/20261129T000000Z"
 NOTHING = "Nothing to be done"
 
 
-def tree_state(root: Path) -> dict[str, tuple]:
-    """Every entry under ``root``: files by content, mtime and inode, directories by mtime, links by target."""
-    out: dict[str, tuple] = {}
-    for path in sorted(root.rglob("*")) if root.exists() else []:
-        rel, st = path.relative_to(root).as_posix(), path.lstat()
-        if path.is_symlink():
-            out[rel] = ("link", os.readlink(path))
-        elif path.is_dir():
-            out[rel] = ("dir", st.st_mtime_ns)
-        else:
-            out[rel] = ("file", path.read_bytes(), st.st_mtime_ns, st.st_ino)
-    return out
 
 
 def snakemake(workdir: Path, *args: str, config: dict[str, str], env: dict[str, str],
