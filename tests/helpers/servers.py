@@ -105,7 +105,7 @@ def write_credentials(path: Path, access_key: str, secret_key: str, port: int) -
 # ---------------------------------------------------------------- processes
 
 
-def _start_time(pid: int) -> str | None:
+def start_time(pid: int) -> str | None:
     """Kernel start time of ``pid`` (clock ticks since boot), or None if it is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -117,7 +117,7 @@ def _start_time(pid: int) -> str | None:
 def is_running(entry: dict) -> bool:
     """True when the recorded PID still runs the process we started (not a recycled PID)."""
     pid = entry.get("pid")
-    return isinstance(pid, int) and _start_time(pid) is not None and _start_time(pid) == entry.get("start_time")
+    return isinstance(pid, int) and start_time(pid) is not None and start_time(pid) == entry.get("start_time")
 
 
 def _port_in_use(port: int) -> bool:
@@ -126,7 +126,7 @@ def _port_in_use(port: int) -> bool:
         return sock.connect_ex((HOST, port)) == 0
 
 
-def _log_tail(log: Path, lines: int = 15) -> str:
+def log_tail(log: Path, lines: int = 15) -> str:
     try:
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
@@ -146,14 +146,14 @@ def _forget(pid: int) -> None:
         _STARTED.remove(proc)
 
 
-def _spawn(cmd: list[str], *, log: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> dict:
+def spawn(cmd: list[str], *, log: Path, env: dict[str, str] | None = None, **popen) -> dict:
+    """Start a server (or daemon) in its own session, output appended to ``log``; its PID and start time.
+    ``popen`` goes to ``subprocess.Popen`` (``cwd``, ``user``, ``group``)."""
     with open(log, "ab") as fh:
-        proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-            start_new_session=True,
-        )
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True, **popen)
     _STARTED.append(proc)
-    return {"pid": proc.pid, "start_time": _start_time(proc.pid), "log": str(log)}
+    return {"pid": proc.pid, "start_time": start_time(proc.pid), "log": str(log)}
 
 
 def wait_ready(entry: dict, port: int, *, name: str, timeout: float = 60.0) -> None:
@@ -162,7 +162,7 @@ def wait_ready(entry: dict, port: int, *, name: str, timeout: float = 60.0) -> N
     deadline = time.monotonic() + timeout
     while True:
         if not is_running(entry):
-            raise ServerError(f"{name} exited during start-up; see {entry['log']}:\n{_log_tail(Path(entry['log']))}")
+            raise ServerError(f"{name} exited during start-up; see {entry['log']}:\n{log_tail(Path(entry['log']))}")
         try:
             with opener.open(f"http://{HOST}:{port}/", timeout=2):
                 return
@@ -236,7 +236,7 @@ def start_seaweedfs(root: Path, profile: Profile) -> dict:
         "-webdav=false", "-admin.ui=false", f"-admin.port={profile.admin}", "-s3.port.iceberg=0", "-s3.port.lance=0",
     ]
     env = dict(os.environ, TMPDIR=str(base / "tmp"))
-    entry = _spawn(cmd, log=logs / "weed.out", env=env, cwd=base)
+    entry = spawn(cmd, log=logs / "weed.out", env=env, cwd=base)
     entry["port"] = profile.s3
     creds = root / "credentials-seaweedfs.json"
     with _stopped_on_failure(entry):
@@ -354,7 +354,7 @@ def start_s3rver(root: Path, profile: Profile) -> dict:
     bucket = f"{profile.bucket}-s3rver"
     cmd = [node, str(script), "-d", str(base / "data"), "-a", HOST, "-p", str(profile.s3rver),
            "--no-vhost-buckets", "--configure-bucket", bucket]
-    entry = _spawn(cmd, log=base / "s3rver.log", cwd=base)
+    entry = spawn(cmd, log=base / "s3rver.log", cwd=base)
     entry["port"] = profile.s3rver
     with _stopped_on_failure(entry):
         wait_ready(entry, profile.s3rver, name="s3rver", timeout=30.0)

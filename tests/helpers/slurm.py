@@ -198,30 +198,6 @@ def restore_conf(state: dict) -> None:
 # ---------------------------------------------------------------- daemons
 
 
-def _spawn(cmd: list[str], *, log: Path, env: dict[str, str] | None = None, **popen) -> dict:
-    """Start a foreground daemon in its own session, output to ``log``; its PID and start time."""
-    with open(log, "ab") as fh:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True, **popen)
-    _STARTED.append(proc)  # held so that Python does not warn about a child still running when it exits
-    return {"pid": proc.pid, "start_time": _start_time(proc.pid), "log": str(log)}
-
-
-def _start_time(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except OSError:
-        return None
-
-
-def _log_tail(log: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-_STARTED: list[subprocess.Popen] = []
 
 
 def _chown_dir(path: Path, user: str, mode: int) -> None:
@@ -242,7 +218,7 @@ def _wait(check, what: str, entry: dict, timeout: float = 60.0) -> None:
     while not check():
         if not servers.is_running(entry):
             raise SlurmError(f"{what} exited during start-up; see {entry['log']}:\n"
-                             f"{_log_tail(Path(entry['log']))}")
+                             f"{servers.log_tail(Path(entry['log']))}")
         if time.monotonic() > deadline:
             raise SlurmError(f"{what} not ready within {timeout:.0f} s; see {entry['log']}")
         time.sleep(0.2)
@@ -263,7 +239,7 @@ def start_munged(root: Path) -> dict:
     _chown_dir(mroot, "munge", 0o700)
     cmd = [_sbin("munged"), "--foreground", f"--log-file={mroot}/munged.log", f"--pid-file={mroot}/munged.pid",
            f"--seed-file={mroot}/munged.seed"]
-    entry = _spawn(cmd, log=root / "log" / "munged.out", user="munge", group="munge")
+    entry = servers.spawn(cmd, log=root / "log" / "munged.out", user="munge", group="munge")
     _wait(_munge_works, "munged", entry, timeout=20)
     return entry
 
@@ -277,7 +253,7 @@ def start_mariadbd(root: Path) -> dict:
                   "--auth-root-authentication-method=socket", "--skip-test-db"], log=root / "log" / "install-db.out")
     cmd = [_sbin("mariadbd"), "--no-defaults", "--user=mysql", f"--datadir={data}", f"--socket={sock}",
            f"--pid-file={db}/mariadbd.pid", f"--log-error={root}/log/mariadbd.log", "--skip-networking"]
-    entry = _spawn(cmd, log=root / "log" / "mariadbd.out")
+    entry = servers.spawn(cmd, log=root / "log" / "mariadbd.out")
 
     def answers() -> bool:
         return subprocess.run([_sbin("mariadb"), "--no-defaults", f"--socket={sock}", "-u", "root", "-e", "SELECT 1"],
@@ -300,19 +276,19 @@ def start_slurmdbd(root: Path, mysql_socket: str) -> dict:
     # slurmdbd reads slurmdbd.conf beside $SLURM_CONF; the MariaDB client library takes its socket from
     # MYSQL_UNIX_PORT (the server listens on no TCP port).
     env = dict(os.environ, SLURM_CONF=str(root / "etc" / "slurm.conf"), MYSQL_UNIX_PORT=mysql_socket)
-    entry = _spawn([_sbin("slurmdbd"), "-D"], log=root / "log" / "slurmdbd.out", env=env)
+    entry = servers.spawn([_sbin("slurmdbd"), "-D"], log=root / "log" / "slurmdbd.out", env=env)
     _wait(lambda: _ok("sacctmgr", "-n", "list", "cluster"), "slurmdbd", entry)
     return entry
 
 
 def start_slurmctld(root: Path) -> dict:
-    entry = _spawn([_sbin("slurmctld"), "-D", "-i"], log=root / "log" / "slurmctld.out")
+    entry = servers.spawn([_sbin("slurmctld"), "-D", "-i"], log=root / "log" / "slurmctld.out")
     _wait(lambda: _ok("scontrol", "ping"), "slurmctld", entry)
     return entry
 
 
 def start_slurmd(root: Path) -> dict:
-    return _spawn([_sbin("slurmd"), "-D"], log=root / "log" / "slurmd.out")
+    return servers.spawn([_sbin("slurmd"), "-D"], log=root / "log" / "slurmd.out")
 
 
 def node_state() -> str:
@@ -368,7 +344,7 @@ def _our_stepds(root: Path) -> list[dict]:
             fds = [os.readlink(fd) for fd in (proc / "fd").iterdir()]
             if any(f.startswith(spool) for f in fds):
                 pid = int(proc.name)
-                found.append({"pid": pid, "start_time": _start_time(pid), "log": "(slurmstepd)"})
+                found.append({"pid": pid, "start_time": servers.start_time(pid), "log": "(slurmstepd)"})
     return found
 
 
