@@ -87,13 +87,25 @@ def test_committed_artifact_is_refused_by_name_and_untouched(tmp_path):
 
 def test_interrupted_save_without_manifest_is_written_again(tmp_path):
     art = artifact_dir_for(tmp_path, 7)
-    art.mkdir(parents=True)
+    (art / "optim").mkdir(parents=True)
     (art / "model.pt").write_bytes(b"half a file")
-    (art / "stray").write_bytes(b"x")
+    (art / "optim" / "__0_0.distcp").write_bytes(b"half a shard")
     model, _ = tiny_training()
     manifest = write_artifact(tmp_path, 7, {"model": model})
     assert sorted(p.name for p in art.iterdir()) == [".posttrain-checkpoint-artifact.json", "model.pt"]
     assert manifest.components["model"].size == (art / "model.pt").stat().st_size
+
+
+def test_an_interrupted_save_beside_a_users_file_is_refused_and_both_survive(tmp_path):
+    art = artifact_dir_for(tmp_path, 7)
+    art.mkdir(parents=True)
+    (art / "model.pt").write_bytes(b"half a file")
+    (art / "NOTES.md").write_bytes(b"eval results, not the trainer's")
+    before = tree_bytes(art)
+    model, _ = tiny_training()
+    with pytest.raises(Refused, match=r"NOTES\.md"):
+        write_artifact(tmp_path, 7, {"model": model})
+    assert tree_bytes(art) == before
 
 
 @pytest.mark.parametrize("plan", [{}, {"optimizer": 1}, {"model": 1, "trainer_state": 1}, {"model": 1, "bogus": 1}])

@@ -92,9 +92,22 @@ def write_artifact(run_dir: Path | str, iteration: int, components: Mapping[str,
 def _clear_interrupted(art: Path) -> None:
     if art.is_symlink():
         raise UnsafePath(f"artifact directory {art} is a symlink", remedy="remove the link; the trainer writes a real directory")
-    if art.exists():
-        log.warning("%s holds an interrupted save (no manifest); discarding it and writing iteration again", art)
-        shutil.rmtree(art)
+    if not art.exists():
+        return
+    # Only the names a save writes may be discarded: anything else in the directory is not ours.
+    entries = {e.name: e for e in os.scandir(art)}
+    foreign = sorted(set(entries) - {MODEL_FILE, TRAINER_FILE, OPTIM_DIR})
+    if foreign:
+        raise Refused(f"{art} holds an interrupted save (no manifest) and files a save does not write: "
+                      f"{', '.join(foreign[:20])}{' ...' if len(foreign) > 20 else ''}",
+                      remedy="move those files out of the artifact directory, then save again")
+    log.warning("%s holds an interrupted save (no manifest); discarding it and writing iteration again", art)
+    for entry in entries.values():
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
+    os.rmdir(art)  # empty now; a file written there meanwhile makes this fail rather than vanish
 
 
 def _model_state(model: Any) -> dict:
