@@ -7,6 +7,10 @@ every payload again; the dry-run reads only which manifests exist). Every figure
 (interpreter start-up included), the median of 3 runs; neither command may contact the object store
 (the destination is a ``file://`` path that does not exist). Target: ratio ≤ 2.
 
+A third figure is Snakemake's own floor: a one-rule Snakefile with the same number of jobs, each with an
+existing input, an output, a log and a ``script:`` (what a publish job declares), and no code of ours.
+``ratio_to_floor`` says what the workflow adds over what Snakemake spends on that many jobs anyway.
+
     python bench/dryrun.py [--artifacts 1000] [--runs 3]
 """
 
@@ -31,6 +35,21 @@ REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 RUN = "proj/grp/run1/20261129T000000Z"
 TRIVIAL = 'rule all:\n    output:\n        "done.txt",\n    shell:\n        "touch {output}"\n'
+FLOOR = """rule all:
+    input:
+        expand("out/{{i}}.txt", i=range({count})),
+
+
+rule one:
+    input:
+        "in/{{i}}.txt",
+    output:
+        "out/{{i}}.txt",
+    log:
+        "logs/{{i}}.log",
+    script:
+        "step.py"
+"""
 
 
 def build_tree(runs: Path, count: int) -> None:
@@ -59,6 +78,17 @@ def timed(cmd: list[str], cwd: Path, runs: int) -> tuple[float, subprocess.Compl
     return statistics.median(times), done
 
 
+def snakemake_floor(where: Path, count: int, runs: int) -> float:
+    """Dry-run time of a one-rule Snakefile with ``count`` pending script jobs (no code of ours)."""
+    (where / "in").mkdir(parents=True)
+    for i in range(count):
+        (where / "in" / f"{i}.txt").touch()
+    (where / "step.py").touch()
+    (where / "Snakefile").write_text(FLOOR.format(count=count))
+    seconds, _ = timed([str(SNAKEMAKE), "--cores", "1", "-n"], where, runs)
+    return seconds
+
+
 def has_status_verb() -> bool:
     done = subprocess.run([sys.executable, "-m", "ckptflow", "status", "--help"], capture_output=True, text=True)
     return done.returncode == 0
@@ -85,8 +115,11 @@ def main() -> int:
         trivial_dir.mkdir()
         (trivial_dir / "Snakefile").write_text(TRIVIAL)
         trivial, _ = timed([str(SNAKEMAKE), "--cores", "1", "-n"], trivial_dir, args.runs)
+        floor = snakemake_floor(work / "floor", args.artifacts, args.runs)
         result = {"artifacts": args.artifacts, "runs": args.runs, "dryrun_publish_all_s": round(workflow, 2),
-                  "dryrun_trivial_s": round(trivial, 2), "ratio": round(workflow / trivial, 2)}
+                  "dryrun_trivial_s": round(trivial, 2), "ratio": round(workflow / trivial, 2),
+                  "dryrun_floor_s": round(floor, 2), "floor_ratio": round(floor / trivial, 2),
+                  "ratio_to_floor": round(workflow / floor, 2)}
         if has_status_verb():
             status, _ = timed([sys.executable, "-m", "ckptflow", "status", str(runs), "--json"], REPO, args.runs)
             result["status_s"] = round(status, 2)

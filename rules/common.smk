@@ -68,14 +68,6 @@ def get_all_prune_reports(wildcards):
     return [f"{REPORTS}/prune/{run}/{it}.json" for run, it in committed_artifacts()]
 
 
-def get_upload_prefix(wildcards):
-    return f"{wildcards.run}/checkpoints"
-
-
-def get_artifact_dir(wildcards):
-    return f"{RUNS}/{wildcards.run}/checkpoint_artifacts/{wildcards.iteration}"
-
-
 # ------------------------------------------------------------------ iteration-scoped targets
 
 
@@ -112,6 +104,10 @@ def get_teacher_target(wildcards):
 
 def iteration_of(wildcards):
     return ckptflow_workflow.parse_iteration(wildcards.iteration)
+
+
+def get_artifact_dir(wildcards):
+    return f"{RUNS}/{wildcards.run}/checkpoint_artifacts/{wildcards.iteration}"
 
 
 def get_merge_recipe(wildcards):

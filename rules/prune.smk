@@ -9,7 +9,6 @@ rule prune:
     conda:
         "../environment.yml"
     params:
-        artifact_dir=get_artifact_dir,
         credentials=config["credentials"],
     script:
         "../scripts/prune.py"

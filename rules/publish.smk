@@ -7,14 +7,12 @@ rule publish:
         f"{LOGS}/publish/{{run}}/{{iteration}}.log",
     conda:
         "../environment.yml"
-    # The destination (bucket, credentials) is read from the config by the script, not passed as params:
-    # params are rerun triggers, and a rerun makes Snakemake delete the receipt first. Re-spelling the
-    # bucket, or pointing new publications elsewhere, must not re-publish artifacts that already hold a
-    # receipt (their payloads may be pruned). Any rerun that does happen re-derives the receipt: publish
-    # adopts the identical committed archive from the local manifest's digests.
-    params:
-        artifact_dir=get_artifact_dir,
-        upload_prefix=get_upload_prefix,
+    # No params: the script takes the artifact from its input and the destination (bucket, credentials)
+    # from the config. Params are rerun triggers, and a rerun makes Snakemake delete the receipt first.
+    # Re-spelling the bucket, or pointing new publications elsewhere, must not re-publish artifacts that
+    # already hold a receipt (their payloads may be pruned). Any rerun that does happen re-derives the
+    # receipt: publish adopts the identical committed archive from the local manifest's digests. (A
+    # params function would also be called for every pending job of a dry-run.)
     script:
         "../scripts/publish.py"
 
@@ -36,8 +34,5 @@ rule replace_legacy_receipt:
         f"{LOGS}/legacy-receipt/{{run}}/{{iteration}}.log",
     conda:
         "../environment.yml"
-    params:
-        artifact_dir=get_artifact_dir,
-        upload_prefix=get_upload_prefix,
     script:
         "../scripts/replace_legacy_receipt.py"

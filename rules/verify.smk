@@ -8,7 +8,6 @@ rule verify:
     conda:
         "../environment.yml"
     params:
-        artifact_dir=get_artifact_dir,
         credentials=config["credentials"],
     script:
         "../scripts/verify.py"

@@ -76,6 +76,16 @@ RUN_REMEDY = "pass --config run=<project>/<group>/<run>/<ts> (the run's path und
 REPORT_KINDS = ("merge", "legacy-receipt", "verify", "prune", "fetch", "materialize")
 
 
+def artifact_of(record: str) -> str:
+    """The artifact directory a rule's input names: the directory holding its manifest or receipt."""
+    return os.path.dirname(record)
+
+
+def upload_prefix(run: str) -> str:
+    """Where a run's artifacts are published under the bucket: ``<run>/checkpoints``."""
+    return f"{run}/checkpoints"
+
+
 def iteration_name(iteration: int) -> str:
     """The directory name of a new artifact, stage or teacher for ``iteration``: ``iter_NNNNNN``."""
     return f"iter_{iteration:06d}"

@@ -17,7 +17,6 @@ from .base import (
 from .credentials import Credentials, endpoint_authority, load_credentials, resolve_credentials_path
 from .local import LocalStore
 from .open import load_credentials_arg, open_bucket_arg, open_destination, open_store, store_factory
-from .s3 import S3Store
 from .uri import SCHEMES, StoreURI, parse_store_uri, validate_key, validate_prefix
 
 __all__ = [
@@ -44,3 +43,12 @@ __all__ = [
     "validate_key",
     "validate_prefix",
 ]
+
+
+def __getattr__(name: str):
+    # boto3 is loaded only when an S3 store is asked for: planning, status and file:// stores never pay it.
+    if name == "S3Store":
+        from .s3 import S3Store
+
+        return S3Store
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
