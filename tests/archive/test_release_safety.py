@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 
 import pytest
@@ -19,7 +20,7 @@ from ckptflow.archive.probe import run_probe
 from ckptflow.archive.prune import prune_verified
 from ckptflow.archive.publish import publish_artifact
 from ckptflow.archive.verify import verify_artifact
-from ckptflow.errors import Refused
+from ckptflow.errors import InvalidRecord, Refused
 from ckptflow.jsonio import validate
 from ckptflow.records import receipt as receipt_record
 from ckptflow.store.credentials import load_credentials
@@ -242,3 +243,45 @@ def test_a_file_archive_overlapping_the_artifact_is_refused(artifact, where):
     with pytest.raises(Refused, match="overlaps"):
         publish_artifact(artifact, LocalStore(root), "checkpoints", progress=False)
     assert tree_bytes(artifact) == before
+
+
+# ------------------------------------------------------------------ receipts that bind no digest to a payload
+
+
+def _full_checkpoint_receipt(artifact):
+    """What a full-checkpoint upload writes, for this very directory and destination: bulk files size-only."""
+    from ckptflow.trainer.retention import write_checkpoint_receipt
+
+    destination = receipt_record.read_receipt(artifact).destination
+    write_checkpoint_receipt(artifact, destination, overrides=[".posttrain-checkpoint-artifact.json"])
+
+
+def _undigested_artifact_receipt(artifact):
+    path = receipt_record.path_in(artifact)
+    data = json.loads(path.read_bytes())
+    del next(e for e in data["files"] if e["path"] == "model.pt")["sha256"]
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (_full_checkpoint_receipt, "full-checkpoint receipt"),
+    (_undigested_artifact_receipt, "'sha256' is a required property"),
+], ids=["full_checkpoint_receipt", "entry_without_digest"])
+def test_a_receipt_without_every_digest_never_releases_a_byte(published, qualified, seaweedfs_credentials_path,
+                                                            tmp_path, damage, reason):
+    from ckptflow.archive.publish import delete_verified_payloads
+    from ckptflow.records.manifest import read_manifest
+
+    damage(published)
+    before = tree_bytes(published)
+    report = prune_verified([published], store_for(qualified), read_data=True)
+    assert report.removed == [] and report.freed_bytes == 0 and reason in report.kept[0]["reason"]
+    proc = prune_cli(published, seaweedfs_credentials_path, tmp_path, pause=False)
+    out, err = proc.communicate(timeout=120)
+    cli = json.loads(out)
+    assert cli["removed"] == [] and reason in cli["kept"][0]["reason"], err
+    with pytest.raises(InvalidRecord, match=re.escape(reason)):
+        verify_artifact(published, store_for(qualified))
+    with pytest.raises(InvalidRecord, match=re.escape(reason)):
+        delete_verified_payloads(published, read_manifest(published), qualified, False)
+    assert tree_bytes(published) == before

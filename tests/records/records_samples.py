@@ -62,6 +62,18 @@ def make_receipt(v: int) -> receipt.Receipt:
     )
 
 
+def make_checkpoint_receipt(v: int) -> receipt.CheckpointReceipt:
+    """A full-checkpoint receipt: bulk files by size only, the files rewritten in place by digest."""
+    return receipt.CheckpointReceipt(
+        destination=receipt.ReceiptDestination.at(
+            probe.ProbeDestination.of(DEST), prefix="run1/checkpoints/iter_0000300"
+        ),
+        files=tuple(FileEntry(e.path, e.size + v) for e in entries("trainer.pt", "model/__0_0.distcp")),
+        overrides=tuple(entries("progress.json", "latest_checkpointed_iteration.txt", digest="0123456789abcdef"[v])),
+        uploaded_at="2025-01-31T12:00:00Z",
+    )
+
+
 def make_merge_record(v: int) -> merge_record.MergeRecord:
     request = merge_record.MergeRequest(
         mode="tv",
@@ -169,6 +181,16 @@ SPECS = [
         receipt.encode_receipt,
         receipt.parse_receipt,
         inventory=("files",),
+    ),
+    Spec(
+        "checkpoint_receipt",
+        receipt.FILENAME,
+        make_checkpoint_receipt,
+        receipt.write_receipt,
+        receipt.read_any_receipt,
+        receipt.encode_receipt,
+        receipt.parse_any_receipt,
+        inventory=("overrides",),
     ),
     Spec(
         "merge_record",

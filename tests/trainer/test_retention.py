@@ -3,19 +3,24 @@ artifact pruning never touch each other's directories."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import pytest
 from trainer_helpers import tiny_training
 
 from ckptflow.archive.prune import prune_verified
 from ckptflow.archive.publish import publish_artifact
 from ckptflow.commands.summary import render
-from ckptflow.errors import UsageError
+from ckptflow.errors import NotFound, UsageError
 from ckptflow.fsutil import unique_temp_path
 from ckptflow.jsonio import validate
+from ckptflow.records import receipt as receipt_record
+from ckptflow.records.inventory import FileEntry
 from ckptflow.store.local import LocalStore
 from ckptflow.store.open import store_factory
 from ckptflow.trainer import artifact_dir_for, write_artifact
-from ckptflow.trainer.retention import checkpoint_provenance, retain_checkpoints
+from ckptflow.trainer.retention import checkpoint_provenance, retain_checkpoints, write_checkpoint_receipt
 from helpers.cli import run_cli
 from helpers.trees import tree_bytes
 
@@ -122,3 +127,94 @@ def test_command_report_and_summary(tmp_path):
     assert proc.returncode == 0 and proc.report["status"] == "retained"
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["iter_0000003"]
     assert run_cli("retain-checkpoints", "--run-dir", str(tmp_path / "none"), "--keep-last", "1").returncode == 1
+
+
+# ------------------------------------------------------------------ full-checkpoint receipts
+
+DEST = receipt_record.ReceiptDestination("s3", "127.0.0.1:18333", "ckpts", "p/g/r/ts/checkpoints/iter_0000001")
+
+
+def full_ckpt(run, it, *, pointer=True):
+    d = ckpt(run, it)
+    (d / "model").mkdir()
+    (d / "model" / "__0_0.distcp").write_bytes(b"s" * 300)
+    if pointer:
+        (d / "latest_checkpointed_iteration.txt").write_text(f"{it}\n")  # rewritten in place by each save
+    return d
+
+
+def test_write_checkpoint_receipt_records_bulk_files_by_size_and_overrides_by_digest(tmp_path):
+    d = full_ckpt(tmp_path, 1)
+    before = checkpoint_provenance(d)
+    record = write_checkpoint_receipt(d, DEST, uploaded_at="2026-12-01T00:00:00Z")
+    assert checkpoint_provenance(d) == before  # the receipt is bookkeeping, not provenance
+    on_disk = json.loads((d / ".uploaded").read_bytes())
+    assert on_disk["kind"] == "full-checkpoint" and on_disk["destination"]["prefix"] == DEST.prefix
+    assert on_disk["files"] == [{"path": "model.pt", "size": 100}, {"path": "model/__0_0.distcp", "size": 300},
+                                {"path": "trainer.pt", "size": 10}]
+    assert on_disk["overrides"] == [{"path": "latest_checkpointed_iteration.txt", "size": 2,
+                                     "sha256": hashlib.sha256(b"1\n").hexdigest()}]
+    assert receipt_record.read_any_receipt(d) == record
+    with pytest.raises(receipt_record.NotAnArtifactReceipt):
+        receipt_record.read_receipt(d)
+    explicit = write_checkpoint_receipt(d, DEST, overrides=["trainer.pt"])
+    assert [e.path for e in explicit.overrides] == ["trainer.pt"] and explicit.overrides[0].sha256
+    assert all(e.sha256 is None for e in explicit.files)
+    with pytest.raises(NotFound, match=r"\['missing.txt'\]"):
+        write_checkpoint_receipt(d, DEST, overrides=["missing.txt"])
+    with pytest.raises(NotFound):
+        write_checkpoint_receipt(tmp_path / "nowhere", DEST)
+
+
+def _artifact_receipt(d):
+    files = tuple(FileEntry(p, s, hashlib.sha256((d / p).read_bytes()).hexdigest())
+                  for p, s in checkpoint_provenance(d))
+    receipt_record.write_receipt(d, receipt_record.Receipt(DEST, "a" * 64, files, "2026-12-01T00:00:00Z"))
+
+
+def _rewrite(path, data):
+    path.write_bytes(data)
+
+
+CASES = {  # what happened after the upload -> the kept reason (None: deleted)
+    "full_checkpoint_receipt": (lambda d: write_checkpoint_receipt(d, DEST), None),
+    "artifact_receipt": (_artifact_receipt, None),
+    "legacy_marker": (lambda d: (d / ".uploaded").write_text("uploaded by the old tool\n"), None),
+    "empty_legacy_marker": (lambda d: (d / ".uploaded").write_bytes(b""), None),
+    "file_added_after_upload": (lambda d: (write_checkpoint_receipt(d, DEST), (d / "extra.bin").write_bytes(b"e")),
+                                "files not covered by its .uploaded: ['extra.bin']"),
+    "bulk_file_resized": (lambda d: (write_checkpoint_receipt(d, DEST), _rewrite(d / "model.pt", b"m" * 99)),
+                          "model.pt has 99 bytes, .uploaded says 100"),
+    "bulk_file_gone": (lambda d: (write_checkpoint_receipt(d, DEST), (d / "model" / "__0_0.distcp").unlink()),
+                       "model/__0_0.distcp is missing"),
+    "override_rewritten_same_size": (lambda d: (write_checkpoint_receipt(d, DEST),
+                                                _rewrite(d / "latest_checkpointed_iteration.txt", b"9\n")),
+                                     "latest_checkpointed_iteration.txt bytes differ from .uploaded"),
+    "corrupt_json": (lambda d: (d / ".uploaded").write_text('{"protocol": '), "not a valid receipt"),
+    "invalid_receipt": (lambda d: (d / ".uploaded").write_text('{"protocol": "posttrain.archive-marker.v1", '
+                                                               '"kind": "full-checkpoint"}'),
+                        "not a valid receipt"),
+    "receipt_is_a_symlink": (lambda d: (write_checkpoint_receipt(d, DEST), (d / ".uploaded").rename(d / "r"),
+                                        (d / ".uploaded").symlink_to("r")), "symlink"),
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_retention_accepts_both_receipt_kinds_and_the_legacy_marker_while_they_describe_the_checkpoint(
+        tmp_path, case):
+    run = tmp_path / "ts"
+    old = full_ckpt(run, 1)
+    newest = full_ckpt(run, 2)
+    damage, reason = CASES[case]
+    damage(old)
+    before = tree_bytes(old)
+    dry = retain_checkpoints(run, 1, dry_run=True)
+    assert tree_bytes(old) == before
+    report = retain_checkpoints(run, 1)
+    assert dry.removed == report.removed
+    kept = {k["path"]: k["reason"] for k in report.kept}
+    if reason is None:
+        assert report.removed == [str(old)] and not old.exists()
+    else:
+        assert report.removed == [] and reason in kept[str(old)] and tree_bytes(old) == before
+    assert kept[str(newest)] == "one of the last 1"

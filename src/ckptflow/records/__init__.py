@@ -33,7 +33,17 @@ from .merge_record import FILENAME as MERGE_RECORD_FILENAME
 from .merge_record import MergeRecord, MergeRequest, read_merge_record, request_identity, write_merge_record
 from .probe import ProbeRecord, probe_record_path, read_probe_record, write_probe_record
 from .receipt import FILENAME as RECEIPT_FILENAME
-from .receipt import Receipt, is_legacy_receipt, parse_receipt, read_receipt, write_receipt
+from .receipt import (
+    CheckpointReceipt,
+    NotAnArtifactReceipt,
+    Receipt,
+    is_legacy_receipt,
+    parse_any_receipt,
+    parse_receipt,
+    read_any_receipt,
+    read_receipt,
+    write_receipt,
+)
 from .staging import FILENAME as STAGING_FILENAME
 from .staging import StagingRecord, read_staging, write_staging
 
@@ -46,6 +56,7 @@ __all__ = [
     "OVERLAY_SOURCE_FILENAME",
     "RECEIPT_FILENAME",
     "STAGING_FILENAME",
+    "CheckpointReceipt",
     "DcpComponent",
     "Declaration",
     "FileComponent",
@@ -55,6 +66,7 @@ __all__ = [
     "Materialized",
     "MergeRecord",
     "MergeRequest",
+    "NotAnArtifactReceipt",
     "OverlaySource",
     "ProbeRecord",
     "Receipt",
@@ -63,10 +75,12 @@ __all__ = [
     "inventory_from_list",
     "inventory_to_list",
     "is_legacy_receipt",
+    "parse_any_receipt",
     "parse_declaration",
     "parse_manifest",
     "parse_receipt",
     "probe_record_path",
+    "read_any_receipt",
     "read_declaration",
     "read_legacy_manifest",
     "read_manifest",

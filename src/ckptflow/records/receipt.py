@@ -1,5 +1,8 @@
 """The upload receipt ``.uploaded``: proof that the remote copy of this artifact was verified.
 
+Two kinds share the file name and protocol: the artifact receipt (below, class ``Receipt``) and the
+full-checkpoint receipt (further below, class ``CheckpointReceipt``).
+
 Written in the artifact directory after every remote object matched the declaration; it is what
 ``prune-verified`` requires before deleting local bytes::
 
@@ -27,8 +30,30 @@ a receipt without it (written before it existed) proves no file by checksum.
 The endpoint is an authority (host[:port]; for ``file``, the archive root path) and never a secret:
 a value with ``@``, ``?``, ``#`` or whitespace is refused on write and on read.
 
+A *full-checkpoint* receipt (``"kind": "full-checkpoint"``, class ``CheckpointReceipt``) is the same
+file in a full resumable checkpoint ``checkpoints/iter_N/``, written after its upload. Its bulk files
+(uploaded once, under their own key: shards, ``trainer.pt``) carry their size only, never a digest, so
+hashing a multi-GB save is never a second read; its transactional overrides (small files rewritten in
+place under the same name, e.g. a ``latest`` pointer, where two versions may have the same size) carry
+size and digest. No declaration, no server checksums; a path is a bulk file or an override, never both::
+
+    {
+      "destination": {"bucket": "ckpts", "endpoint": "s3.example.org:9000", "prefix": "run1/checkpoints/iter_0000300",
+                      "scheme": "s3"},
+      "files": [{"path": "model/__0_0.distcp", "size": 1234}, {"path": "trainer.pt", "size": 56}, ...],
+      "kind": "full-checkpoint",
+      "overrides": [{"path": "latest_checkpointed_iteration.txt", "sha256": "<hex>", "size": 3}],
+      "protocol": "posttrain.archive-marker.v1",
+      "uploaded_at": "2025-01-31T12:00:00Z"
+    }
+
+It satisfies full-checkpoint retention (``read_any_receipt``) and nothing else: ``read_receipt``, what
+every artifact gate (verify, prune-verified, publish --delete-local) reads, refuses it by name
+(``NotAnArtifactReceipt``), since a size proves no bytes.
+
 A *legacy* ``.uploaded`` is a plain-text marker from older tooling (not JSON). It says an upload
-happened but binds no digest, so it can never authorize pruning: ``read_receipt`` refuses it by name.
+happened but binds no digest, so it can never authorize pruning: ``read_receipt`` and ``read_any_receipt``
+refuse it by name (``LegacyRecord``); full-checkpoint retention accepts it by its existence alone.
 """
 
 from __future__ import annotations
@@ -41,10 +66,11 @@ from typing import Any
 from ..errors import InvalidRecord
 from ..jsonio import decode_json_object
 from . import _record
-from .inventory import FileEntry, inventory_from_list, inventory_to_list, sorted_entries
+from .inventory import FileEntry, inventory_from_list, inventory_to_list, sorted_entries, validate_inventory
 
 FILENAME = ".uploaded"
 PROTOCOL = "posttrain.archive-marker.v1"
+FULL_CHECKPOINT = "full-checkpoint"
 _LEGACY_REMEDY = (
     "a legacy marker cannot authorize pruning; publish or verify the artifact again to write a "
     f"{PROTOCOL} receipt"
@@ -57,6 +83,10 @@ KIND = _record.RecordKind(
     legacy_remedy=_LEGACY_REMEDY,
     precheck=_record.check_destination,
 )
+
+
+class NotAnArtifactReceipt(InvalidRecord):
+    """A valid full-checkpoint receipt where an artifact receipt is required: it binds no digest to bulk bytes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,11 +134,15 @@ class Receipt:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, what: str = FILENAME) -> Receipt:
         _record.check_object(KIND, data, what)
-        dest = data["destination"]
+        if "kind" in data:
+            raise NotAnArtifactReceipt(
+                f"{what} is a {data['kind']} receipt: its {len(data['files'])} bulk files carry a size and no "
+                "digest, so it proves no artifact's bytes and cannot authorize verify, pruning or --delete-local",
+                remedy="publish the artifact (`ckptflow publish` or `snakemake publish_all`) to write an artifact "
+                "receipt; a full-checkpoint receipt satisfies only retain-checkpoints",
+            )
         return cls(
-            destination=ReceiptDestination(
-                scheme=dest["scheme"], endpoint=dest["endpoint"], bucket=dest["bucket"], prefix=dest["prefix"]
-            ),
+            destination=_destination(data["destination"]),
             declaration_sha256=_record.require_sha256(data["declaration_sha256"], what, "declaration_sha256"),
             files=inventory_from_list(data["files"], what),
             uploaded_at=_record.require_utc_timestamp(data["uploaded_at"], what, "uploaded_at"),
@@ -126,6 +160,57 @@ class Receipt:
         if self.server_checksums is not None:
             out["server_checksums"] = dict(self.server_checksums)
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointReceipt:
+    """A full checkpoint's receipt: bulk ``files`` with size only (``sha256`` None), ``overrides`` with digests."""
+
+    destination: ReceiptDestination
+    files: tuple[FileEntry, ...]
+    overrides: tuple[FileEntry, ...]
+    uploaded_at: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "files", sorted_entries(self.files))
+        object.__setattr__(self, "overrides", sorted_entries(self.overrides))
+
+    def entry(self, path: str) -> FileEntry | None:
+        return next((e for e in (*self.files, *self.overrides) if e.path == path), None)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, what: str = FILENAME) -> CheckpointReceipt:
+        _record.check_object(KIND, data, what)
+        if data.get("kind") != FULL_CHECKPOINT:
+            raise InvalidRecord(
+                f"{what} is an artifact receipt, not a {FULL_CHECKPOINT} receipt",
+                remedy="read it with read_receipt, or write the checkpoint's receipt with write_checkpoint_receipt",
+            )
+        bulk = inventory_from_list(data["files"], what, require_digest=False)
+        overrides = inventory_from_list(data["overrides"], what)
+        validate_inventory((*bulk, *overrides), what, require_digest=False)  # no path both bulk and override
+        return cls(
+            destination=_destination(data["destination"]),
+            files=bulk,
+            overrides=overrides,
+            uploaded_at=_record.require_utc_timestamp(data["uploaded_at"], what, "uploaded_at"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "protocol": PROTOCOL,
+            "kind": FULL_CHECKPOINT,
+            "destination": self.destination.to_dict(),
+            "files": inventory_to_list(self.files),
+            "overrides": inventory_to_list(self.overrides),
+            "uploaded_at": self.uploaded_at,
+        }
+
+
+def _destination(dest: Mapping[str, str]) -> ReceiptDestination:
+    return ReceiptDestination(
+        scheme=dest["scheme"], endpoint=dest["endpoint"], bucket=dest["bucket"], prefix=dest["prefix"]
+    )
 
 
 def _checksums(data: Mapping[str, Any], what: str) -> dict[str, str] | None:
@@ -161,22 +246,41 @@ def is_legacy_receipt(source: Path | str) -> bool:
         return False
 
 
-def parse_receipt(data: bytes, *, what: str = FILENAME) -> Receipt:
+def _decode(data: bytes, what: str) -> dict[str, Any]:
     if _looks_legacy(data):
         raise _record.LegacyRecord(
             f"{what} is a legacy plain-text marker, not a {PROTOCOL} receipt", remedy=_LEGACY_REMEDY
         )
-    return Receipt.from_dict(decode_json_object(data, what=what), what=what)
+    return decode_json_object(data, what=what)
+
+
+def parse_receipt(data: bytes, *, what: str = FILENAME) -> Receipt:
+    """An artifact receipt; a legacy marker (``LegacyRecord``) and a full-checkpoint receipt
+    (``NotAnArtifactReceipt``) are refused by name."""
+    return Receipt.from_dict(_decode(data, what), what=what)
+
+
+def parse_any_receipt(data: bytes, *, what: str = FILENAME) -> Receipt | CheckpointReceipt:
+    """Either kind, by its ``kind`` field; a legacy marker is still refused (``LegacyRecord``)."""
+    obj = _decode(data, what)
+    return (CheckpointReceipt if "kind" in obj else Receipt).from_dict(obj, what=what)
 
 
 def read_receipt(source: Path | str) -> Receipt:
+    """The artifact receipt every artifact gate requires (see ``parse_receipt``)."""
     return _record.read_record(KIND, source, parse_receipt)
 
 
-def encode_receipt(record: Receipt) -> bytes:
+def read_any_receipt(source: Path | str) -> Receipt | CheckpointReceipt:
+    """An artifact or a full-checkpoint receipt (what full-checkpoint retention accepts)."""
+    return _record.read_record(KIND, source, parse_any_receipt)
+
+
+def encode_receipt(record: Receipt | CheckpointReceipt) -> bytes:
     return _record.encode_record(record, what=FILENAME)
 
 
-def write_receipt(directory: Path | str, record: Receipt) -> Path:
-    """Write atomically; only after the remote copy was verified against the declaration."""
+def write_receipt(directory: Path | str, record: Receipt | CheckpointReceipt) -> Path:
+    """Write atomically; an artifact receipt only after the remote copy was verified against the
+    declaration, a full-checkpoint receipt only after the checkpoint's upload finished."""
     return _record.write_record(KIND, path_in(directory), record)

@@ -15,9 +15,11 @@ from .publish import (
     trainer_publish,
     wait_for_publications,
 )
+from .retention import retain_checkpoints, write_checkpoint_receipt
 from .write import artifact_dir_for, write_artifact
 
 __all__ = [
     "BackgroundPublisher", "TrainerPublishOutcome", "UploadSettings", "artifact_dir_for", "publisher_for",
-    "save_and_publish", "trainer_publish", "wait_for_publications", "write_artifact",
+    "retain_checkpoints", "save_and_publish", "trainer_publish", "wait_for_publications", "write_artifact",
+    "write_checkpoint_receipt",
 ]

@@ -1,9 +1,12 @@
 """Full-checkpoint retention: ``<run_dir>/checkpoints/`` keeps ``latest`` and the last N resumable checkpoints.
 
 A resumable checkpoint is a ``checkpoints/iter_N`` directory holding ``trainer.pt``. Older ones are
-deleted only once uploaded: the gate is the *existence* of ``.uploaded`` in the checkpoint directory, so a
-legacy plain-text marker satisfies it (it never satisfies the artifact prune gate, which reads and
-verifies a receipt). Anything else under ``checkpoints/`` (incomplete saves, files) is left alone, and
+deleted only once uploaded, proven by ``.uploaded`` in the checkpoint directory (``upload_gap``): a legacy
+plain-text marker satisfies the gate by its existence alone (it never satisfies the artifact prune gate,
+which reads and verifies a receipt); a JSON receipt must parse and validate (a full-checkpoint receipt,
+see ``write_checkpoint_receipt``, or an artifact receipt) and still describe the directory: every file
+covered, each of its recorded size, each transactional override of its recorded digest; otherwise the
+checkpoint is kept with the reason. Anything else under ``checkpoints/`` (incomplete saves, files) is left alone, and
 ``checkpoint_artifacts/`` is never looked at: artifact pruning (``prune-verified``) and this retention
 never touch each other's directories.
 
@@ -17,13 +20,18 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..artifact import ITER_DIR_RE
-from ..errors import NotFound, UnsafePath, UsageError
+from ..digest import sha256_file
+from ..errors import CkptflowError, NotFound, UnsafePath, UsageError
 from ..fsutil import parse_tagged_name, temp_stem
+from ..records import receipt as receipt_record
+from ..records import utc_timestamp
+from ..records.inventory import FileEntry, damaged_entry
 from .write import TRAINER_FILE
 
 log = logging.getLogger(__name__)
@@ -54,6 +62,63 @@ def checkpoint_provenance(ckpt_dir: Path | str) -> list[tuple[str, int]]:
             p = Path(dirpath) / name
             out.append((p.relative_to(root).as_posix(), p.lstat().st_size))
     return sorted(out)
+
+
+def write_checkpoint_receipt(
+    ckpt_dir: Path | str,
+    destination: receipt_record.ReceiptDestination,
+    *,
+    overrides: Iterable[str] | None = None,
+    uploaded_at: str | None = None,
+) -> receipt_record.CheckpointReceipt:
+    """Write ``ckpt_dir/.uploaded`` as a full-checkpoint receipt, after the checkpoint's upload to
+    ``destination`` finished: every file of ``checkpoint_provenance`` is a bulk entry (path and size, never
+    hashed) except ``overrides`` (relative paths of files rewritten in place, e.g. a pointer), which are
+    hashed. ``overrides=None`` takes the pointer files (``LATEST_NAMES``) present at the checkpoint's top."""
+    root = Path(ckpt_dir)
+    if root.is_symlink() or not root.is_dir():
+        raise NotFound(f"{root} is not a checkpoint directory", remedy="pass the checkpoints/iter_N directory that was uploaded")
+    files = dict(checkpoint_provenance(root))
+    if overrides is None:
+        overrides = [n for n in LATEST_NAMES if n in files]
+    chosen = sorted(set(overrides))
+    unknown = [p for p in chosen if p not in files]
+    if unknown:
+        raise NotFound(f"{root}: transactional override(s) {unknown[:5]} are not files of the checkpoint",
+                       remedy="name overrides by their path relative to the checkpoint directory")
+    record = receipt_record.CheckpointReceipt(
+        destination=destination,
+        files=tuple(FileEntry(p, s) for p, s in files.items() if p not in chosen),
+        overrides=tuple(FileEntry(p, files[p], sha256_file(root / p).sha256) for p in chosen),
+        uploaded_at=uploaded_at or utc_timestamp(),
+    )
+    receipt_record.write_receipt(root, record)
+    return record
+
+
+def upload_gap(ckpt_dir: Path) -> str | None:
+    """None when ``.uploaded`` lets retention delete ``ckpt_dir``; else why it does not (the kept reason)."""
+    marker = ckpt_dir / UPLOADED
+    if marker.is_symlink():
+        return f"{UPLOADED} is a symlink, not a receipt"
+    if not marker.exists():
+        return f"not uploaded (no {UPLOADED})"
+    if receipt_record.is_legacy_receipt(ckpt_dir):
+        return None  # existence is this gate; it never satisfies an artifact gate
+    try:
+        receipt = receipt_record.read_any_receipt(ckpt_dir)
+    except (CkptflowError, OSError) as exc:
+        return f"{UPLOADED} is not a valid receipt: {exc}"
+    # Digests are checked only for a full-checkpoint receipt's overrides: a bulk file is proven by its size
+    # (re-hashing a multi-GB save is what its size-only entries avoid), an artifact receipt's files likewise.
+    overrides = receipt.overrides if isinstance(receipt, receipt_record.CheckpointReceipt) else ()
+    recorded = {e.path for e in (*receipt.files, *overrides)}
+    uncovered = sorted({p for p, _ in checkpoint_provenance(ckpt_dir)} - recorded)
+    if uncovered:
+        return f"files not covered by its {UPLOADED}: {uncovered[:5]} (never uploaded; deleting would lose them)"
+    damage = damaged_entry(ckpt_dir, receipt.files, record=UPLOADED, rehash=False) or damaged_entry(
+        ckpt_dir, overrides, record=UPLOADED, rehash=True)
+    return f"changed since its upload: {damage}" if damage else None
 
 
 def latest_checkpoint(checkpoints: Path) -> Path | None:
@@ -112,8 +177,8 @@ def retain_checkpoints(run_dir: Path | str, keep_last: int, *, dry_run: bool = F
             report.kept.append({"path": str(d), "reason": "latest"})
         elif d in recent:
             report.kept.append({"path": str(d), "reason": f"one of the last {keep_last}"})
-        elif not (d / UPLOADED).exists():
-            report.kept.append({"path": str(d), "reason": f"not uploaded (no {UPLOADED})"})
+        elif (gap := upload_gap(d)) is not None:
+            report.kept.append({"path": str(d), "reason": gap})
         else:
             size = sum(s for _, s in checkpoint_provenance(d)) + sum(
                 (d / n).lstat().st_size for n in os.listdir(d) if is_bookkeeping(n))
