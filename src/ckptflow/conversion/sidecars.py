@@ -106,12 +106,21 @@ def copy_sidecars(base_dir: Path, out_dir: Path, files: tuple[str, ...]) -> None
             os.fsync(out.fileno())
 
 
-def check_identical(base_dir: Path, out_dir: Path, files: tuple[str, ...]) -> None:
-    """``config.json`` and every sidecar of the base exist in ``out_dir`` with the same bytes."""
+def check_identical(base_dir: Path, out_dir: Path, files: tuple[str, ...],
+                    expected: dict[str, bytes] | None = None) -> None:
+    """``config.json`` and every sidecar of the base exist in ``out_dir`` with the same bytes; a file in
+    ``expected`` (the two template files under --unified-chat-template) with those bytes instead."""
     for rel in (CONFIG_NAME, *files):
         src, dst = Path(base_dir) / rel, Path(out_dir) / rel
         if not dst.is_file() or dst.is_symlink():
             raise VerificationFailed(f"{dst} is missing (the base has {rel})", path=str(dst), remedy="rebuild the export")
+        if expected is not None and rel in expected:
+            if dst.read_bytes() != expected[rel]:
+                raise VerificationFailed(
+                    f"sidecar {dst} is not the base's {src} with its chat_template replaced by the canonical processor "
+                    "template (--unified-chat-template: that one value changes, every other byte is the base's)",
+                    path=str(dst), remedy="rebuild the export from this base")
+            continue
         if not _same_bytes(src, dst):
             what = "config" if rel == CONFIG_NAME else "sidecar"
             raise VerificationFailed(

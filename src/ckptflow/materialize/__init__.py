@@ -82,6 +82,7 @@ from ..conversion import (
     CONVERSION_VERSION,
     DEFAULT_MIN_TENSORS,
     VerificationSummary,
+    chat_template,
     convert_checkpoint,
     verify_output,
 )
@@ -146,6 +147,7 @@ class MaterializeResult:
             "restored": self.restored,
             "removed_leftovers": self.removed_leftovers,
             "recovered": self.recovered,
+            "chat_template": dict(self.record.chat_template) if self.record.chat_template is not None else None,
             "tool_version": __version__,
         }
 
@@ -197,6 +199,7 @@ def materialize(
     keep_staged: bool = False,
     max_shard_bytes: int = hf_shards.DEFAULT_MAX_SHARD_BYTES,
     lock_wait_seconds: float = DEFAULT_WAIT_SECONDS,
+    unified_chat_template: bool = False,
     store=None,
     credentials=None,
     progress: bool | None = None,
@@ -206,6 +209,7 @@ def materialize(
     Exactly one of ``ckpt_dir`` and ``artifact_uri``. ``store`` (optional) is an open store of the URI's
     bucket; otherwise one is opened with ``credentials`` (a ``Credentials`` or None; unused for file://).
     ``verify_tensors=False`` (--no-verify) skips only the bitwise tensor probes of ``verify_output``.
+    ``unified_chat_template`` (--unified-chat-template): see ``conversion.chat_template``; part of the identity.
     """
     base_dir, out = Path(os.path.abspath(base)), Path(os.path.abspath(out))
     stage = _check_arguments(base_dir, out, ckpt_dir, artifact_uri, expect_tensors, min_tensors, stage_dir,
@@ -213,7 +217,7 @@ def materialize(
     wait = check_wait_seconds(lock_wait_seconds)
     source = resolve_source(ckpt_dir=ckpt_dir, artifact_uri=artifact_uri, store=store, credentials=credentials)
     request = _Request(base_dir, out, stage, expect_tensors, min_tensors, verify_tensors, force, keep_staged,
-                       max_shard_bytes, progress)
+                       max_shard_bytes, progress, bool(unified_chat_template))
     with output_lock(out, wait), contextlib.ExitStack() as held:
         opened = None
         if source.kind == "ckpt-dir":  # opened once, under the lock: every later read goes through it
@@ -234,6 +238,11 @@ class _Request:
     keep_staged: bool
     max_shard_bytes: int
     progress: bool | None
+    unified: bool = False
+
+    def options(self) -> dict[str, Any]:
+        """The identity options (the unified template only when on: outputs built without it keep theirs)."""
+        return {"max_shard_bytes": self.max_shard_bytes, **({chat_template.OPTION: True} if self.unified else {})}
 
 
 def _locked(req: _Request, source: ModelSource, opened: OpenedModel | None,
@@ -241,7 +250,8 @@ def _locked(req: _Request, source: ModelSource, opened: OpenedModel | None,
     """Restore, decide, build and swap: all of it under the output's lock."""
     out, base_dir = req.out, req.base_dir
     base = preflight.check_base(base_dir, expect_tensors=req.expect_tensors, min_tensors=req.min_tensors)
-    wanted = Identity(CONVERSION_VERSION, source.identity, base_identity(base_dir), {"max_shard_bytes": req.max_shard_bytes})
+    unified = preflight.check_unified(base_dir) if req.unified else None
+    wanted = Identity(CONVERSION_VERSION, source.identity, base_identity(base_dir), req.options())
     restored = restore_orphaned(out)
     decision = decide(out, wanted, base_dir, force=req.force)
     if decision.action == "skip":  # a killed run's leftovers stay as they are: a skip deletes nothing
@@ -264,9 +274,9 @@ def _locked(req: _Request, source: ModelSource, opened: OpenedModel | None,
             held.callback(opened.close)
         else:
             source.check_digest(opened, progress=req.progress)
-        result = _recover(req, recover, opened, wanted, decision) if recover is not None else None
+        result = _recover(req, recover, opened, wanted, decision, unified) if recover is not None else None
         if result is None:
-            result = _build(req, opened, wanted, decision)
+            result = _build(req, opened, wanted, decision, unified)
     finally:
         if where is not None:
             staging = where.report(kept=release(where))
@@ -335,23 +345,27 @@ def _fetch(source: ModelSource, root: Path, progress) -> tuple[Path, dict]:
     return result.path / source.model_path, fetched
 
 
-def _build(req: _Request, opened: OpenedModel, wanted: Identity, decision: Decision):
+def _build(req: _Request, opened: OpenedModel, wanted: Identity, decision: Decision,
+           unified: chat_template.Unified | None):
     out, base_dir, progress = req.out, req.base_dir, req.progress
     with staged_tree(out) as tmp:
         with _stage("overlay", out):
             conversion = convert_checkpoint(opened.read_path, base_dir, tmp, max_shard_bytes=req.max_shard_bytes,
                                             progress=progress)
         testhooks.reached("materialize:after-convert")
+        if unified is not None:
+            with _stage("sidecars", out):
+                chat_template.write_unified(tmp, unified)
         with _stage("verify", out):
             summary = verify_output(tmp, base_dir, opened.read_path if req.verify_tensors else None,
                                     expect_tensors=req.expect_tensors, min_tensors=req.min_tensors,
-                                    verify_tensors=req.verify_tensors)
+                                    verify_tensors=req.verify_tensors, unified_chat_template=unified is not None)
             opened.check_unchanged()  # the bytes converted and verified are the bytes the identity names
         digests = hash_files(tmp, [s.name for s in conversion.shards], progress=progress, desc="materialize sha256")
         record = Materialized(
             conversion_version=wanted.conversion_version, source=wanted.source, base=wanted.base,
             options=wanted.options, shards=tuple(FileEntry(p, d.size, d.sha256) for p, d in digests.items()),
-            tensor_count=conversion.tensor_count,
+            tensor_count=conversion.tensor_count, chat_template=unified.record() if unified is not None else None,
         )
         write_materialized(tmp, record)
         fsync_dir(tmp)
@@ -376,7 +390,8 @@ def _stage(name: str, out: Path):
         raise
 
 
-def _recover(req: _Request, tmp: Path, opened: OpenedModel, wanted: Identity, decision: Decision):
+def _recover(req: _Request, tmp: Path, opened: OpenedModel, wanted: Identity, decision: Decision,
+             unified: chat_template.Unified | None):
     """Publish a killed run's complete staged tree of this identity (``recovery.py``); None when another
     request adopted it first. A failed check refuses by name and keeps the tree (under this run's name)."""
     out, base_dir = req.out, req.base_dir
@@ -385,10 +400,10 @@ def _recover(req: _Request, tmp: Path, opened: OpenedModel, wanted: Identity, de
         return None
     try:
         record = read_materialized(own)
-        synced = recovery.resync_sidecars(own, base_dir)
+        synced = recovery.resync_sidecars(own, base_dir, unified)
         summary = recovery.check_recovered(own, base_dir, record, opened.read_path if req.verify_tensors else None,
                                            expect_tensors=req.expect_tensors, min_tensors=req.min_tensors,
-                                           progress=req.progress)
+                                           progress=req.progress, unified=unified)
         opened.check_unchanged()
     except CkptflowError as exc:
         state = "absent" if not os.path.lexists(out) else "an empty directory"

@@ -29,7 +29,7 @@ import os
 import shutil
 from pathlib import Path
 
-from ..conversion import VerificationSummary, verify_output
+from ..conversion import VerificationSummary, chat_template, verify_output
 from ..conversion import sidecars as hf_sidecars
 from ..errors import CkptflowError, Refused
 from ..fsutil import fsync_dir, unique_temp_path
@@ -81,11 +81,14 @@ def adopt(tmp: Path, out: Path) -> Path | None:
     return own
 
 
-def resync_sidecars(tree: Path, base_dir: Path) -> list[str]:
+def resync_sidecars(tree: Path, base_dir: Path, unified: chat_template.Unified | None = None) -> list[str]:
     """config.json and every sidecar of ``tree`` made byte-identical to the base's, each differing or
-    missing file through a temporary and a replace; shards are never touched. Returns what was rewritten."""
-    names = [hf_sidecars.CONFIG_NAME, *hf_sidecars.list_sidecars(base_dir).files]
-    rewritten = []
+    missing file through a temporary and a replace; shards are never touched. Under --unified-chat-template
+    the two template files get their unified bytes instead (``chat_template.write_unified``: a ``.writing``
+    temporary and a replace). Returns what was rewritten."""
+    skip = set(unified.expected()) if unified is not None else set()
+    names = [n for n in (hf_sidecars.CONFIG_NAME, *hf_sidecars.list_sidecars(base_dir).files) if n not in skip]
+    rewritten = chat_template.write_unified(tree, unified) if unified is not None else []
     for rel in names:
         src, dst = base_dir / rel, tree / rel
         if os.path.isfile(dst) and not os.path.islink(dst) and filecmp.cmp(src, dst, shallow=False):
@@ -106,11 +109,17 @@ def resync_sidecars(tree: Path, base_dir: Path) -> list[str]:
 
 
 def check_recovered(tree: Path, base_dir: Path, record: Materialized, model_pt: Path | None, *,
-                    expect_tensors: int, min_tensors: int, progress) -> VerificationSummary:
+                    expect_tensors: int, min_tensors: int, progress,
+                    unified: chat_template.Unified | None = None) -> VerificationSummary:
     """The checks a fresh build passes before its marker; ``model_pt`` None (--no-verify): the tensor
-    probes are skipped and the shards are trusted on size and tensor count instead of re-hashed."""
+    probes are skipped and the shards are trusted on size and tensor count instead of re-hashed. Under
+    --unified-chat-template the marker's template record must be the one the base gives now."""
     summary = verify_output(tree, base_dir, model_pt, expect_tensors=expect_tensors, min_tensors=min_tensors,
-                            verify_tensors=model_pt is not None)
+                            verify_tensors=model_pt is not None, unified_chat_template=unified is not None)
+    wanted = unified.record() if unified is not None else None
+    if record.chat_template != wanted:
+        raise Refused(f"{tree}: its marker's chat_template record is not the one the base's templates give now "
+                      "(--unified-chat-template)", path=str(tree))
     if summary.tensor_count != record.tensor_count:
         raise Refused(f"{tree} holds {summary.tensor_count} tensors; its marker records {record.tensor_count}",
                       path=str(tree))
