@@ -258,6 +258,7 @@ def test_recovery_gives_the_two_files_their_unified_bytes_again(models, ubase, p
     [left] = [out.parent / n for n in siblings(out) if n.startswith("teacher.tmp.")]
     for name in ("tokenizer_config.json", "chat_template.json"):  # as if the rewrite had not reached its rename
         shutil.copyfile(ubase / name, left / name)
+    (left / ".tokenizer_config.json.host.1.0a1b2c3d.writing").write_text("{")  # and its temporary were left
     result = request(models, out, ubase, unified_chat_template=True)
     assert result.status == "built" and result.recovered == str(left)
     assert tree_bytes(out) == tree_bytes(published)

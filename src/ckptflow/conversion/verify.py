@@ -24,18 +24,16 @@ from __future__ import annotations
 
 import mmap
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import CkptflowError, VerificationFailed
-from . import chat_template, shards, sidecars
+from . import DEFAULT_MIN_TENSORS, chat_template, shards, sidecars
 from .hf import plan_conversion
 from .layout import LayoutPlan
 from .shards import tensor_bytes
 from .source import Base, open_checkpoint, read_base
-
-DEFAULT_MIN_TENSORS = 800
 
 
 @dataclass(frozen=True)
@@ -49,6 +47,7 @@ class VerificationSummary:
     probed: tuple[str, ...] = ()  # non-expert tensors compared bitwise
     probed_experts: tuple[str, ...] = ()  # expert tensors compared bitwise
     tied: dict[str, str] = field(default_factory=dict)
+    loaders: dict[str, str] = field(default_factory=dict)  # check_loaders: loader -> "ok" / "skipped: why"
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -105,6 +104,15 @@ def verify_output(
         checks=tuple(checks + probes.checks), tensors_verified=True, probed=tuple(probes.probed),
         probed_experts=tuple(probes.probed_experts), tied=probes.tied, **summary,
     )
+
+
+def check_loaders(out_dir: Path, summary: VerificationSummary) -> VerificationSummary:
+    """6. (a staged build, before it is published) The transformers loaders a teacher uses load the export:
+    ``AutoTokenizer``, ``GenerationConfig``, ``AutoImageProcessor`` where present; ``AutoProcessor`` only
+    with torchvision (``sidecars.load_with_transformers``). Their verdicts depend on the installed
+    transformers, not only on the files, so ``verify_output`` alone does not run them."""
+    loaders = sidecars.load_with_transformers(out_dir)
+    return replace(summary, checks=(*summary.checks, "loaders"), loaders=loaders)
 
 
 def _read_export_index(out_dir: Path) -> shards.Index:

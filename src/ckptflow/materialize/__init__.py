@@ -10,17 +10,21 @@ that step 4 renames back an output a killed swap left aside)::
                          digest -> the identity is hashed from that descriptor
     4. preflight         the base is read and validated, the tensor floor / count checked
                          (``preflight.py``: one refusal family), before any leftover is restored or removed
+                         and before torch is imported (the conversion is imported after it)
     5. base identity     sha256 of config.json and of the weight index (or of a lone shard's header);
        decision          on <out> (see below); a crash-orphaned previous tree is renamed back first;
                          a build: free space for the staged export beside the existing one
     6. payload           archive: ``archive.fetch.fetch_artifact`` into the stage (``staging.py``: the
                          named <stage-dir>/iter_N when kept or already there, else a private one), every
                          byte hashed by this fetch (downloaded, or re-hashed in an existing copy) against
-                         the source identity, then opened once; local: the opened model.pt hashed from
+                         the source identity, then opened once and hashed again from that descriptor (a
+                         copy changed after the fetch is refused); local: the opened model.pt hashed from
                          its descriptor against the manifest
-    7. staged build      convert into <out>.tmp.<host>.<pid>.<token> beside <out> and verify_output, both
+    7. staged build      convert into <out>.tmp.<host>.<pid>.<token> beside <out> (--unified-chat-template:
+                         then the two template files rewritten, stage "sidecars") and verify_output, both
                          reading the opened file (``/proc/self/fd/N``: a path replaced meanwhile is never
-                         read); an in-place change of it (size/mtime) refuses; hash the shards, write
+                         read), then the transformers loaders on the staged tree (``check_loaders``); an
+                         in-place change of it (size/mtime) refuses; hash the shards, write
                          ``.materialized`` inside the staged tree (commit record)
     8. publish           <out> absent or empty: rename; otherwise swap: <out> -> <out>.previous.<...>
                          (a file no build writes found there puts it back and refuses), staged tree ->
@@ -75,17 +79,10 @@ import shutil
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import __version__, testhooks
-from ..conversion import (
-    CONVERSION_VERSION,
-    DEFAULT_MIN_TENSORS,
-    VerificationSummary,
-    chat_template,
-    convert_checkpoint,
-    verify_output,
-)
+from ..conversion import DEFAULT_MIN_TENSORS, chat_template
 from ..conversion import shards as hf_shards
 from ..conversion import sidecars as hf_sidecars
 from ..digest import hash_files, sha256_bytes, sha256_file
@@ -107,6 +104,9 @@ from .output import (
 )
 from .source import ModelSource, OpenedModel, resolve_source
 from .staging import Stage, open_stage, release
+
+if TYPE_CHECKING:
+    from ..conversion import VerificationSummary
 
 log = logging.getLogger("ckptflow.materialize")
 
@@ -251,6 +251,8 @@ def _locked(req: _Request, source: ModelSource, opened: OpenedModel | None,
     out, base_dir = req.out, req.base_dir
     base = preflight.check_base(base_dir, expect_tensors=req.expect_tensors, min_tensors=req.min_tensors)
     unified = preflight.check_unified(base_dir) if req.unified else None
+    from ..conversion import CONVERSION_VERSION  # torch loads here, once the preflight has passed
+
     wanted = Identity(CONVERSION_VERSION, source.identity, base_identity(base_dir), req.options())
     restored = restore_orphaned(out)
     decision = decide(out, wanted, base_dir, force=req.force)
@@ -270,10 +272,10 @@ def _locked(req: _Request, source: ModelSource, opened: OpenedModel | None,
             assert req.stage is not None
             where = open_stage(req.stage, source.artifact_name, keep=req.keep_staged)
             model_pt, fetched = _fetch(source, where.root, req.progress)
-            opened = OpenedModel.open(model_pt)  # hashed by the fetch; converted and verified through this
+            opened = OpenedModel.open(model_pt)  # converted and verified through this descriptor
             held.callback(opened.close)
-        else:
-            source.check_digest(opened, progress=req.progress)
+        # The digest of record is taken from the opened descriptor (fetch verified the staged copy by path).
+        source.check_digest(opened, progress=req.progress)
         result = _recover(req, recover, opened, wanted, decision, unified) if recover is not None else None
         if result is None:
             result = _build(req, opened, wanted, decision, unified)
@@ -347,6 +349,9 @@ def _fetch(source: ModelSource, root: Path, progress) -> tuple[Path, dict]:
 
 def _build(req: _Request, opened: OpenedModel, wanted: Identity, decision: Decision,
            unified: chat_template.Unified | None):
+    from ..conversion import convert_checkpoint, verify_output
+    from ..conversion.verify import check_loaders
+
     out, base_dir, progress = req.out, req.base_dir, req.progress
     with staged_tree(out) as tmp:
         with _stage("overlay", out):
@@ -360,6 +365,7 @@ def _build(req: _Request, opened: OpenedModel, wanted: Identity, decision: Decis
             summary = verify_output(tmp, base_dir, opened.read_path if req.verify_tensors else None,
                                     expect_tensors=req.expect_tensors, min_tensors=req.min_tensors,
                                     verify_tensors=req.verify_tensors, unified_chat_template=unified is not None)
+            summary = check_loaders(tmp, summary)
             opened.check_unchanged()  # the bytes converted and verified are the bytes the identity names
         digests = hash_files(tmp, [s.name for s in conversion.shards], progress=progress, desc="materialize sha256")
         record = Materialized(
