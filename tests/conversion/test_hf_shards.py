@@ -191,3 +191,13 @@ def test_written_shards_pass_the_safetensors_reader(tiny):
         assert n % 8 == 0
         with safe_open(str(export / name), framework="pt") as f:
             assert f.metadata() == {"format": "pt"}
+
+
+def test_the_torch_free_item_sizes_match_torch_for_every_dtype_name():
+    import torch
+
+    from ckptflow.conversion.dtypes import ITEMSIZE
+    from ckptflow.conversion.layout import DTYPES
+
+    assert set(ITEMSIZE) == set(DTYPES)
+    assert {name: torch.empty(0, dtype=dt).element_size() for name, dt in DTYPES.items()} == ITEMSIZE

@@ -79,3 +79,35 @@ def cli_args(source: Path | str, base: Path, out: Path, *more: str) -> list[str]
 
 
 
+# --unified-chat-template: a processor template whose branch with tools renders the reasoning untrimmed and
+# whose branch without tools strips only newlines, so the two requests render two reasoning forms.
+PROCESSOR_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n# Tools\\n<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['role'] == 'assistant' and message.get('reasoning_content') %}"
+    "{%- if tools %}{{- '<think>\\n' + message['reasoning_content'] + '\\n</think>\\n\\n' }}"
+    "{%- else %}{{- '<think>\\n' + message['reasoning_content'].strip('\\n') + '\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+    "{{- message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def unified_base(vlm_base: Path, dst: Path) -> Path:
+    """A copy of the tiny VLM base as a base --unified-chat-template supports: its templates in the two JSON
+    files only (tokenizer_config.json gets the tokenizer's template, chat_template.json ``PROCESSOR_TEMPLATE``),
+    no chat_template.jinja and no additional_chat_templates/ (a loader would prefer those)."""
+    import json
+
+    copy_tree(vlm_base, dst)
+    (dst / "chat_template.jinja").unlink()
+    shutil.rmtree(dst / "additional_chat_templates")
+    config = json.loads((dst / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config["chat_template"] = tm.CHAT_TEMPLATE
+    (dst / "tokenizer_config.json").write_text(json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n",
+                                               encoding="utf-8")
+    (dst / "chat_template.json").write_text(json.dumps({"chat_template": PROCESSOR_TEMPLATE}, indent=2) + "\n",
+                                            encoding="utf-8")
+    return dst

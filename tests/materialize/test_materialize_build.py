@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -40,7 +41,8 @@ def test_no_verify_skips_only_tensor_probes_and_the_skip_stays_idempotent(models
     result = build(models, out, verify_tensors=False)
     summary = result.verification
     assert summary.tensors_verified is False and summary.probed == ()
-    assert summary.checks == ("tensor_count", "index_headers", "key_coverage", "config_identity", "sidecar_identity")
+    assert summary.checks == ("tensor_count", "index_headers", "key_coverage", "config_identity", "sidecar_identity",
+                              "loaders")  # the transformers loaders run under --no-verify too
     # Verifying needs --force or another --out; a plain rerun (with or without --no-verify) skips.
     assert build(models, out).status == "skipped"
     assert build(models, out, verify_tensors=False).status == "skipped"
@@ -69,7 +71,7 @@ def test_failure_before_the_swap_keeps_the_old_output_byte_identical(models, tmp
     def failing_verify(*args, **kwargs):
         raise VerificationFailed("probe differs (injected)")
 
-    monkeypatch.setattr("ckptflow.materialize.verify_output", failing_verify)
+    monkeypatch.setattr("ckptflow.conversion.verify.verify_output", failing_verify)  # imported on use
     with pytest.raises(VerificationFailed, match="injected"):
         build(models, out, seed=2, force=True)
     assert tree_state(out) == before
@@ -188,7 +190,8 @@ def test_single_file_base_is_identified_by_its_header(models, tmp_path):
     assert materialize(ckpt_dir=models.artifact(), base=base, out=out, **DEFAULTS).status == "skipped"
 
 
-@pytest.mark.parametrize(("stage", "target"), [("overlay", "convert_checkpoint"), ("verify", "verify_output")])
+@pytest.mark.parametrize(("stage", "target"), [("overlay", "hf.convert_checkpoint"), ("verify", "verify.verify_output"),
+                                              ("verify", "verify.check_loaders")])
 def test_a_failure_names_its_stage_and_keeps_the_old_output_under_force_no_verify(models, tmp_path, monkeypatch,
                                                                                   stage, target):
     out = tmp_path / "teacher"
@@ -198,8 +201,26 @@ def test_a_failure_names_its_stage_and_keeps_the_old_output_under_force_no_verif
     def failing(*args, **kwargs):
         raise VerificationFailed(f"{target} failed (injected)")
 
-    monkeypatch.setattr(f"ckptflow.materialize.{target}", failing)
+    monkeypatch.setattr(f"ckptflow.conversion.{target}", failing)  # the conversion is imported on first use
     with pytest.raises(VerificationFailed, match=rf"materialize {stage} stage failed for {out}: {target} failed"):
         build(models, out, seed=2, force=True, verify_tensors=False)
     assert tree_bytes(out) == before
     assert siblings(out) == []
+
+
+def test_the_transformers_loaders_run_on_the_staged_build_before_it_is_published(models, tmp_path):
+    base = copy_tree(models.base("qwen2_5_vl"), tmp_path / "base")
+    out = tmp_path / "teacher"
+    result = materialize(ckpt_dir=models.artifact("qwen2_5_vl"), base=base, out=out, **DEFAULTS)
+    loaders = result.verification.loaders
+    assert loaders["AutoTokenizer"] == loaders["GenerationConfig"] == loaders["AutoImageProcessor"] == "ok"
+    assert loaders["AutoProcessor"] == ("ok" if importlib.util.find_spec("torchvision") else
+                                        "skipped: torchvision is not installed (Qwen-VL processors import it)")
+    assert result.verification.checks[-1] == "loaders"
+    before = tree_bytes(out)
+    (base / "tokenizer.json").write_text("{}")  # a JSON object (the preflight passes) no tokenizer loads
+    with pytest.raises(VerificationFailed, match=rf"materialize verify stage failed for {out}: "
+                                                 r"AutoTokenizer\.from_pretrained cannot load .*teacher\.tmp\."):
+        materialize(ckpt_dir=models.artifact("qwen2_5_vl"), base=base, out=out, force=True, verify_tensors=False,
+                    **DEFAULTS)
+    assert tree_bytes(out) == before and siblings(out) == []

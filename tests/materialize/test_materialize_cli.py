@@ -36,7 +36,6 @@ def test_build_then_skip_then_refuse(models, tmp_path):
 
 @pytest.mark.parametrize("extra", [
     ["--artifact-uri", "file:///x/iter_000001"],  # two sources
-    ["--unified-chat-template"],  # documented in DESIGN, not implemented yet: refused as unknown
     ["--lock-wait-seconds", "inf"],
     ["--lock-wait-seconds", "nan"],
     ["--lock-wait-seconds", "-1"],

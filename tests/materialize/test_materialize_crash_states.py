@@ -110,3 +110,23 @@ def test_a_previous_without_out_is_renamed_back_first_under_force_too(models, tm
     result = request(models, out, seed=2, force=True)
     assert result.status == "built" and marker.read_materialized(out).source.sha256 == sha_of(models, 2)
     assert siblings(out) == []
+
+
+@pytest.mark.slow
+def test_recovery_replaces_the_template_directory_whole_from_a_staged_copy(models, tmp_path):
+    kind = "qwen2_5_vl"
+    base, out = models.base(kind), tmp_path / "teacher"
+    proc = run_cli(*cli_args(models.artifact(kind), base, out),
+                   env=cli_env(CKPTFLOW_TEST_KILL_AT="materialize:after-marker"))
+    assert proc.returncode == -9, proc.stderr
+    left = only(out, "tmp")
+    templates = left / "additional_chat_templates"
+    (templates / "tool_use.jinja").write_text("{{ changed }}")
+    (templates / "stray.jinja").write_text("{{ not the base's }}")  # a copy file by file would keep it
+    inode = templates.stat().st_ino
+    result = materialize(ckpt_dir=models.artifact(kind), base=base, out=out, **DEFAULTS)
+    assert result.status == "built" and result.recovered == str(left)
+    assert tree_bytes(out / "additional_chat_templates") == tree_bytes(base / "additional_chat_templates")
+    assert (out / "additional_chat_templates").stat().st_ino != inode  # a new directory, renamed in
+    assert [n for n in tree_bytes(out) if n.startswith(".additional_chat_templates")] == []
+    assert siblings(out) == []

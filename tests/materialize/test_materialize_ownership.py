@@ -203,3 +203,26 @@ def test_a_killed_requests_private_stage_is_adopted_and_its_download_kept(models
     assert proc.returncode == 0, proc.stderr
     assert proc.report["fetch"]["status"] == "resumed" and proc.report["fetch"]["downloaded"] == []
     assert proc.report["status"] == "built" and siblings(out) == []
+
+
+@pytest.mark.slow
+def test_a_staged_copy_replaced_after_the_fetch_verified_it_is_refused_by_its_digest(models, tmp_path):
+    """The archived model.pt is hashed again from the descriptor the conversion reads: a copy replaced in the
+    stage between the fetch's verification and the open is never converted under the archive's digest."""
+    uri = file_archive(models, tmp_path)
+    out = tmp_path / "teacher"
+    assert materialize(artifact_uri=uri, base=models.base(), out=out, **DEFAULTS).status == "built"
+    before = tree_state(out)
+    stage, flag = tmp_path / "stage", tmp_path / "paused"
+    proc = start_cli(*cli_args(uri, models.base(), out, "--force", "--stage-dir", str(stage), "--keep-staged"),
+                     env=cli_env(CKPTFLOW_TEST_PAUSE_AT="materialize:after-fetch", CKPTFLOW_TEST_PAUSE_FILE=str(flag)))
+    wait_for_file(flag, proc)
+    staged = stage / "iter_000300" / "model.pt"
+    other = staged.with_name("other.pt")
+    shutil.copyfile(models.artifact("qwen3", 2) / "model.pt", other)  # another checkpoint's bytes
+    other.replace(staged)
+    flag.unlink()
+    _, stderr = finish(proc)
+    assert proc.returncode == 1, stderr
+    assert str(staged) in stderr and "after the fetch" in stderr and sha256_file(staged).sha256 in stderr, stderr
+    assert tree_state(out) == before and siblings(out) == []

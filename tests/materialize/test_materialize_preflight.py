@@ -4,13 +4,17 @@ restored or written, and the existing output stays byte-identical."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 from materialize_helpers import DEFAULTS, cli_args, cli_env, copy_tree, siblings
 
 from ckptflow.errors import Refused
 from ckptflow.materialize import materialize
+from helpers import REPO
 from helpers.cli import run_cli
 from helpers.trees import tree_bytes
 
@@ -114,3 +118,77 @@ def test_a_refused_preflight_restores_no_leftover_either(models, tmp_path):
     proc = run_cli(*cli_args(models.artifact("qwen3", 2), base, out, "--force"))
     assert proc.returncode == 1 and FAMILY in proc.stderr and "byte-order mark" in proc.stderr, proc.stderr
     assert not out.exists() and {n: tree_bytes(out.parent / n) for n in siblings(out)} == beside
+
+
+# The CLI in a child that says on its last stderr line whether torch was imported when it exited.
+_TORCH_PROBE = """
+import atexit, runpy, sys
+atexit.register(lambda: sys.stderr.write("torch imported: %s\\n" % ("torch" in sys.modules)))
+sys.argv = ["ckptflow", *sys.argv[1:]]
+runpy.run_module("ckptflow", run_name="__main__", alter_sys=True)
+"""
+
+
+def run_probed(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _TORCH_PROBE, *args], capture_output=True, text=True,
+                          env=cli_env(), cwd=REPO, timeout=300)
+
+
+@pytest.mark.parametrize("kind", ["shard-truncated", "bom", "unified-jinja"])
+def test_a_preflight_refusal_happens_before_torch_is_imported(models, tmp_path, kind):
+    base = copy_tree(models.base(), tmp_path / "base")
+    out = tmp_path / "teacher"
+    request(models, out, base)
+    before = tree_bytes(out)
+    more = []
+    if kind == "unified-jinja":  # the tiny text base keeps its tokenizer template in chat_template.jinja
+        more = ["--unified-chat-template", "--no-verify"]
+        (base / "chat_template.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
+    else:
+        damage(base, kind)
+    proc = run_probed(*cli_args(models.artifact("qwen3", 2), base, out, "--force", *more))
+    assert proc.returncode == 1 and FAMILY in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines()[-1] == "torch imported: False", proc.stderr
+    assert tree_bytes(out) == before and siblings(out) == []
+
+    # The probe sees torch once a request gets past the preflight (here: refused on the marker after it).
+    proc = run_probed(*cli_args(models.artifact("qwen3", 2), models.base(), out))
+    assert proc.returncode == 1 and "they differ in: source model.pt" in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines()[-1] == "torch imported: True", proc.stderr
+    assert tree_bytes(out) == before
+
+
+def _without_file_permission_override() -> list[str]:
+    """A command prefix that runs the CLI without CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH, so file modes
+    bind it like an ordinary user (the tests run as root); [] where that cannot be done here."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return []
+    prefix = [setpriv, "--bounding-set=-dac_override,-dac_read_search"]
+    probe = subprocess.run([*prefix, sys.executable, "-c", "open('/proc/self/status').read()"], capture_output=True)
+    return prefix if probe.returncode == 0 else []
+
+
+@pytest.mark.parametrize("what", ["shard", "base-dir", "sidecar"])
+def test_a_base_this_user_cannot_read_is_refused_by_name_with_the_reason(models, tmp_path, what):
+    prefix = _without_file_permission_override()
+    if not prefix:
+        assert not os.environ.get("CI"), "setpriv cannot drop the file-permission override here"
+        pytest.skip("setpriv is missing or cannot drop CAP_DAC_OVERRIDE here: no way to deny root a read")
+    base = copy_tree(models.base(), tmp_path / "base")
+    out = tmp_path / "teacher"
+    request(models, out, base)
+    before = tree_bytes(out)
+    target = {"shard": first_shard(base), "base-dir": base, "sidecar": base / "tokenizer_config.json"}[what]
+    mode = target.stat().st_mode
+    target.chmod(0)
+    try:
+        proc = subprocess.run([*prefix, sys.executable, "-m", "ckptflow",
+                               *cli_args(models.artifact("qwen3", 2), base, out, "--force")],
+                              capture_output=True, text=True, env=cli_env(), cwd=REPO, timeout=300)
+    finally:
+        target.chmod(mode)
+    assert proc.returncode == 1 and json.loads(proc.stdout)["status"] == "refused", proc.stderr
+    assert FAMILY in proc.stderr and str(target) in proc.stderr and "Permission denied" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert tree_bytes(out) == before and siblings(out) == []

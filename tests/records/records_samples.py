@@ -107,14 +107,11 @@ def make_materialized(v: int) -> materialized.Materialized:
         options={"unified_chat_template": False, "max_shard_mb": 100, "dtype": "bf16", "none": None},
         shards=tuple(entries("model-00002-of-00002.safetensors", "model-00001-of-00002.safetensors")),
         tensor_count=291,
-    )
-
-
-def make_overlay(v: int) -> materialized.OverlaySource:
-    return materialized.OverlaySource(
-        source=materialized.SourceIdentity(uri="s3://ckpts/run1/iter_0000300", sha256=hexd("b"), size=12 + v),
-        intermediate="/stage/hf",
-        conversion_version="1",
+        chat_template=None if v == 0 else {
+            "processor_template_sha256": hexd("1"), "canonical_sha256": hexd("2"), "allowed_sidecars": [],
+            "files": [{"path": name, "base_sha256": hexd("3"), "sha256": hexd("4"), "diff": "@@ -1,1 +1,1 @@\n"}
+                      for name in ("chat_template.json", "tokenizer_config.json")],
+        },
     )
 
 
@@ -221,15 +218,6 @@ SPECS = [
         materialized.encode_materialized,
         materialized.parse_materialized,
         inventory=("shards",),
-    ),
-    Spec(
-        "overlay_source",
-        materialized.OVERLAY_FILENAME,
-        make_overlay,
-        materialized.write_overlay_source,
-        materialized.read_overlay_source,
-        materialized.encode_overlay_source,
-        materialized.parse_overlay_source,
     ),
     Spec(
         "probe",

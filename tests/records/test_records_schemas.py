@@ -19,7 +19,6 @@ RECORD_SCHEMAS = [
     "merge_record",
     "staging",
     "materialized",
-    "overlay_source",
     "legacy_manifest",
     "probe",
     "merge_progress",

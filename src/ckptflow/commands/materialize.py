@@ -39,6 +39,11 @@ def register(sub) -> None:
     s.add_argument("--credentials", help="credentials JSON; default $CKPTFLOW_CREDENTIALS (unused for file://)")
     s.add_argument("--max-shard-size", default="5GB", metavar="BYTES",
                    help="largest tensor data per shard: bytes, or with KB/MB/GB/KiB/MiB/GiB (default 5GB); part of the identity")
+    s.add_argument("--unified-chat-template", action="store_true",
+                   help="ship the base's processor template (chat_template.json) in its canonical form, the reasoning "
+                   "rendered trimmed, as the chat_template of both tokenizer_config.json and chat_template.json "
+                   "(every other key unchanged); refuses a base with a template a loader prefers (chat_template.jinja, "
+                   "additional_chat_templates/, processor_config.json's chat_template); part of the identity")
     s.add_argument("--lock-wait-seconds", type=_wait_seconds, default=120.0, metavar="S",
                    help="how long to wait for another materialize of the same --out (<out>.lock) before refusing "
                    "(default 120; a finite number >= 0)")
@@ -77,6 +82,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         expect_tensors=args.expect_tensors, min_tensors=args.min_tensors, verify_tensors=not args.no_verify,
         force=args.force, stage_dir=args.stage_dir, keep_staged=args.keep_staged,
         max_shard_bytes=parse_size(args.max_shard_size), lock_wait_seconds=args.lock_wait_seconds,
+        unified_chat_template=args.unified_chat_template,
         credentials=credentials,
     )
     return result.to_report()

@@ -50,6 +50,7 @@ from typing import Any
 import torch
 
 from ..errors import InvalidRecord, Refused
+from .dtypes import TensorInfo
 
 GetTensor = Callable[[str], torch.Tensor]
 
@@ -83,25 +84,6 @@ VLM_RENAMINGS: tuple[tuple[str, str], ...] = (
     (r"^model(?!\.(language_model|visual))", "model.language_model"),
 )
 VLM_PREFIXES = ("model.language_model.", "model.visual.", "visual.")
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """Shape and safetensors dtype name of one tensor; ``dtype=None`` means "any" (a target without a dtype)."""
-
-    shape: tuple[int, ...]
-    dtype: str | None
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
-
-    @classmethod
-    def of(cls, tensor: torch.Tensor) -> TensorInfo:
-        return cls(tuple(tensor.shape), dtype_name(tensor.dtype))
 
 
 def dtype_name(dtype: torch.dtype) -> str:

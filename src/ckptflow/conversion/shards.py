@@ -5,6 +5,8 @@ maps each tensor name to ``{"dtype", "shape", "data_offsets": [start, end]}`` (o
 buffer) and may hold a ``__metadata__`` object of strings. :func:`read_header` accepts a file only when
 the offsets tile the buffer exactly (sorted, contiguous, from 0, each ``end - start`` = numel × itemsize)
 and the file length is ``8 + N + buffer``; then it asks the pinned safetensors reader to open it too.
+Reading and validating needs no torch (the materialize preflight runs before torch is imported); only
+writing a shard does.
 
 The index ``model.safetensors.index.json`` is ``{"metadata": {"total_size": <tensor bytes>},
 "weight_map": {name: shard file}}``; it is written last, atomically, so an index names only complete shards.
@@ -19,14 +21,15 @@ import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidRecord
 from ..fsutil import atomic_write_bytes, safe_relpath
 from ..jsonio import decode_json_object, encode_json
-from .layout import DTYPES, TensorInfo
+from .dtypes import ITEMSIZE, TensorInfo
+
+if TYPE_CHECKING:
+    import torch
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -34,7 +37,7 @@ DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
 # Headers larger than this are refused before being read (safetensors' own reader uses 100 MB).
 MAX_HEADER_BYTES = 100_000_000
 
-_ITEMSIZE = {name: torch.empty(0, dtype=dt).element_size() for name, dt in DTYPES.items()}
+_ITEMSIZE = ITEMSIZE
 
 
 def nbytes(info: TensorInfo) -> int:
@@ -135,7 +138,7 @@ def _safetensors_opens(path: Path) -> None:
     from safetensors import safe_open
 
     try:
-        with safe_open(str(path), framework="pt") as f:
+        with safe_open(str(path), framework="numpy") as f:  # the header only: no torch needed
             f.keys()
     except Exception as exc:  # noqa: BLE001 - the reader raises its own error types; report them by name
         raise _bad(path, f"is refused by safetensors: {type(exc).__name__}: {exc}") from None
@@ -241,6 +244,8 @@ def encode_header(infos: Iterable[tuple[str, TensorInfo]]) -> tuple[bytes, dict[
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:
     """A zero-copy byte view of a contiguous tensor (a memory-mapped tensor stays mapped)."""
+    import torch
+
     return memoryview(t.reshape(-1).view(torch.uint8).numpy())
 
 

@@ -106,12 +106,21 @@ def copy_sidecars(base_dir: Path, out_dir: Path, files: tuple[str, ...]) -> None
             os.fsync(out.fileno())
 
 
-def check_identical(base_dir: Path, out_dir: Path, files: tuple[str, ...]) -> None:
-    """``config.json`` and every sidecar of the base exist in ``out_dir`` with the same bytes."""
+def check_identical(base_dir: Path, out_dir: Path, files: tuple[str, ...],
+                    expected: dict[str, bytes] | None = None) -> None:
+    """``config.json`` and every sidecar of the base exist in ``out_dir`` with the same bytes; a file in
+    ``expected`` (the two template files under --unified-chat-template) with those bytes instead."""
     for rel in (CONFIG_NAME, *files):
         src, dst = Path(base_dir) / rel, Path(out_dir) / rel
         if not dst.is_file() or dst.is_symlink():
             raise VerificationFailed(f"{dst} is missing (the base has {rel})", path=str(dst), remedy="rebuild the export")
+        if expected is not None and rel in expected:
+            if dst.read_bytes() != expected[rel]:
+                raise VerificationFailed(
+                    f"sidecar {dst} is not the base's {src} with its chat_template replaced by the canonical processor "
+                    "template (--unified-chat-template: that one value changes, every other byte is the base's)",
+                    path=str(dst), remedy="rebuild the export from this base")
+            continue
         if not _same_bytes(src, dst):
             what = "config" if rel == CONFIG_NAME else "sidecar"
             raise VerificationFailed(
@@ -156,27 +165,42 @@ def load_with_transformers(model_dir: Path) -> dict[str, str]:
     ``AutoProcessor`` is skipped when torchvision is absent: Qwen-VL processors import their video processor,
     which needs it (loading them on a CPU-only torch fails for that reason alone, not for the files).
     ``AutoImageProcessor`` runs only when the directory has ``preprocessor_config.json`` (and needs pillow or
-    torchvision: a Qwen-VL image processor has a PIL and a torchvision implementation).
+    torchvision: a Qwen-VL image processor has a PIL and a torchvision implementation). A loader that fails
+    raises ``VerificationFailed`` naming it, the directory and the loader's own message.
     """
     from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer, GenerationConfig
 
     model_dir = Path(model_dir)
     report: dict[str, str] = {}
-    AutoTokenizer.from_pretrained(str(model_dir))
-    report["AutoTokenizer"] = "ok"
+    _load(report, "AutoTokenizer", AutoTokenizer, model_dir)
     if (model_dir / "generation_config.json").is_file():
-        GenerationConfig.from_pretrained(str(model_dir))
-        report["GenerationConfig"] = "ok"
+        _load(report, "GenerationConfig", GenerationConfig, model_dir)
     if (model_dir / "preprocessor_config.json").is_file():
         has_torchvision = importlib.util.find_spec("torchvision") is not None
         if has_torchvision or importlib.util.find_spec("PIL") is not None:
-            AutoImageProcessor.from_pretrained(str(model_dir))
-            report["AutoImageProcessor"] = "ok"
+            _load(report, "AutoImageProcessor", AutoImageProcessor, model_dir)
         else:
             report["AutoImageProcessor"] = "skipped: neither pillow nor torchvision is installed"
         if has_torchvision:
-            AutoProcessor.from_pretrained(str(model_dir))
-            report["AutoProcessor"] = "ok"
+            _load(report, "AutoProcessor", AutoProcessor, model_dir)
         else:
             report["AutoProcessor"] = "skipped: torchvision is not installed (Qwen-VL processors import it)"
     return report
+
+
+def _load(report: dict[str, str], name: str, loader, model_dir: Path) -> None:
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        loader.from_pretrained(str(model_dir))
+    except Exception as exc:  # noqa: BLE001 - the loaders raise many types; report the loader and its message
+        raise VerificationFailed(f"{name}.from_pretrained cannot load {model_dir}: {type(exc).__name__}: {exc}",
+                                 path=str(model_dir),
+                                 remedy="fix the base's tokenizer / processor / generation files (they are copied "
+                                 "as they are), then rerun") from None
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    report[name] = "ok"

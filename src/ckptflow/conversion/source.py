@@ -5,7 +5,7 @@ transformers-v5 in-memory layout or the on-disk one. It is opened memory-mapped
 (``torch.load(mmap=True, weights_only=True)``), so reading a tensor touches page cache, not anonymous memory,
 and nothing in the file can run code.
 
-The base is read without torch: ``config.json`` (a JSON object), the index (or a lone
+The base is read without torch (torch is imported only to open a checkpoint): ``config.json`` (a JSON object), the index (or a lone
 ``model.safetensors``), every shard header checked against the index, and the sidecar list.
 """
 
@@ -16,12 +16,14 @@ import mmap
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..errors import InvalidRecord, NotFound
 from . import shards, sidecars
-from .layout import TensorInfo, dtype_name
+from .dtypes import TensorInfo
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,10 @@ def open_checkpoint(path: Path) -> Checkpoint:
 
     ``path`` may be ``/proc/self/fd/N`` (a file the caller opened once): messages then name the file
     it was opened as."""
+    import torch
+
+    from .layout import dtype_name
+
     opened = Path(path)
     path = _display_path(opened)
     if not opened.is_file():

@@ -10,7 +10,9 @@ the file and the fault at the first failure:
    the tensor bytes; no weight file beside them that the index does not list (a loader could prefer it);
 3. **exact key coverage** against the base: the same keys with the same shapes and dtypes;
 4. **config identity** and **sidecar identity**: ``config.json`` and every sidecar byte-identical to the base's,
-   and no other visible file (hidden ``.*`` entries are ckptflow's markers);
+   and no other visible file (hidden ``.*`` entries are ckptflow's markers); with ``unified_chat_template``
+   ``tokenizer_config.json`` and ``chat_template.json`` are checked by rule instead (``chat_template.unify``:
+   the base's file with its ``chat_template`` value replaced by the canonical processor template);
 5. unless ``verify_tensors=False`` (``--no-verify``): the checkpoint is memory-mapped and planned against
    the base again (strict accounting), then a **bitwise probe** of sampled non-expert tensors (the embedding
    and the final tensors always among them) and, when the base has MoE experts, **sampled expert layout
@@ -22,18 +24,16 @@ from __future__ import annotations
 
 import mmap
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import CkptflowError, VerificationFailed
-from . import shards, sidecars
+from . import DEFAULT_MIN_TENSORS, chat_template, shards, sidecars
 from .hf import plan_conversion
 from .layout import LayoutPlan
 from .shards import tensor_bytes
 from .source import Base, open_checkpoint, read_base
-
-DEFAULT_MIN_TENSORS = 800
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ class VerificationSummary:
     probed: tuple[str, ...] = ()  # non-expert tensors compared bitwise
     probed_experts: tuple[str, ...] = ()  # expert tensors compared bitwise
     tied: dict[str, str] = field(default_factory=dict)
+    loaders: dict[str, str] = field(default_factory=dict)  # check_loaders: loader -> "ok" / "skipped: why"
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -70,6 +71,7 @@ def verify_output(
     probe_count: int = 32,
     expert_probe_count: int = 8,
     seed: int = 0,
+    unified_chat_template: bool = False,
 ) -> VerificationSummary:
     """Check the export in ``out_dir`` (see the module doc); return what was checked."""
     out_dir, base_dir = Path(out_dir), Path(base_dir)
@@ -82,8 +84,10 @@ def verify_output(
         raise _fail(f"base: {exc}", path=base_dir, remedy="fix or re-download the base") from None
     check_key_coverage(out_dir, index, headers, base)
     sidecars.check_identical(base.path, out_dir, ())  # config identity
-    check_sidecar_identity(out_dir, index, base)
+    check_sidecar_identity(out_dir, index, base, unified_templates(base_dir) if unified_chat_template else None)
     checks = ["tensor_count", "index_headers", "key_coverage", "config_identity", "sidecar_identity"]
+    if unified_chat_template:
+        checks.append("unified_chat_template")
     summary: dict[str, Any] = {
         "tensor_count": len(index.weight_map),
         "shard_count": len(headers),
@@ -100,6 +104,15 @@ def verify_output(
         checks=tuple(checks + probes.checks), tensors_verified=True, probed=tuple(probes.probed),
         probed_experts=tuple(probes.probed_experts), tied=probes.tied, **summary,
     )
+
+
+def check_loaders(out_dir: Path, summary: VerificationSummary) -> VerificationSummary:
+    """6. (a staged build, before it is published) The transformers loaders a teacher uses load the export:
+    ``AutoTokenizer``, ``GenerationConfig``, ``AutoImageProcessor`` where present; ``AutoProcessor`` only
+    with torchvision (``sidecars.load_with_transformers``). Their verdicts depend on the installed
+    transformers, not only on the files, so ``verify_output`` alone does not run them."""
+    loaders = sidecars.load_with_transformers(out_dir)
+    return replace(summary, checks=(*summary.checks, "loaders"), loaders=loaders)
 
 
 def _read_export_index(out_dir: Path) -> shards.Index:
@@ -166,9 +179,19 @@ def check_key_coverage(out_dir: Path, index: shards.Index, headers: dict[str, sh
         )
 
 
-def check_sidecar_identity(out_dir: Path, index: shards.Index, base: Base) -> None:
-    """4. Every sidecar byte-identical to the base's, and no other visible file."""
-    sidecars.check_identical(base.path, out_dir, base.sidecars.files)
+def unified_templates(base_dir: Path) -> dict[str, bytes]:
+    """The bytes the two template files of a unified export must hold (``chat_template.unify``)."""
+    try:
+        return chat_template.unify(base_dir).expected()
+    except CkptflowError as exc:
+        raise _fail(f"--unified-chat-template: {exc.message}", path=Path(exc.path) if exc.path else base_dir,
+                    remedy=exc.remedy or "fix the base") from None
+
+
+def check_sidecar_identity(out_dir: Path, index: shards.Index, base: Base,
+                           expected: dict[str, bytes] | None = None) -> None:
+    """4. Every sidecar byte-identical to the base's (those in ``expected``: those bytes), no other visible file."""
+    sidecars.check_identical(base.path, out_dir, base.sidecars.files, expected)
     expected = {sidecars.CONFIG_NAME, shards.INDEX_NAME, *index.shards(), *base.sidecars.files}
     unexpected = sidecars.unexpected_files(out_dir, expected)
     if unexpected:

@@ -10,17 +10,21 @@ that step 4 renames back an output a killed swap left aside)::
                          digest -> the identity is hashed from that descriptor
     4. preflight         the base is read and validated, the tensor floor / count checked
                          (``preflight.py``: one refusal family), before any leftover is restored or removed
+                         and before torch is imported (the conversion is imported after it)
     5. base identity     sha256 of config.json and of the weight index (or of a lone shard's header);
        decision          on <out> (see below); a crash-orphaned previous tree is renamed back first;
                          a build: free space for the staged export beside the existing one
     6. payload           archive: ``archive.fetch.fetch_artifact`` into the stage (``staging.py``: the
                          named <stage-dir>/iter_N when kept or already there, else a private one), every
                          byte hashed by this fetch (downloaded, or re-hashed in an existing copy) against
-                         the source identity, then opened once; local: the opened model.pt hashed from
+                         the source identity, then opened once and hashed again from that descriptor (a
+                         copy changed after the fetch is refused); local: the opened model.pt hashed from
                          its descriptor against the manifest
-    7. staged build      convert into <out>.tmp.<host>.<pid>.<token> beside <out> and verify_output, both
+    7. staged build      convert into <out>.tmp.<host>.<pid>.<token> beside <out> (--unified-chat-template:
+                         then the two template files rewritten, stage "sidecars") and verify_output, both
                          reading the opened file (``/proc/self/fd/N``: a path replaced meanwhile is never
-                         read); an in-place change of it (size/mtime) refuses; hash the shards, write
+                         read), then the transformers loaders on the staged tree (``check_loaders``); an
+                         in-place change of it (size/mtime) refuses; hash the shards, write
                          ``.materialized`` inside the staged tree (commit record)
     8. publish           <out> absent or empty: rename; otherwise swap: <out> -> <out>.previous.<...>
                          (a file no build writes found there puts it back and refuses), staged tree ->
@@ -75,16 +79,10 @@ import shutil
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import __version__, testhooks
-from ..conversion import (
-    CONVERSION_VERSION,
-    DEFAULT_MIN_TENSORS,
-    VerificationSummary,
-    convert_checkpoint,
-    verify_output,
-)
+from ..conversion import DEFAULT_MIN_TENSORS, chat_template
 from ..conversion import shards as hf_shards
 from ..conversion import sidecars as hf_sidecars
 from ..digest import hash_files, sha256_bytes, sha256_file
@@ -106,6 +104,9 @@ from .output import (
 )
 from .source import ModelSource, OpenedModel, resolve_source
 from .staging import Stage, open_stage, release
+
+if TYPE_CHECKING:
+    from ..conversion import VerificationSummary
 
 log = logging.getLogger("ckptflow.materialize")
 
@@ -146,6 +147,7 @@ class MaterializeResult:
             "restored": self.restored,
             "removed_leftovers": self.removed_leftovers,
             "recovered": self.recovered,
+            "chat_template": dict(self.record.chat_template) if self.record.chat_template is not None else None,
             "tool_version": __version__,
         }
 
@@ -197,6 +199,7 @@ def materialize(
     keep_staged: bool = False,
     max_shard_bytes: int = hf_shards.DEFAULT_MAX_SHARD_BYTES,
     lock_wait_seconds: float = DEFAULT_WAIT_SECONDS,
+    unified_chat_template: bool = False,
     store=None,
     credentials=None,
     progress: bool | None = None,
@@ -206,6 +209,7 @@ def materialize(
     Exactly one of ``ckpt_dir`` and ``artifact_uri``. ``store`` (optional) is an open store of the URI's
     bucket; otherwise one is opened with ``credentials`` (a ``Credentials`` or None; unused for file://).
     ``verify_tensors=False`` (--no-verify) skips only the bitwise tensor probes of ``verify_output``.
+    ``unified_chat_template`` (--unified-chat-template): see ``conversion.chat_template``; part of the identity.
     """
     base_dir, out = Path(os.path.abspath(base)), Path(os.path.abspath(out))
     stage = _check_arguments(base_dir, out, ckpt_dir, artifact_uri, expect_tensors, min_tensors, stage_dir,
@@ -213,7 +217,7 @@ def materialize(
     wait = check_wait_seconds(lock_wait_seconds)
     source = resolve_source(ckpt_dir=ckpt_dir, artifact_uri=artifact_uri, store=store, credentials=credentials)
     request = _Request(base_dir, out, stage, expect_tensors, min_tensors, verify_tensors, force, keep_staged,
-                       max_shard_bytes, progress)
+                       max_shard_bytes, progress, bool(unified_chat_template))
     with output_lock(out, wait), contextlib.ExitStack() as held:
         opened = None
         if source.kind == "ckpt-dir":  # opened once, under the lock: every later read goes through it
@@ -234,6 +238,11 @@ class _Request:
     keep_staged: bool
     max_shard_bytes: int
     progress: bool | None
+    unified: bool = False
+
+    def options(self) -> dict[str, Any]:
+        """The identity options (the unified template only when on: outputs built without it keep theirs)."""
+        return {"max_shard_bytes": self.max_shard_bytes, **({chat_template.OPTION: True} if self.unified else {})}
 
 
 def _locked(req: _Request, source: ModelSource, opened: OpenedModel | None,
@@ -241,7 +250,10 @@ def _locked(req: _Request, source: ModelSource, opened: OpenedModel | None,
     """Restore, decide, build and swap: all of it under the output's lock."""
     out, base_dir = req.out, req.base_dir
     base = preflight.check_base(base_dir, expect_tensors=req.expect_tensors, min_tensors=req.min_tensors)
-    wanted = Identity(CONVERSION_VERSION, source.identity, base_identity(base_dir), {"max_shard_bytes": req.max_shard_bytes})
+    unified = preflight.check_unified(base_dir) if req.unified else None
+    from ..conversion import CONVERSION_VERSION  # torch loads here, once the preflight has passed
+
+    wanted = Identity(CONVERSION_VERSION, source.identity, base_identity(base_dir), req.options())
     restored = restore_orphaned(out)
     decision = decide(out, wanted, base_dir, force=req.force)
     if decision.action == "skip":  # a killed run's leftovers stay as they are: a skip deletes nothing
@@ -260,13 +272,13 @@ def _locked(req: _Request, source: ModelSource, opened: OpenedModel | None,
             assert req.stage is not None
             where = open_stage(req.stage, source.artifact_name, keep=req.keep_staged)
             model_pt, fetched = _fetch(source, where.root, req.progress)
-            opened = OpenedModel.open(model_pt)  # hashed by the fetch; converted and verified through this
+            opened = OpenedModel.open(model_pt)  # converted and verified through this descriptor
             held.callback(opened.close)
-        else:
-            source.check_digest(opened, progress=req.progress)
-        result = _recover(req, recover, opened, wanted, decision) if recover is not None else None
+        # The digest of record is taken from the opened descriptor (fetch verified the staged copy by path).
+        source.check_digest(opened, progress=req.progress)
+        result = _recover(req, recover, opened, wanted, decision, unified) if recover is not None else None
         if result is None:
-            result = _build(req, opened, wanted, decision)
+            result = _build(req, opened, wanted, decision, unified)
     finally:
         if where is not None:
             staging = where.report(kept=release(where))
@@ -335,23 +347,31 @@ def _fetch(source: ModelSource, root: Path, progress) -> tuple[Path, dict]:
     return result.path / source.model_path, fetched
 
 
-def _build(req: _Request, opened: OpenedModel, wanted: Identity, decision: Decision):
+def _build(req: _Request, opened: OpenedModel, wanted: Identity, decision: Decision,
+           unified: chat_template.Unified | None):
+    from ..conversion import convert_checkpoint, verify_output
+    from ..conversion.verify import check_loaders
+
     out, base_dir, progress = req.out, req.base_dir, req.progress
     with staged_tree(out) as tmp:
         with _stage("overlay", out):
             conversion = convert_checkpoint(opened.read_path, base_dir, tmp, max_shard_bytes=req.max_shard_bytes,
                                             progress=progress)
         testhooks.reached("materialize:after-convert")
+        if unified is not None:
+            with _stage("sidecars", out):
+                chat_template.write_unified(tmp, unified)
         with _stage("verify", out):
             summary = verify_output(tmp, base_dir, opened.read_path if req.verify_tensors else None,
                                     expect_tensors=req.expect_tensors, min_tensors=req.min_tensors,
-                                    verify_tensors=req.verify_tensors)
+                                    verify_tensors=req.verify_tensors, unified_chat_template=unified is not None)
+            summary = check_loaders(tmp, summary)
             opened.check_unchanged()  # the bytes converted and verified are the bytes the identity names
         digests = hash_files(tmp, [s.name for s in conversion.shards], progress=progress, desc="materialize sha256")
         record = Materialized(
             conversion_version=wanted.conversion_version, source=wanted.source, base=wanted.base,
             options=wanted.options, shards=tuple(FileEntry(p, d.size, d.sha256) for p, d in digests.items()),
-            tensor_count=conversion.tensor_count,
+            tensor_count=conversion.tensor_count, chat_template=unified.record() if unified is not None else None,
         )
         write_materialized(tmp, record)
         fsync_dir(tmp)
@@ -376,7 +396,8 @@ def _stage(name: str, out: Path):
         raise
 
 
-def _recover(req: _Request, tmp: Path, opened: OpenedModel, wanted: Identity, decision: Decision):
+def _recover(req: _Request, tmp: Path, opened: OpenedModel, wanted: Identity, decision: Decision,
+             unified: chat_template.Unified | None):
     """Publish a killed run's complete staged tree of this identity (``recovery.py``); None when another
     request adopted it first. A failed check refuses by name and keeps the tree (under this run's name)."""
     out, base_dir = req.out, req.base_dir
@@ -385,10 +406,10 @@ def _recover(req: _Request, tmp: Path, opened: OpenedModel, wanted: Identity, de
         return None
     try:
         record = read_materialized(own)
-        synced = recovery.resync_sidecars(own, base_dir)
+        synced = recovery.resync_sidecars(own, base_dir, unified)
         summary = recovery.check_recovered(own, base_dir, record, opened.read_path if req.verify_tensors else None,
                                            expect_tensors=req.expect_tensors, min_tensors=req.min_tensors,
-                                           progress=req.progress)
+                                           progress=req.progress, unified=unified)
         opened.check_unchanged()
     except CkptflowError as exc:
         state = "absent" if not os.path.lexists(out) else "an empty directory"

@@ -30,6 +30,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .. import testhooks
+from ..conversion import chat_template
 from ..conversion import shards as hf_shards
 from ..conversion import sidecars as hf_sidecars
 from ..errors import CkptflowError, ConflictError, InvalidRecord, NotFound, Refused
@@ -171,7 +172,13 @@ def damage_of(out: Path, record: Materialized, base_dir: Path) -> str | None:
         return f"{hf_shards.INDEX_NAME} does not list the marker's shards and tensor count"
     try:
         files = hf_sidecars.list_sidecars(base_dir).files
-        hf_sidecars.check_identical(base_dir, out, files)
+        expected = None
+        if record.options.get(chat_template.OPTION):
+            unified = chat_template.unify(base_dir)
+            if record.chat_template != unified.record():
+                return "its marker's chat_template record is not the one the base's templates give now"
+            expected = unified.expected()
+        hf_sidecars.check_identical(base_dir, out, files, expected)
     except CkptflowError as exc:
         return exc.message
     return None

@@ -9,7 +9,9 @@ well-formed entries with contiguous offsets, size = 8 + header + data, keys = th
 the pinned ``safe_open``; every Jinja template strict UTF-8; ``additional_chat_templates/`` regular files
 only), then adds what the loaders index after the overlay (``chat_template.json`` carries a non-empty
 ``chat_template`` string), the tensor floor / exact count, and, for a build, free space for the staged
-export beside the existing one (two exports side by side until the swap).
+export beside the existing one (two exports side by side until the swap). Under --unified-chat-template
+(with or without --no-verify) ``check_unified`` also refuses a base whose loaders would prefer another
+template than the unified one (``conversion.chat_template``), naming the file.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import shutil
 from pathlib import Path
 
+from ..conversion import chat_template
 from ..conversion import shards as hf_shards
 from ..conversion.source import Base, read_base
 from ..errors import CkptflowError, Refused
@@ -54,6 +57,24 @@ def check_base(base_dir: Path, *, expect_tensors: int, min_tensors: int) -> Base
                       "the staged build would have exported that many and failed the exact count", path=base_dir,
                       remedy="check the base, or fix --expect-tensors")
     return base
+
+
+_UNIFIED = ("--unified-chat-template writes the base's processor template into tokenizer_config.json and "
+            "chat_template.json, and the staged build would have shipped templates a loader does not read as that one")
+
+
+def check_unified(base_dir: Path) -> chat_template.Unified:
+    """Under --unified-chat-template (with or without --no-verify): the unified templates of the base, or a
+    refusal naming the file that prevents them (``chat_template.unify``, the verifier's helper too)."""
+    try:
+        return chat_template.unify(base_dir)
+    except CkptflowError as exc:
+        raise refused(f"base {base_dir}: {exc.message}", _UNIFIED, path=exc.path or base_dir,
+                      remedy=exc.remedy or "fix the base, or drop --unified-chat-template") from None
+    except OSError as exc:
+        where = exc.filename or base_dir
+        raise refused(f"base file {where} cannot be read ({exc.strerror or exc})", _UNIFIED, path=where,
+                      remedy="make the base readable by this user (permissions, mounts), then rerun") from None
 
 
 def _check_chat_template(base_dir: Path) -> None:

@@ -70,15 +70,24 @@ class ModelSource:
 
     def check_digest(self, opened: OpenedModel, *, progress: bool | None = None) -> None:
         """The opened model.pt's size and content hash against the identity (one read; none when the
-        identity was itself hashed from this descriptor)."""
+        identity was itself hashed from this descriptor). For an archived source ``opened`` is the fetched
+        copy: fetch verified it by path, this binds the digest to the descriptor the conversion reads."""
         if self.hashed:
             return
         digest = opened.digest(progress)
-        if (digest.size, digest.sha256) != (self.identity.size, self.identity.sha256):
+        if (digest.size, digest.sha256) == (self.identity.size, self.identity.sha256):
+            return
+        found = f"{opened.path} has {digest.size} bytes sha256 {digest.sha256}"
+        if self.kind == "artifact-uri":
             raise VerificationFailed(
-                f"{self.local_path} has {digest.size} bytes sha256 {digest.sha256}; its manifest records "
-                f"{self.identity.size} bytes sha256 {self.identity.sha256}", path=str(self.local_path),
-                remedy="the artifact is damaged or was rewritten after its manifest; restore it or use --artifact-uri")
+                f"{found} as this request opened it after the fetch; the archive at {self.location} records "
+                f"{self.identity.size} bytes sha256 {self.identity.sha256}", path=str(opened.path),
+                remedy="the staged copy was changed after the fetch verified it; leave the stage alone while "
+                "materialize runs (or drop --stage-dir / --keep-staged for a private stage), then rerun")
+        raise VerificationFailed(
+            f"{found}; its manifest records {self.identity.size} bytes sha256 {self.identity.sha256}",
+            path=str(opened.path),
+            remedy="the artifact is damaged or was rewritten after its manifest; restore it or use --artifact-uri")
 
     def to_report(self) -> dict[str, Any]:
         return {"kind": self.kind, "location": self.location, "model_path": self.model_path,

@@ -20,14 +20,10 @@ from .legacy_manifest import read_legacy_manifest, write_legacy_manifest
 from .manifest import FILENAME as MANIFEST_FILENAME
 from .manifest import DcpComponent, FileComponent, Manifest, parse_manifest, read_manifest, write_manifest
 from .materialized import FILENAME as MATERIALIZED_FILENAME
-from .materialized import OVERLAY_FILENAME as OVERLAY_SOURCE_FILENAME
 from .materialized import (
     Materialized,
-    OverlaySource,
     read_materialized,
-    read_overlay_source,
     write_materialized,
-    write_overlay_source,
 )
 from .merge_record import FILENAME as MERGE_RECORD_FILENAME
 from .merge_record import MergeRecord, MergeRequest, read_merge_record, request_identity, write_merge_record
@@ -53,7 +49,6 @@ __all__ = [
     "MANIFEST_FILENAME",
     "MATERIALIZED_FILENAME",
     "MERGE_RECORD_FILENAME",
-    "OVERLAY_SOURCE_FILENAME",
     "RECEIPT_FILENAME",
     "STAGING_FILENAME",
     "CheckpointReceipt",
@@ -67,7 +62,6 @@ __all__ = [
     "MergeRecord",
     "MergeRequest",
     "NotAnArtifactReceipt",
-    "OverlaySource",
     "ProbeRecord",
     "Receipt",
     "StagingRecord",
@@ -86,7 +80,6 @@ __all__ = [
     "read_manifest",
     "read_materialized",
     "read_merge_record",
-    "read_overlay_source",
     "read_probe_record",
     "read_receipt",
     "read_staging",
@@ -98,7 +91,6 @@ __all__ = [
     "write_manifest",
     "write_materialized",
     "write_merge_record",
-    "write_overlay_source",
     "write_probe_record",
     "write_receipt",
     "write_staging",

@@ -1,4 +1,4 @@
-"""The materialize records: ``.materialized`` (a built HF model directory) and ``.overlay_source.json``.
+"""The materialize record ``.materialized``: the commit record of a built HF model directory.
 
 ``.materialized`` is written inside the staged tree before it is swapped into place, so a directory
 that has one is complete; its identity (conversion version, source digest, base identity, options)
@@ -13,17 +13,21 @@ decides whether a rerun may reuse it::
     {
       "base": {"config_sha256": "<hex>", "index_sha256": "<hex or null>", "path": "/models/base"},
       "conversion_version": "1",
-      "options": {"unified_chat_template": false},
+      "options": {"max_shard_bytes": 5000000000},
       "protocol": "ckptflow.materialized.v1",
       "shards": [{"path": "model-00001-of-00002.safetensors", "sha256": "<hex>", "size": 1234}, ...],
       "source": {"sha256": "<hex of model.pt>", "size": 1234, "uri": "s3://... or null"},
       "tensor_count": 291
     }
 
-``.overlay_source.json`` identifies a build made from an intermediate HF output instead of model.pt::
+Under ``--unified-chat-template`` the options hold ``"unified_chat_template": true`` and the record a
+``chat_template`` object (``conversion.chat_template.Unified.record``): the processor template's and its
+canonical form's sha256, for ``chat_template.json`` and ``tokenizer_config.json`` the base's sha256, the
+shipped sha256 and the one-hunk diff, and the loader-preferred sidecars allowed because they equal the
+canonical template.
 
-    {"conversion_version": "1", "intermediate": "/stage/hf", "protocol": "ckptflow.overlay-source.v1",
-     "source": {"sha256": "<hex>", "size": 1234, "uri": null}}
+There is no record of a build from an intermediate HF output: every source is a ``model.pt`` (local or
+archived), identified by its digest in ``source``.
 """
 
 from __future__ import annotations
@@ -40,17 +44,9 @@ from .inventory import FileEntry, inventory_from_list, inventory_to_list, sorted
 
 FILENAME = ".materialized"
 PROTOCOL = "ckptflow.materialized.v1"
-OVERLAY_FILENAME = ".overlay_source.json"
-OVERLAY_PROTOCOL = "ckptflow.overlay-source.v1"
 
 KIND = _record.RecordKind(
     filename=FILENAME, schema="materialized", protocol=PROTOCOL, precheck=_record.check_source_uri
-)
-OVERLAY_KIND = _record.RecordKind(
-    filename=OVERLAY_FILENAME,
-    schema="overlay_source",
-    protocol=OVERLAY_PROTOCOL,
-    precheck=_record.check_source_uri,
 )
 
 
@@ -90,6 +86,9 @@ class Materialized:
     options: Mapping[str, bool | int | str | None]
     shards: tuple[FileEntry, ...]
     tensor_count: int
+    # --unified-chat-template only: the processor template's sha256, each rewritten file's base and shipped
+    # sha256 and its one-hunk diff, the loader-preferred sidecars allowed because they equal the template
+    chat_template: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shards", sorted_entries(self.shards))
@@ -115,10 +114,11 @@ class Materialized:
             options=dict(data["options"]),
             shards=inventory_from_list(data["shards"], what),
             tensor_count=_record.require_size(data["tensor_count"], what, "tensor_count"),
+            chat_template=data.get("chat_template"),
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "protocol": PROTOCOL,
             "conversion_version": self.conversion_version,
             "source": self.source.to_dict(),
@@ -127,38 +127,13 @@ class Materialized:
             "shards": inventory_to_list(self.shards),
             "tensor_count": self.tensor_count,
         }
-
-
-@dataclass(frozen=True, slots=True)
-class OverlaySource:
-    source: SourceIdentity
-    intermediate: str
-    conversion_version: str
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, what: str = OVERLAY_FILENAME) -> OverlaySource:
-        _record.check_object(OVERLAY_KIND, data, what)
-        return cls(
-            source=SourceIdentity.from_dict(data["source"], what=what),
-            intermediate=data["intermediate"],
-            conversion_version=data["conversion_version"],
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "protocol": OVERLAY_PROTOCOL,
-            "source": self.source.to_dict(),
-            "intermediate": self.intermediate,
-            "conversion_version": self.conversion_version,
-        }
+        if self.chat_template is not None:
+            out["chat_template"] = self.chat_template
+        return out
 
 
 def path_in(directory: Path | str) -> Path:
     return Path(directory) / FILENAME
-
-
-def overlay_path_in(directory: Path | str) -> Path:
-    return Path(directory) / OVERLAY_FILENAME
 
 
 def parse_materialized(data: bytes, *, what: str = FILENAME) -> Materialized:
@@ -176,19 +151,3 @@ def encode_materialized(record: Materialized) -> bytes:
 def write_materialized(directory: Path | str, record: Materialized) -> Path:
     """Write atomically inside the staged tree, before the tree is swapped into place."""
     return _record.write_record(KIND, path_in(directory), record)
-
-
-def parse_overlay_source(data: bytes, *, what: str = OVERLAY_FILENAME) -> OverlaySource:
-    return OverlaySource.from_dict(decode_json_object(data, what=what), what=what)
-
-
-def read_overlay_source(source: Path | str) -> OverlaySource:
-    return _record.read_record(OVERLAY_KIND, source, parse_overlay_source)
-
-
-def encode_overlay_source(record: OverlaySource) -> bytes:
-    return _record.encode_record(record, what=OVERLAY_FILENAME)
-
-
-def write_overlay_source(directory: Path | str, record: OverlaySource) -> Path:
-    return _record.write_record(OVERLAY_KIND, overlay_path_in(directory), record)
