@@ -259,7 +259,8 @@ def _locked(req: _Request, source: ModelSource, opened: OpenedModel | None,
         if opened is None:
             assert req.stage is not None
             where = open_stage(req.stage, source.artifact_name, keep=req.keep_staged)
-            model_pt, fetched = _fetch(source, where.root, req.progress)
+            reserve = 0 if recover is not None else preflight.export_after_fetch(where.root, out, base)
+            model_pt, fetched = _fetch(source, where.root, req.progress, reserve)
             opened = OpenedModel.open(model_pt)  # hashed by the fetch; converted and verified through this
             held.callback(opened.close)
         else:
@@ -311,13 +312,15 @@ def _overlaps(a: Path, b: Path) -> bool:
     return a == b or a.is_relative_to(b) or b.is_relative_to(a)
 
 
-def _fetch(source: ModelSource, root: Path, progress) -> tuple[Path, dict]:
+def _fetch(source: ModelSource, root: Path, progress, reserve: int) -> tuple[Path, dict]:
     """Fetch into ``root``/iter_N. Every staged byte the build reads was hashed by this fetch (downloaded
-    and verified, or re-hashed in an existing copy) against the digest the source identity records."""
+    and verified, or re-hashed in an existing copy) against the digest the source identity records.
+    ``reserve``: bytes the staged export needs afterwards on the stage's file system (its free-space check)."""
     from ..archive.fetch import fetch_artifact
     from ..records.manifest import parse_manifest
 
-    result = fetch_artifact(source.uri, root, store=source.store, progress=progress)
+    result = fetch_artifact(source.uri, root, store=source.store, progress=progress, reserve=reserve,
+                            reserve_for="the staged export of the teacher beside --out")
     testhooks.reached("materialize:after-fetch")
     model = parse_manifest(result.plan.manifest_bytes, what=f"manifest fetched from {source.location}").components.get("model")
     if model is None or (model.path, model.size, getattr(model, "sha256", None)) != (
