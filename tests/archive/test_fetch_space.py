@@ -1,8 +1,8 @@
 """fetch onto a small disk: refused by name before the first byte, and a disk another writer fills
 during the download named (file, bytes, remedy), verified files kept, the rerun completing.
 
-The disks are real tmpfs mounts (root only). Where mounting is impossible the tests skip with the
-reason, except when ``CI`` is set: there they fail, so the guarantee is never silently untested.
+The disks are real tmpfs mounts (``helpers.disks``: root only; skipped with the reason where mounting
+is impossible, failed instead when ``CI`` is set).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import threading
 import time
 
@@ -29,6 +28,7 @@ from ckptflow.store.credentials import load_credentials
 from ckptflow.store.s3 import S3Store
 from helpers.artifacts import ARTIFACT_PREFIX, UPLOAD_PREFIX, make_artifact
 from helpers.cli import run_cli, start_cli, wait_for_file
+from helpers.disks import fill, tmpfs_mounts
 
 MiB = 1024 * 1024
 PAYLOADS = ["model.pt", "optim/.metadata", "optim/__0_0.distcp", "optim/__1_0.distcp", "optim/__2_0.distcp"]
@@ -38,31 +38,8 @@ STAGED = "stage/iter_000300"
 @pytest.fixture
 def small_disk(tmp_path):
     """``small_disk(nbytes)``: a fresh tmpfs of that size, unmounted after the test."""
-    mounted = []
-
-    def mount(nbytes: int):
-        where = tmp_path / f"disk{len(mounted)}"
-        where.mkdir()
-        reason = None
-        if os.geteuid() != 0:
-            reason = "mounting a tmpfs needs root"
-        elif shutil.which("mount") is None:
-            reason = "no mount command"
-        else:
-            proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={nbytes}", "tmpfs", str(where)],
-                                  capture_output=True, text=True)
-            if proc.returncode != 0:
-                reason = f"mount -t tmpfs failed: {proc.stderr.strip() or proc.returncode}"
-        if reason is not None:
-            if os.environ.get("CI"):
-                pytest.fail(f"{reason}, and CI is set: the full-disk guarantees must be tested there")
-            pytest.skip(f"{reason}: the full-disk tests need a small tmpfs")
-        mounted.append(where)
-        return where
-
-    yield mount
-    for where in reversed(mounted):
-        subprocess.run(["umount", str(where)], check=True)
+    with tmpfs_mounts(tmp_path) as mount:
+        yield mount
 
 
 def s3_uri(store) -> str:
@@ -81,15 +58,6 @@ def published(tmp_path, store, model_bytes):
 
 def artifact_bytes(art) -> int:
     return sum((art / p).stat().st_size for p in [*PAYLOADS, manifest_record.FILENAME])
-
-
-def fill(disk, leave: int):
-    """Another writer: a file that takes all but ``leave`` bytes of the disk's free space."""
-    filler = disk / "other-writer.bin"
-    with open(filler, "ab") as fh:
-        fh.write(b"\0" * (shutil.disk_usage(disk).free - leave))
-    assert abs(shutil.disk_usage(disk).free - leave) < 64 * 1024
-    return filler
 
 
 def assert_identical(art, staged):
