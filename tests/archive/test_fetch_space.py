@@ -190,7 +190,7 @@ def test_a_disk_filled_during_the_download_names_the_file_keeps_verified_files_a
     assert err.errno == 28 and err.path == str(staged / "optim/__2_0.distcp")
     message = str(err)
     for named in (str(staged / "optim/__2_0.distcp"), "filled up", "another process", f"{err.free} bytes free now",
-                  "1 file(s) verified by this run are kept", "free at least", "rerun the same command"):
+                  "1 file(s) verified by this run are in place", "free at least", "rerun the same command"):
         assert named in message, named
     assert err.needed > err.free
     assert (staged / "model.pt").read_bytes() == (art / "model.pt").read_bytes()  # verified, kept
@@ -213,7 +213,7 @@ def test_a_file_cut_by_a_full_disk_resumes_from_its_part_which_the_check_counts_
     err, filler = fetch_filled_meanwhile(store, disk, 3 * MiB // 2, tmp_path, monkeypatch)  # half of model.pt fits
     staged = disk / STAGED
     assert isinstance(err, OutOfSpace) and err.path == str(staged / "model.pt"), err
-    assert "0 file(s) verified by this run are kept" in str(err)
+    assert "0 file(s) verified by this run are in place" in str(err)
     [part] = parts(staged)
     assert part.startswith(".model.pt.") and not (staged / "model.pt").exists()
 

@@ -148,7 +148,8 @@ def out_of_space(exc: OSError, staged: Path, written: str | None, unverified: li
     return OutOfSpace(
         f"the file system of {staged} filled up {what} ({exc.strerror or exc}; another process may be writing "
         f"to it): {size_text(free)} free now, {len(unverified)} file(s) with {size_text(need)} still to write; "
-        f"the {verified} file(s) verified by this run are kept and the partial download stays for the rerun",
+        f"the {verified} file(s) verified by this run are in place and the partial download is kept in its "
+        ".part for the rerun",
         remedy=f"free at least {size_text(max(need - free, block))} on the file system of {_existing(staged)}, "
         "then rerun the same command (it resumes), or choose another --dst on a larger one",
         path=str(target), needed=need, free=free)
