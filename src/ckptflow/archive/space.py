@@ -104,20 +104,20 @@ def check_space(staged: Path, todo: list[FileEntry], *, source: str, extra: int 
         log.info("%s reports no capacity; free space is not checked before the fetch", _existing(staged))
         return
     need = needed_bytes(todo, block=block, extra=extra, freed=freed) + reserve
-    files = len(todo) + RECORD_BLOCKS
+    files = len(todo) + RECORD_BLOCKS  # the payloads' parts, the records and their temporaries
     also = f", and {size_text(reserve)} must stay free for {reserve_for}" if reserve else ""
     if need > free:
         raise InsufficientSpace(
             f"{staged} has {size_text(free)} free on its file system, and fetching {source} there needs "
             f"{size_text(need)}: {len(todo)} file(s) not yet verified in the stage{also}; nothing was written",
-            remedy=f"free at least {size_text(need - free)} on the file system of {_existing(staged)}, or choose "
-            "another --dst on a larger one (CKPTFLOW_SPACE_CHECK=0 skips this check where free space is understated)",
+            remedy=f"free at least {size_text(need - free)} on the file system of {_existing(staged)}, or stage on a "
+            "larger one (CKPTFLOW_SPACE_CHECK=0 skips this check where free space is understated)",
             path=str(staged), needed=need, free=free)
     if st.f_files and files > st.f_favail:
         raise InsufficientSpace(
             f"{staged} has {st.f_favail} free inodes on its file system, and fetching {source} there creates "
             f"{files} files; nothing was written",
-            remedy=f"free inodes on the file system of {_existing(staged)} (remove files), or choose another --dst",
+            remedy=f"free inodes on the file system of {_existing(staged)} (remove files), or stage on another one",
             path=str(staged), needed=need, free=free)
 
 
@@ -151,5 +151,5 @@ def out_of_space(exc: OSError, staged: Path, written: str | None, unverified: li
         f"the {verified} file(s) verified by this run are in place and the partial download is kept in its "
         ".part for the rerun",
         remedy=f"free at least {size_text(max(need - free, block))} on the file system of {_existing(staged)}, "
-        "then rerun the same command (it resumes), or choose another --dst on a larger one",
+        "then rerun the same command (it resumes), or stage on a larger one",
         path=str(target), needed=need, free=free)
