@@ -262,3 +262,13 @@ def validate_error(stdout: str) -> dict:
     report = json.loads(stdout)
     validate(report, "report_error", what="error report")
     return report
+
+
+def test_the_disk_helper_skips_with_its_reason_but_fails_when_ci_is_set(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("CI", "1")
+    with tmpfs_mounts(tmp_path / "ci") as mount, pytest.raises(pytest.fail.Exception, match="CI is set"):
+        mount(MiB)
+    monkeypatch.delenv("CI")
+    with tmpfs_mounts(tmp_path / "local") as mount, pytest.raises(pytest.skip.Exception, match="needs root"):
+        mount(MiB)
