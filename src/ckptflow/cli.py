@@ -24,7 +24,7 @@ from typing import Any
 
 from . import __version__
 from .commands import ReportedFailure, extra_of, missing_extra, summary
-from .errors import CkptflowError, ConflictError, MissingExtra, Refused, UsageError
+from .errors import CkptflowError, ConflictError, MissingExtra, OutOfSpace, Refused, UsageError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -106,7 +106,10 @@ class _Output:
 
 
 def _error_report(status: str, exc: BaseException) -> dict[str, Any]:
-    return {"status": status, "error": {"type": type(exc).__name__, "message": str(exc)}}
+    error: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
+    if isinstance(exc, OutOfSpace):  # a full disk: how much to free, and where
+        error.update(path=exc.path, needed_bytes=exc.needed, free_bytes=exc.free)
+    return {"status": status, "error": error}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,8 @@ The CLI maps each class to one line on stderr and an exit code; a traceback is s
 
 from __future__ import annotations
 
+import errno
+
 
 class CkptflowError(Exception):
     """Base class. ``remedy`` is the action that fixes the problem, appended to the message."""
@@ -52,6 +54,23 @@ class NotFound(CkptflowError, FileNotFoundError):
 
 class StoreError(CkptflowError, OSError):
     """The object store failed or answered unexpectedly (after retries)."""
+
+
+class OutOfSpace(CkptflowError, OSError):
+    """A file system has no room for what a step writes (``errno`` is ENOSPC): it filled while writing.
+
+    ``path`` is the file (or directory) written, ``needed`` and ``free`` the bytes still to write and the
+    bytes free when this was raised (None when unknown); the remedy says how much to free and where.
+    """
+
+    def __init__(self, message: str, *, remedy: str | None = None, path: str | None = None,
+                 needed: int | None = None, free: int | None = None):
+        super().__init__(message, remedy=remedy, path=path)
+        self.errno, self.needed, self.free = errno.ENOSPC, needed, free
+
+
+class InsufficientSpace(OutOfSpace, Refused):
+    """Refused before the first byte: the free space is less than what the step would write; nothing changed."""
 
 
 class EndpointNotQualified(Refused):

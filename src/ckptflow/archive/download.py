@@ -11,26 +11,31 @@ All files form one stream of ranges (``transfer.download_batch``), largest file 
 concurrency is kept busy across file boundaries, memory stays bounded by one range window, and a
 file is checked, flushed and renamed on a commit thread while later files download. One
 byte-accurate bar on stderr counts bytes as they are written.
+
+A disk that fills during the download (ENOSPC, EDQUOT) fails as ``OutOfSpace`` naming the file that
+was being written (``space.out_of_space``); files verified before it stay in place, the parts stay for
+the rerun to resume.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
 from .. import testhooks
 from ..digest import FileDigest
-from ..errors import VerificationFailed
+from ..errors import OutOfSpace, VerificationFailed
 from ..fsutil import fsync_file, payload_fsync_enabled
 from ..progress import ByteProgress
 from ..records.inventory import FileEntry
 from ..store.base import DEFAULT_CONCURRENCY, ObjectStore
 from ..store.transfer import DEFAULT_RANGE_SIZE, RangedFile, download_batch
-from . import stage
+from . import space, stage
 from .keys import object_key
 
 log = logging.getLogger(__name__)
@@ -54,13 +59,55 @@ def _range_size(store: ObjectStore) -> int:
     return getattr(store, "download_range_size", None) or getattr(store, "range_size", None) or DEFAULT_RANGE_SIZE
 
 
+class _FullWatch:
+    """Which file a full disk stopped: the first path whose write raised ENOSPC/EDQUOT, and the files done."""
+
+    def __init__(self):
+        self.hit: str | None = None
+        self.committed: set[str] = set()
+        self._lock = threading.Lock()
+
+    def note(self, exc: BaseException, path: str) -> None:
+        if space.is_full(exc):
+            with self._lock:
+                self.hit = self.hit or path
+
+    def opener(self, open_range: Callable, path: str) -> Callable:
+        """``open_range`` for ``path``: a range's bytes are written inside its reader's ``with`` block, so
+        a disk-full error of that write passes through here on its way out and is attributed to ``path``."""
+        @contextlib.contextmanager
+        def opened(offset: int, length: int) -> Iterator:
+            try:
+                with open_range(offset, length) as reader:
+                    yield reader
+            except OSError as exc:
+                self.note(exc, path)
+                raise
+        return opened
+
+
 def download_files(store: ObjectStore, prefix: str, staged: Path, todo: list[FileEntry], *,
                    where: Callable[[str], str], progress: bool | None = None) -> tuple[int, list[dict]]:
     """Download every ``todo`` entry to ``staged/<path>``, verified; return (bytes received, ranged resumes).
 
     ``where(path)`` names an object in messages. Raises on the first failure once the work already
-    running has returned (files verified and renamed by then stay in place; a rerun keeps them).
+    running has returned (files verified and renamed by then stay in place; a rerun keeps them); a
+    full disk raises ``OutOfSpace`` naming the file it stopped.
     """
+    watch = _FullWatch()
+    try:
+        return _download(store, prefix, staged, todo, where=where, progress=progress, watch=watch)
+    except OSError as exc:
+        if not space.is_full(exc) or isinstance(exc, OutOfSpace):
+            raise
+        rest = [e for e in todo if e.path not in watch.committed]
+        parts = [p for e in rest for p in stage.leftover_parts(staged / e.path)]
+        raise space.out_of_space(exc, staged, watch.hit or space.path_in(exc, staged), rest,
+                                 verified=len(watch.committed), freed=parts) from exc
+
+
+def _download(store: ObjectStore, prefix: str, staged: Path, todo: list[FileEntry], *,
+              where: Callable[[str], str], progress: bool | None, watch: _FullWatch) -> tuple[int, list[dict]]:
     jobs = []
     for entry in sorted(todo, key=lambda e: (-e.size, e.path)):
         final = staged / entry.path
@@ -95,11 +142,16 @@ def download_files(store: ObjectStore, prefix: str, staged: Path, todo: list[Fil
             except VerificationFailed:
                 part.unlink(missing_ok=True)
                 raise
+            except OSError as exc:  # a flush can be where a full disk shows (NFS, some quotas)
+                watch.note(exc, entry.path)
+                raise
+            watch.committed.add(entry.path)
             testhooks.reached("fetch:after-file")
             testhooks.reached(f"fetch:after-file:{entry.path}")
 
         files = [
-            RangedFile(part, entry.size, partial(store.open_range, object_key(prefix, entry.path)), start=offset,
+            RangedFile(part, entry.size, watch.opener(partial(store.open_range, object_key(prefix, entry.path)),
+                                                      entry.path), start=offset,
                        hasher=hasher, progress=_FileProgress(bar, entry.path, entry.size - offset),
                        source=where(entry.path))
             for entry, _, part, offset, hasher in jobs

@@ -11,12 +11,15 @@
 2. Decide what the stage is (``stage.read_own_record``): absent or empty (fetch), this tool's copy of
    the same source (resume, or already staged), this tool's copy of another source (replace: only the
    files its record names are removed), or foreign (refused, untouched). Files of an own copy are
-   re-hashed and kept when they match; objects still to download are HEAD-checked. All of this is
-   read-only: a refusal or failure here leaves the stage byte-identical.
+   re-hashed and kept when they match; objects still to download are HEAD-checked, and the free space
+   of the stage's file system must hold them (``space.check_space``: ``InsufficientSpace`` names the
+   stage, the bytes needed and free). All of this is read-only: a refusal or failure here leaves the
+   stage byte-identical.
 3. Write ``.staged.json`` with ``complete: false`` naming every file of the new inventory (ownership
    is claimed before the first byte lands), download each payload through a process-unique ``.part``
    (hashed while written, one pass), check size and sha256, rename into place; then the manifest;
-   then the record again with ``complete: true``, last.
+   then the record again with ``complete: true``, last. A disk that fills meanwhile (another writer) fails
+as ``OutOfSpace`` naming the file being written; files verified by then stay, and the rerun resumes.
 
 A complete copy of the same source (same URI, declaration digest and inventory) is ``already-staged``
 only after every payload re-hashed to its declared sha256 (files in parallel, ``digest.hash_files``):
@@ -47,6 +50,7 @@ a file that has more), ``fetch:after-file`` and ``fetch:after-file:<path>``, ``f
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -55,7 +59,7 @@ from pathlib import Path, PurePosixPath
 from .. import testhooks
 from ..artifact import ITER_DIR_RE
 from ..digest import FileDigest, hash_files, sha256_bytes
-from ..errors import InvalidRecord, NotFound, Refused, UnsafePath, VerificationFailed
+from ..errors import InvalidRecord, NotFound, OutOfSpace, Refused, UnsafePath, VerificationFailed
 from ..fsutil import name_max, restorable_name_problem
 from ..records import declaration as declaration_record
 from ..records import manifest as manifest_record
@@ -64,7 +68,7 @@ from ..records.inventory import FileEntry, sorted_entries
 from ..store import Credentials, StoreURI
 from ..store.base import ObjectStore
 from ..store.open import open_uri
-from . import stage
+from . import space, stage
 from .download import download_files
 from .keys import object_key, parse_artifact_uri
 from .verify import check_remote_inventory
@@ -258,12 +262,16 @@ def fetch_artifact(
     store: ObjectStore | None = None,
     credentials: Credentials | None = None,
     progress: bool | None = None,
+    reserve: int = 0,
+    reserve_for: str = "",
 ) -> FetchResult:
     """Fetch the artifact at ``artifact_uri`` into ``dst/iter_N``; see the module docstring for the order.
 
     ``store`` (optional) is an open store of the URI's bucket (for ``file://``: of a directory holding
     it); otherwise one is opened from the URI with ``credentials`` (None: the default chain; unused for file://).
-    ``progress``: None shows bars when stderr is a terminal (or ``CKPTFLOW_PROGRESS=1``).
+    ``progress``: None shows bars when stderr is a terminal (or ``CKPTFLOW_PROGRESS=1``). ``reserve``
+    bytes must stay free on the stage's file system after the fetch, for ``reserve_for`` (the caller's
+    next step there): the free-space check counts them.
     """
     store, uri, prefix, name = _open_source(artifact_uri, store, credentials)
     staged = Path(os.path.abspath(dst)) / name
@@ -293,9 +301,41 @@ def fetch_artifact(
         result.left_beside = stage.unowned_files(staged, {e.path for e in inventory})
         return result
     _require_remote(store, plan, todo)
+    space.check_space(staged, todo, source=str(uri), extra=len(plan.manifest_bytes),
+                      freed=_freed(staged, todo, old, same), reserve=reserve, reserve_for=reserve_for)
 
     # First write. Everything above only read.
-    if record is not None and not same:
+    try:
+        _write(store, plan, staged, result, todo, old=old if record is not None and not same else None, same=same,
+               progress=progress)
+    except OSError as exc:
+        if not space.is_full(exc) or isinstance(exc, OutOfSpace):
+            raise
+        rest = [e for e in todo if not os.path.lexists(staged / e.path)]
+        raise space.out_of_space(exc, staged, space.path_in(exc, staged), rest,
+                                 verified=len(todo) - len(rest)) from exc
+    return result
+
+
+def _freed(staged: Path, todo: list[FileEntry], old, same: bool) -> list[Path]:
+    """Files this fetch removes or truncates before it needs their space: the dead parts of the files to
+    download (a resumed one keeps only its prefix), an own file that no longer matches, a replaced copy."""
+    paths: list[Path] = []
+    for entry in (*todo, *old):
+        final = staged / entry.path
+        with contextlib.suppress(OSError):  # a parent that is a file (an own copy of another shape)
+            paths += stage.leftover_parts(final)
+        if same or entry in old:
+            paths.append(final)
+    return paths
+
+
+def _write(store: ObjectStore, plan: FetchPlan, staged: Path, result: FetchResult, todo: list[FileEntry], *,
+           old: tuple[FileEntry, ...] | None, same: bool, progress: bool | None) -> None:
+    """Everything fetch writes, in order: removal of a replaced copy (``old``), the claim, payloads, manifest,
+    record."""
+    uri, inventory = plan.source, plan.inventory
+    if old is not None:
         result.status, result.removed = "replaced", stage.remove_recorded_files(staged, old)
     elif same:
         result.status = "resumed"
@@ -316,4 +356,3 @@ def fetch_artifact(
     staging_record.write_staging(
         staged, staging_record.StagingRecord(claim.source_uri, claim.declaration_sha256, inventory, complete=True))
     result.left_beside = stage.unowned_files(staged, {e.path for e in inventory})
-    return result

@@ -86,7 +86,7 @@ from ..conversion import DEFAULT_MIN_TENSORS, chat_template
 from ..conversion import shards as hf_shards
 from ..conversion import sidecars as hf_sidecars
 from ..digest import hash_files, sha256_bytes, sha256_file
-from ..errors import CkptflowError, NotFound, Refused, UsageError, VerificationFailed
+from ..errors import CkptflowError, NotFound, OutOfSpace, Refused, UsageError, VerificationFailed
 from ..fsutil import fsync_dir
 from ..records.inventory import FileEntry
 from ..records.materialized import BaseModelIdentity, Materialized, read_materialized, write_materialized
@@ -271,7 +271,8 @@ def _locked(req: _Request, source: ModelSource, opened: OpenedModel | None,
         if opened is None:
             assert req.stage is not None
             where = open_stage(req.stage, source.artifact_name, keep=req.keep_staged)
-            model_pt, fetched = _fetch(source, where.root, req.progress)
+            reserve = 0 if recover is not None else preflight.export_after_fetch(where.root, out, base)
+            model_pt, fetched = _fetch(source, where, req.progress, reserve)
             opened = OpenedModel.open(model_pt)  # converted and verified through this descriptor
             held.callback(opened.close)
         # The digest of record is taken from the opened descriptor (fetch verified the staged copy by path).
@@ -323,13 +324,23 @@ def _overlaps(a: Path, b: Path) -> bool:
     return a == b or a.is_relative_to(b) or b.is_relative_to(a)
 
 
-def _fetch(source: ModelSource, root: Path, progress) -> tuple[Path, dict]:
-    """Fetch into ``root``/iter_N. Every staged byte the build reads was hashed by this fetch (downloaded
-    and verified, or re-hashed in an existing copy) against the digest the source identity records."""
+def _fetch(source: ModelSource, where: Stage, progress, reserve: int) -> tuple[Path, dict]:
+    """Fetch into the stage's iter_N. Every staged byte the build reads was hashed by this fetch (downloaded
+    and verified, or re-hashed in an existing copy) against the digest the source identity records.
+    ``reserve``: bytes the staged export needs afterwards on the stage's file system (its free-space check)."""
     from ..archive.fetch import fetch_artifact
     from ..records.manifest import parse_manifest
 
-    result = fetch_artifact(source.uri, root, store=source.store, progress=progress)
+    try:
+        result = fetch_artifact(source.uri, where.root, store=source.store, progress=progress, reserve=reserve,
+                                reserve_for="the staged export of the teacher beside --out")
+    except OutOfSpace as exc:
+        if where.private and not isinstance(exc, Refused):  # what it wrote goes with the private stage
+            exc.message += f"; materialize then removes its private stage {where.root}"
+            exc.remedy = (f"free space on the file system of {where.root} ({exc.needed} bytes were still to "
+                          f"write, {exc.free} free), then rerun; --keep-staged keeps a partial fetch for the rerun")
+            exc.args = (str(exc),)
+        raise
     testhooks.reached("materialize:after-fetch")
     model = parse_manifest(result.plan.manifest_bytes, what=f"manifest fetched from {source.location}").components.get("model")
     if model is None or (model.path, model.size, getattr(model, "sha256", None)) != (

@@ -95,11 +95,25 @@ def export_bytes(base: Base) -> int:
     return tensors + small + (1 << 20)  # headers and the index: far below a MiB for any model
 
 
-def free_bytes(path: Path) -> int:
+def _existing(path: Path) -> Path | None:
     for candidate in (path, *path.parents):
         if os.path.isdir(candidate):
-            return shutil.disk_usage(candidate).free
-    return 0
+            return candidate
+    return None
+
+
+def free_bytes(path: Path) -> int:
+    existing = _existing(path)
+    return shutil.disk_usage(existing).free if existing is not None else 0
+
+
+def export_after_fetch(stage: Path, out: Path, base: Base) -> int:
+    """Bytes the staged export needs after a fetch into ``stage``: the export's size when both are on one
+    file system (the fetch's free-space check then keeps room for it), else 0."""
+    a, b = _existing(stage), _existing(out.parent)
+    if a is None or b is None or os.stat(a).st_dev != os.stat(b).st_dev:
+        return 0
+    return export_bytes(base)
 
 
 def check_space(out: Path, base: Base) -> None:
