@@ -239,18 +239,23 @@ def download_batch(files: Sequence[RangedFile], *, concurrency: int = 8, range_s
         if direct:
             target.write(fd, view, offset)
 
-    def work(item: tuple[int, int, int, bool]) -> mmap.mmap | None:
+    def work(item: tuple[int, int, int, bool]) -> tuple[mmap.mmap, memoryview] | None:
         i, offset, length, _ = item
         fd = targets[i].open()
         if not length:
             return None
-        buf = BUFFERS.take(length, aligned=True)
+        # The range sits in the page-aligned buffer at the offset's own alignment, so every aligned block
+        # of the file is an aligned address in memory too (as O_DIRECT needs), even after a resume.
+        shift = offset % ALIGN
+        buf = BUFFERS.take(shift + length, aligned=True)
+        view = memoryview(buf)[shift:shift + length]
         try:
-            retry_call(lambda: fill(targets[i], fd, offset, memoryview(buf)[:length]), retry_on=(TransientRead,))
+            retry_call(lambda: fill(targets[i], fd, offset, view), retry_on=(TransientRead,))
         except BaseException:
+            view.release()
             BUFFERS.give(buf)
             raise
-        return buf
+        return buf, view
 
     with open_stream(targets, concurrency) as stream:
         def complete(i: int) -> None:  # on the hashing thread, after the file's last bytes
@@ -258,12 +263,12 @@ def download_batch(files: Sequence[RangedFile], *, concurrency: int = 8, range_s
             if finish is not None:
                 stream.commit(finish, i, digests[i])
 
-        def consume(item: tuple[int, int, int, bool], buf: mmap.mmap | None) -> None:
+        def consume(item: tuple[int, int, int, bool], got: tuple[mmap.mmap, memoryview] | None) -> None:
             i, _, length, last = item
             target = targets[i]
-            if buf is not None:
-                stream.hashing.submit(target.hasher.update, memoryview(buf)[:length],
-                                      after=lambda: BUFFERS.give(buf))
+            if got is not None:
+                buf, view = got
+                stream.hashing.submit(target.hasher.update, view, after=lambda: BUFFERS.give(buf))
                 if target.spec.progress is not None:
                     target.spec.progress.update(length)
             if last:
