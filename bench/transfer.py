@@ -34,6 +34,25 @@ from ckptflow.store.credentials import load_credentials
 from peers import Measured, Peers, table
 
 
+def _report(times: dict[str, list[Measured]], size: int, args, hash_median: float, notes: list[str]) -> dict:
+    med = {k: statistics.median(m.wall for m in v) for k, v in times.items()}
+    mbps = {k: size / MiB / v for k, v in med.items()}
+    report = {
+        "size_mib": args.size_mib,
+        "runs": args.runs,
+        "median_seconds": {k: round(v, 3) for k, v in med.items()},
+        "throughput_mib_s": {k: round(v, 1) for k, v in mbps.items()},
+        "ratio_upload_ckptflow_vs_raw": round(mbps["ck_up"] / mbps["raw_up"], 3),
+        "ck_up_hashing_median_seconds": round(hash_median, 3),
+        "ratio_download_ckptflow_vs_raw": round(mbps["ck_down"] / mbps["raw_down"], 3),
+        "target_ratio": 0.85,
+        "peers": {direction: table({k.rsplit("_", 1)[0]: v for k, v in times.items() if k.endswith(direction)}, size)
+                  for direction in ("_up", "_down")},
+        "notes": notes,
+    }
+    return report
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--credentials", required=True)
@@ -110,21 +129,7 @@ def main() -> int:
             print(f"run {run + 1}/{args.runs}: " + ", ".join(f"{k} {v[-1].wall:.2f}s {v[-1].cpu:.2f} CPU-s"
                                                              for k, v in times.items()), file=sys.stderr)
 
-    med = {k: statistics.median(m.wall for m in v) for k, v in times.items()}
-    mbps = {k: size / MiB / v for k, v in med.items()}
-    report = {
-        "size_mib": args.size_mib,
-        "runs": args.runs,
-        "median_seconds": {k: round(v, 3) for k, v in med.items()},
-        "throughput_mib_s": {k: round(v, 1) for k, v in mbps.items()},
-        "ratio_upload_ckptflow_vs_raw": round(mbps["ck_up"] / mbps["raw_up"], 3),
-        "ck_up_hashing_median_seconds": round(statistics.median(hash_s), 3),
-        "ratio_download_ckptflow_vs_raw": round(mbps["ck_down"] / mbps["raw_down"], 3),
-        "target_ratio": 0.85,
-        "peers": {direction: table({k.rsplit("_", 1)[0]: v for k, v in times.items() if k.endswith(direction)}, size)
-                  for direction in ("_up", "_down")},
-        "notes": peers.notes,
-    }
+    report = _report(times, size, args, statistics.median(hash_s), peers.notes)
     print(json.dumps(report, indent=2, sort_keys=True))
     return 0
 

@@ -195,14 +195,36 @@ def _open_target(spec: RangedFile) -> tuple[int, int]:
     return fd, have
 
 
+def _fill(target: _Target, fd: int, offset: int, view: memoryview) -> None:
+    """Read the range at ``offset`` into ``view`` and write it: piece by piece through the page cache, or
+    whole through ``O_DIRECT`` once it is complete."""
+    filled = 0
+    direct = target.direct is not None
+    with target.spec.open_range(offset, len(view)) as reader:
+        while filled < len(view):
+            n = reader.readinto(view[filled:filled + (READ_PIECE if direct else IO_PIECE)])
+            if not n:
+                break
+            if not direct:  # through the page cache: written while the piece is in the CPU cache
+                _pwrite_all(fd, view[filled:filled + n], offset + filled)
+            filled += n
+    if filled != len(view):
+        raise VerificationFailed(
+            f"{target.spec.source} returned {filled} bytes for the range at {offset}, expected {len(view)}",
+            remedy="the source is shorter than its recorded size; check it")
+    if direct:
+        target.write(fd, view, offset)
+
+
 def download_batch(files: Sequence[RangedFile], *, concurrency: int = 8, range_size: int = DEFAULT_RANGE_SIZE,
                    finish: Callable[[int, FileDigest], None] | None = None) -> list[FileDigest]:
     """Download ``files`` as one stream of ranges; return each whole file's ``FileDigest``, in order.
 
     The ranges of all files form one ordered stream, so the next file's first ranges start while the
     previous file's last ones are still in flight and no file boundary leaves the connections idle.
-    Each worker streams its range into a reused buffer, writing every piece to the file at once (while
-    it is still in the CPU cache); finished ranges reach one hashing thread in stream order, so each
+    Each worker reads its range into a reused page-aligned buffer and writes it whole with ``O_DIRECT``
+    (or, where that is refused, writes every piece through the page cache at once, while it is still in
+    the CPU cache); finished ranges reach one hashing thread in stream order, so each
     file is hashed in order and no byte is read back. A range whose reader raises ``TransientRead`` is
     fetched again (four attempts in all); one that ends early fails the download naming its source.
 
@@ -221,24 +243,6 @@ def download_batch(files: Sequence[RangedFile], *, concurrency: int = 8, range_s
         items += [(i, off, n, k == len(spans) - 1) for k, (off, n) in enumerate(spans)]
     digests: list[FileDigest | None] = [None] * len(files)
 
-    def fill(target: _Target, fd: int, offset: int, view: memoryview) -> None:
-        filled = 0
-        direct = target.direct is not None
-        with target.spec.open_range(offset, len(view)) as reader:
-            while filled < len(view):
-                n = reader.readinto(view[filled:filled + (READ_PIECE if direct else IO_PIECE)])
-                if not n:
-                    break
-                if not direct:  # through the page cache: written while the piece is in the CPU cache
-                    _pwrite_all(fd, view[filled:filled + n], offset + filled)
-                filled += n
-        if filled != len(view):
-            raise VerificationFailed(
-                f"{target.spec.source} returned {filled} bytes for the range at {offset}, expected {len(view)}",
-                remedy="the source is shorter than its recorded size; check it")
-        if direct:
-            target.write(fd, view, offset)
-
     def work(item: tuple[int, int, int, bool]) -> tuple[mmap.mmap, memoryview] | None:
         i, offset, length, _ = item
         fd = targets[i].open()
@@ -250,7 +254,7 @@ def download_batch(files: Sequence[RangedFile], *, concurrency: int = 8, range_s
         buf = BUFFERS.take(shift + length, aligned=True)
         view = memoryview(buf)[shift:shift + length]
         try:
-            retry_call(lambda: fill(targets[i], fd, offset, view), retry_on=(TransientRead,))
+            retry_call(lambda: _fill(targets[i], fd, offset, view), retry_on=(TransientRead,))
         except BaseException:
             view.release()
             BUFFERS.give(buf)
