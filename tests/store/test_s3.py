@@ -277,3 +277,78 @@ def test_an_upload_completed_from_other_parts_is_deleted_not_left_under_the_dige
     with pytest.raises(VerificationFailed, match="not that of the parts sent"):
         store.put_file("big.bin", src, digest=digest)
     assert store.head("big.bin") is None
+
+
+class _CuttingServer:
+    """A real HTTP server on loopback that answers ranged GETs of one blob; the first ``cut`` answers
+    announce the whole range but send half of it and close the connection (a body that breaks off)."""
+
+    def __init__(self, blob: bytes, cut: int):
+        import http.server
+        import threading
+
+        outer = self
+        self.blob, self.cut, self.gets = blob, cut, 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self):  # the http.server API
+                first, last = self.headers["Range"].removeprefix("bytes=").split("-")
+                body = outer.blob[int(first):int(last) + 1]
+                outer.gets += 1
+                self.send_response(206)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if outer.gets <= outer.cut:
+                    self.wfile.write(body[:len(body) // 2])
+                    self.close_connection = True
+                    return
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def store(self) -> S3Store:
+        creds = Credentials("k", "s", f"http://127.0.0.1:{self.server.server_address[1]}", "us-east-1")
+        return S3Store("b", creds, concurrency=1, max_attempts=1)
+
+
+def test_a_body_that_breaks_off_is_fetched_again_and_the_bytes_are_whole(tmp_path: Path) -> None:
+    blob = os.urandom(3 * 1024 * 1024 + 11)
+    with _CuttingServer(blob, cut=1) as server:
+        got = server.store().download_file("k", tmp_path / "out", size=len(blob))
+    assert (tmp_path / "out").read_bytes() == blob and got.sha256 == hashlib.sha256(blob).hexdigest()
+    assert server.gets == 2  # the broken range once more, nothing else
+
+
+def test_a_body_that_keeps_breaking_off_fails_naming_the_object(tmp_path: Path) -> None:
+    blob = os.urandom(100_000)
+    with _CuttingServer(blob, cut=100) as server, pytest.raises(StoreError, match=r"GET s3://b/k at 127\.0\.0\.1:\d+: body broke off"):
+        server.store().download_file("k", tmp_path / "out", size=len(blob))
+    assert server.gets == 4  # four attempts in all
+
+
+def test_a_plain_body_is_read_straight_from_its_socket_and_the_connection_is_reused(tmp_path: Path) -> None:
+    blob = os.urandom(64 * 1024)
+    with _CuttingServer(blob, cut=0) as server:
+        store = server.store()
+        for offset in (0, 1000):
+            with store.open_range("k", offset, 5000) as reader:
+                assert reader._plain is not None  # no urllib3 copy in between
+                buf = bytearray(5000)
+                assert reader.readinto(memoryview(buf)) == 5000 and bytes(buf) == blob[offset:offset + 5000]
+        pools = store._client._endpoint.http_session._manager.pools
+        [pool] = [pools[key] for key in pools.keys()]
+        assert pool.num_connections == 1  # the second GET reused the first one's connection

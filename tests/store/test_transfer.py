@@ -288,3 +288,84 @@ def test_a_slow_part_holds_up_others_only_when_the_sent_bytes_are_hashed_here(tm
                  finish=lambda i, etags, sha: results.append(etags))
     assert results == [[f"etag-{n}" for n in range(1, 21)]] and sorted(started) == list(range(1, 21))
     assert started_while_1_was_slow == ([4] if hash_sent else [20])
+
+
+def _direct_writes(monkeypatch) -> list[tuple[bool, int, int]]:
+    """Record every write of a download as (through O_DIRECT, offset, length)."""
+    from ckptflow.store.transfer import download
+
+    seen: list[tuple[bool, int, int]] = []
+    real = download._pwrite_all
+
+    def spy(fd: int, view: memoryview, offset: int) -> None:
+        import fcntl
+
+        seen.append((bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT), offset, len(view)))
+        real(fd, view, offset)
+
+    monkeypatch.setattr(download, "_pwrite_all", spy)
+    return seen
+
+
+def _direct_io_available(path: Path) -> bool:
+    from ckptflow.store.transfer.download import _open_direct
+
+    fd = os.open(path / "probe", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        direct = _open_direct(path / "probe", fd)
+        if direct is not None:
+            os.close(direct)
+        return direct is not None
+    finally:
+        os.close(fd)
+        (path / "probe").unlink()
+
+
+def test_whole_aligned_blocks_go_through_o_direct_and_the_unaligned_edges_through_the_page_cache(tmp_path, monkeypatch):
+    if not _direct_io_available(tmp_path):
+        pytest.skip(f"{tmp_path}'s filesystem refuses O_DIRECT: the page-cache path is the one used there")
+    data = os.urandom(3 * MiB + 777)
+    start = 4096 * 3 + 100  # an unaligned resume offset, its prefix already in place
+    dest = tmp_path / "out"
+    dest.write_bytes(data[:start])
+    seen = _direct_writes(monkeypatch)
+    got = download_ranges(dest, size=len(data), start=start, range_size=MiB, concurrency=3,
+                          open_range=lambda off, n: contextlib.nullcontext(io.BytesIO(data[off:off + n])))
+    assert dest.read_bytes() == data and got.sha256 == hashlib.sha256(data).hexdigest()
+    direct = [(off, n) for d, off, n in seen if d]
+    assert direct and all(off % 4096 == 0 and n % 4096 == 0 for off, n in direct)
+    assert sum(n for _, _, n in seen) == len(data) - start  # every byte written once
+    ranges = -(-(len(data) - start) // MiB)
+    assert sum(n for _, n in direct) >= len(data) - start - ranges * 2 * 4096  # all but each range's edges
+
+
+def test_without_o_direct_every_piece_goes_through_the_page_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CKPTFLOW_DIRECT_IO", "0")
+    data = os.urandom(2 * MiB + 5)
+    seen = _direct_writes(monkeypatch)
+    got = download_ranges(tmp_path / "out", size=len(data), range_size=MiB, concurrency=2,
+                          open_range=lambda off, n: contextlib.nullcontext(io.BytesIO(data[off:off + n])))
+    assert (tmp_path / "out").read_bytes() == data and got.sha256 == hashlib.sha256(data).hexdigest()
+    assert seen and not any(d for d, _, _ in seen)
+
+
+def test_a_device_that_refuses_a_direct_write_falls_back_to_the_page_cache(tmp_path, monkeypatch):
+    if not _direct_io_available(tmp_path):
+        pytest.skip(f"{tmp_path}'s filesystem refuses O_DIRECT")
+    import errno
+    import fcntl
+
+    from ckptflow.store.transfer import download
+
+    real = download._pwrite_all
+
+    def refusing(fd: int, view: memoryview, offset: int) -> None:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        real(fd, view, offset)
+
+    monkeypatch.setattr(download, "_pwrite_all", refusing)
+    data = os.urandom(2 * MiB + 5)
+    got = download_ranges(tmp_path / "out", size=len(data), range_size=MiB, concurrency=2,
+                          open_range=lambda off, n: contextlib.nullcontext(io.BytesIO(data[off:off + n])))
+    assert (tmp_path / "out").read_bytes() == data and got.sha256 == hashlib.sha256(data).hexdigest()

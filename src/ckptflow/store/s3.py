@@ -498,7 +498,9 @@ class S3Store(s3_uploads.UnfinishedUploads):
                 raise VerificationFailed(
                     f"{self._where(key)} answered {sent} bytes for the range at {offset}, expected {length}",
                     remedy="the object's size differs from the archive's record; check it")
-            yield BodyReader(body, self._where(key))
+            reader = BodyReader(body, self._where(key))
+            yield reader
+            reader.finish()
         finally:
             body.close()
 

@@ -7,6 +7,8 @@ server-provided message (which may quote request details).
 
 from __future__ import annotations
 
+import http.client
+
 from botocore.exceptions import (
     ClientError,
     ConnectionClosedError,
@@ -37,17 +39,53 @@ class ConditionalConflict(StoreError):
 
 class BodyReader:
     """``readinto`` on a GetObject body (read straight into the caller's buffer); a body that breaks off
-    (connection reset, timeout, fewer bytes than its Content-Length) raises ``TransientRead``."""
+    (connection reset, timeout, fewer bytes than its Content-Length) raises ``TransientRead``.
+
+    Where the body is a plain (not content-encoded) HTTP response that nothing has read yet, it is read
+    from the socket's own ``http.client`` response: urllib3's ``readinto`` reads into a new bytes object
+    and copies that into the buffer, an extra copy of every byte (and an allocation per piece) that this
+    skips. Once the body is read to its end, ``finish`` gives the connection back to the pool, as
+    urllib3 does after a read to the end; otherwise (and on any failure) the connection is closed with
+    the body.
+    """
 
     def __init__(self, body, where: str):
         self._body, self._where = body, where
+        self._plain = _plain_response(body)
 
     def readinto(self, view: memoryview) -> int:
         try:
-            return self._body.readinto(view)
+            if self._plain is None:
+                return self._body.readinto(view)
+            n = self._plain.readinto(view)
+            if not n and len(view) and self._plain.length:  # the connection ended before Content-Length
+                raise http.client.IncompleteRead(b"", self._plain.length)
+            return n
         except STREAM_ERRORS as exc:
             raise TransientRead(f"GET {self._where}: body broke off ({type(exc).__name__})",
                                 remedy="retry") from None
+        except (http.client.HTTPException, OSError) as exc:
+            if self._plain is None:
+                raise
+            raise TransientRead(f"GET {self._where}: body broke off ({type(exc).__name__})",
+                                remedy="retry") from None
+
+    def finish(self) -> None:
+        """After a read to the end: the connection goes back to the pool (see the class docstring)."""
+        if self._plain is not None and self._plain.isclosed():
+            self._body._raw_stream.release_conn()
+
+
+def _plain_response(body) -> http.client.HTTPResponse | None:
+    """The ``http.client`` response under botocore's body, when reading it directly is equivalent."""
+    stream = getattr(body, "_raw_stream", None)
+    response = getattr(stream, "_fp", None)
+    if not isinstance(response, http.client.HTTPResponse) or not hasattr(stream, "release_conn"):
+        return None
+    headers = getattr(stream, "headers", None) or {}
+    if headers.get("content-encoding") or getattr(stream, "_fp_bytes_read", None) != 0:
+        return None
+    return response
 
 
 def error_code(exc: ClientError) -> str:

@@ -15,6 +15,7 @@ which costs more CPU than hashing the range.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import queue
 import threading
@@ -109,7 +110,7 @@ class TransientRead(StoreError):
 class BufferCache:
     """Reusable byte buffers for ranges and parts, kept while a transfer session is open.
 
-    ``take(n)`` returns a ``bytearray`` of at least ``n`` bytes (sizes are rounded up to whole MiB, so
+    ``take(n)`` returns a ``bytearray`` (or, ``aligned``, a page-aligned ``mmap``) of at least ``n`` bytes (sizes are rounded up to whole MiB, so
     few distinct sizes exist); ``give`` hands it back. Given-back buffers are kept (up to
     ``max_bytes`` in all) only while at least one ``session()`` is open, and dropped when the last one
     closes, so a long-lived process (a trainer) holds no transfer memory between publications.
@@ -118,7 +119,7 @@ class BufferCache:
     def __init__(self, max_bytes: int = 160 * MiB):
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
-        self._free: dict[int, list[bytearray]] = {}
+        self._free: dict[tuple[int, bool], list] = {}
         self._free_bytes = 0
         self._sessions = 0
 
@@ -126,21 +127,24 @@ class BufferCache:
     def _size(n: int) -> int:
         return max(MiB, -(-n // MiB) * MiB)
 
-    def take(self, n: int) -> bytearray:
+    def take(self, n: int, *, aligned: bool = False) -> bytearray | mmap.mmap:
+        """A buffer of at least ``n`` bytes; ``aligned``: page-aligned (an anonymous ``mmap``), as
+        ``O_DIRECT`` writes need."""
         size = self._size(n)
         with self._lock:
-            free = self._free.get(size)
+            free = self._free.get((size, aligned))
             if free:
                 self._free_bytes -= size
                 return free.pop()
-        return bytearray(size)
+        return mmap.mmap(-1, size) if aligned else bytearray(size)
 
-    def give(self, buf: bytearray) -> None:
+    def give(self, buf: bytearray | mmap.mmap) -> None:
         if len(buf) % MiB:
             return  # an odd-sized last part: not worth keeping
+        key = (len(buf), isinstance(buf, mmap.mmap))
         with self._lock:
             if self._sessions and self._free_bytes + len(buf) <= self.max_bytes:
-                self._free.setdefault(len(buf), []).append(buf)
+                self._free.setdefault(key, []).append(buf)
                 self._free_bytes += len(buf)
 
     @contextlib.contextmanager

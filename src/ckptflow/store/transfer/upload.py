@@ -71,6 +71,17 @@ class _Source(BatchFile):
         return fd
 
 
+def _read_part(spec: PartedFile, fd: int, view: memoryview, offset: int) -> None:
+    """Fill ``view`` from ``spec``'s file at ``offset``; a file shorter than was hashed is refused."""
+    got = 0
+    while got < len(view):
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if not n:
+            raise VerificationFailed(f"{spec.path} is shorter than the {spec.size} bytes that were hashed",
+                                     remedy="the file changed after it was hashed; hash it again", path=str(spec.path))
+        got += n
+
+
 def upload_batch(files: Sequence[PartedFile], *, concurrency: int = 8,
                  finish: Callable[[int, list[Any], str | None], None] | None = None) -> None:
     """Send ``files`` as one stream of parts; commit each file once its parts are sent and hashed.
@@ -105,15 +116,7 @@ def upload_batch(files: Sequence[PartedFile], *, concurrency: int = 8,
         # buffer of its own size.
         data = BUFFERS.take(length) if length % MiB == 0 else bytearray(length)
         try:
-            view = memoryview(data)[:length]
-            got = 0
-            while got < length:
-                n = os.preadv(fd, [view[got:]], offset + got)
-                if not n:
-                    raise VerificationFailed(
-                        f"{source.spec.path} is shorter than the {source.spec.size} bytes that were hashed",
-                        remedy="the file changed after it was hashed; hash it again", path=str(source.spec.path))
-                got += n
+            _read_part(source.spec, fd, memoryview(data)[:length], offset)
             result = reused[number] if number in reused else source.spec.send(number, data)
         except BaseException:
             BUFFERS.give(data)

