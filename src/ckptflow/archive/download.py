@@ -102,7 +102,7 @@ def download_files(store: ObjectStore, prefix: str, staged: Path, todo: list[Fil
             raise
         rest = [e for e in todo if e.path not in watch.committed]
         parts = [p for e in rest for p in stage.leftover_parts(staged / e.path)]
-        raise space.out_of_space(exc, staged, watch.hit or space.path_in(exc, staged), rest,
+        raise space.out_of_space(exc, staged, space.path_in(exc, staged) or watch.hit, rest,
                                  verified=len(watch.committed), freed=parts) from exc
 
 

@@ -197,7 +197,16 @@ def _open_target(spec: RangedFile) -> tuple[int, int]:
 
 def _fill(target: _Target, fd: int, offset: int, view: memoryview) -> None:
     """Read the range at ``offset`` into ``view`` and write it: piece by piece through the page cache, or
-    whole through ``O_DIRECT`` once it is complete."""
+    whole through ``O_DIRECT`` once it is complete. A failed write (a full disk) names the file written."""
+    try:
+        _fill_range(target, fd, offset, view)
+    except OSError as exc:
+        if exc.filename is None:
+            exc.filename = str(target.spec.dest)
+        raise
+
+
+def _fill_range(target: _Target, fd: int, offset: int, view: memoryview) -> None:
     filled = 0
     direct = target.direct is not None
     with target.spec.open_range(offset, len(view)) as reader:
