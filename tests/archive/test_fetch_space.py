@@ -17,6 +17,7 @@ import time
 import pytest
 from archive_helpers import CountingStore
 
+from ckptflow.archive import space
 from ckptflow.archive.fetch import fetch_artifact
 from ckptflow.archive.publish import publish_artifact
 from ckptflow.errors import InsufficientSpace, OutOfSpace, Refused
@@ -189,11 +190,12 @@ def test_a_disk_filled_during_the_download_names_the_file_keeps_verified_files_a
     assert isinstance(err, OutOfSpace) and not isinstance(err, Refused), err
     assert err.errno == 28 and err.path == str(staged / "optim/__2_0.distcp")
     message = str(err)
-    for named in (str(staged / "optim/__2_0.distcp"), "filled up", "another process", f"{err.free} bytes free now",
+    for named in (str(staged / "optim/__2_0.distcp"), "filled up", "another process", f"{space.size_text(err.free)} free now",
                   "1 file(s) verified by this run are in place", "free at least", "rerun the same command"):
         assert named in message, named
     assert err.needed > err.free
     assert (staged / "model.pt").read_bytes() == (art / "model.pt").read_bytes()  # verified, kept
+    assert parts(staged) == []  # the cut shard holds no prefix a rerun could resume from: removed
     assert not staging_record.read_staging(staged).complete
 
     filler.unlink()

@@ -28,7 +28,7 @@ from functools import partial
 from pathlib import Path
 
 from .. import testhooks
-from ..digest import FileDigest
+from ..digest import FileDigest, sha256_file
 from ..errors import OutOfSpace, VerificationFailed
 from ..fsutil import fsync_file, payload_fsync_enabled
 from ..progress import ByteProgress
@@ -84,6 +84,28 @@ class _FullWatch:
                 self.note(exc, path)
                 raise
         return opened
+
+
+def _settle_parts(jobs: list, committed: set[str]) -> None:
+    """After a failed batch, the parts of files not committed: one that holds its whole file and hashes to
+    the declared digest is committed like any other (the stream stopped before its turn); one a rerun
+    could not resume from (no contiguous prefix worth re-verifying, ``stage.resumable_prefix``, or whole
+    but wrong) is removed; a partial one with such a prefix stays for the rerun. Best effort: the batch's
+    own failure is what is raised."""
+    for entry, final, part, _, _ in jobs:
+        if entry.path in committed:
+            continue
+        try:
+            prefix = stage.resumable_prefix(part, entry.size)
+            if prefix == entry.size and sha256_file(part).sha256 == entry.sha256:
+                if payload_fsync_enabled():
+                    fsync_file(part)
+                os.replace(part, final)
+                committed.add(entry.path)
+            elif prefix == 0 or prefix == entry.size:
+                part.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("could not settle %s after the failed download: %s", part, exc)
 
 
 def download_files(store: ObjectStore, prefix: str, staged: Path, todo: list[FileEntry], *,
@@ -159,6 +181,9 @@ def _download(store: ObjectStore, prefix: str, staged: Path, todo: list[FileEntr
         try:
             download_batch(files, concurrency=getattr(store, "concurrency", None) or DEFAULT_CONCURRENCY,
                            range_size=_range_size(store), finish=commit)
+        except BaseException:
+            _settle_parts(jobs, watch.committed)
+            raise
         finally:
             for _, _, part, _, _ in jobs:
                 stage.release(part)

@@ -137,8 +137,8 @@ def out_of_space(exc: OSError, staged: Path, written: str | None, unverified: li
                  verified: int, freed: Iterable[Path] = ()) -> OutOfSpace:
     """The named failure for a disk that filled while ``written`` (a path in the stage) was being written.
 
-    ``unverified`` are the files not in place yet (their ``.part`` files, ``freed``, are kept: the
-    rerun resumes them), ``verified`` how many files this run already verified and kept.
+    ``unverified`` are the files not in place yet (``freed``: their ``.part`` files a rerun resumes, kept),
+    ``verified`` how many files this run already verified and kept.
     """
     free, block, _ = free_space(staged)
     need = needed_bytes(unverified, block=block, freed=freed)
@@ -148,8 +148,8 @@ def out_of_space(exc: OSError, staged: Path, written: str | None, unverified: li
     return OutOfSpace(
         f"the file system of {staged} filled up {what} ({exc.strerror or exc}; another process may be writing "
         f"to it): {size_text(free)} free now, {len(unverified)} file(s) with {size_text(need)} still to write; "
-        f"the {verified} file(s) verified by this run are in place and the partial download is kept in its "
-        ".part for the rerun",
+        f"the {verified} file(s) verified by this run are in place and a partial download a rerun can resume "
+        "from is kept in its .part",
         remedy=f"free at least {size_text(max(need - free, block))} on the file system of {_existing(staged)}, "
         "then rerun the same command (it resumes), or stage on a larger one",
         path=str(target), needed=need, free=free)
