@@ -78,6 +78,26 @@ def test_merge_record_and_diagnostic_are_archived_but_not_fetched(artifact, sw_s
     assert list(walk_files(result.path)) == STAGED
 
 
+def test_when_the_first_file_fails_its_check_every_other_file_is_whole_and_verified_or_absent(
+        artifact, published, sw_store, tmp_path):
+    # model.pt is the largest, so it is hashed and checked first while the shards are still in the stream:
+    # a shard the stream already holds whole is committed only if it matches, any other part is removed.
+    data = bytearray((artifact / "model.pt").read_bytes())
+    data[4321] ^= 0x01
+    key = f"{ARTIFACT_PREFIX}/model.pt"
+    sha = sw_store.head(key).sha256
+    sw_store._client.put_object(Bucket=sw_store.bucket, Key=key, Body=bytes(data), Metadata={"sha256": sha})
+    with pytest.raises(VerificationFailed, match=r"model\.pt"):
+        fetch_artifact(published, tmp_path / "stage", store=sw_store, progress=False)
+    staged = tmp_path / "stage" / "iter_000300"
+    assert no_parts(staged) == []
+    assert not (staged / "model.pt").exists()
+    for rel in PAYLOADS[1:]:
+        assert not (staged / rel).exists() or (staged / rel).read_bytes() == (artifact / rel).read_bytes(), rel
+    assert not (staged / manifest_record.FILENAME).exists()
+    assert staging_record.read_staging(staged).complete is False
+
+
 def test_a_shard_missing_remotely_fails_by_name_and_nothing_is_marked_complete(published, sw_store, tmp_path):
     sw_store.delete(f"{ARTIFACT_PREFIX}/optim/__1_0.distcp")
     with pytest.raises(NotFound, match=r"optim/__1_0\.distcp.*missing") as err:
