@@ -11,8 +11,6 @@ import json
 import os
 import shutil
 import signal
-import threading
-import time
 
 import pytest
 from archive_helpers import CountingStore
@@ -30,6 +28,7 @@ from ckptflow.store.s3 import S3Store
 from helpers.artifacts import ARTIFACT_PREFIX, UPLOAD_PREFIX, make_artifact
 from helpers.cli import run_cli, start_cli, wait_for_file
 from helpers.disks import fill, tmpfs_mounts
+from helpers.paused import resume, start_paused
 
 MiB = 1024 * 1024
 PAYLOADS = ["model.pt", "optim/.metadata", "optim/__0_0.distcp", "optim/__1_0.distcp", "optim/__2_0.distcp"]
@@ -154,27 +153,11 @@ def fetch_filled_meanwhile(store, disk, leave, tmp_path, monkeypatch):
     """Fetch in a thread paused after its free-space check; another writer leaves ``leave`` bytes free
     meanwhile. Returns what the fetch raised and the other writer's file."""
     flag = tmp_path / "paused"
-    monkeypatch.setenv("CKPTFLOW_TEST_PAUSE_AT", "fetch:after-record")
-    monkeypatch.setenv("CKPTFLOW_TEST_PAUSE_FILE", str(flag))
-    outcome: dict = {}
-
-    def fetch() -> None:
-        try:
-            outcome["result"] = fetch_artifact(s3_uri(store), disk / "stage", store=store, progress=False)
-        except Exception as exc:  # noqa: BLE001 - the test inspects whatever the fetch raised
-            outcome["error"] = exc
-
-    worker = threading.Thread(target=fetch)
-    worker.start()
-    deadline = time.monotonic() + 60
-    while not flag.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert flag.exists(), "fetch never reached its pause point after the free-space check"
+    worker, outcome = start_paused(
+        lambda: fetch_artifact(s3_uri(store), disk / "stage", store=store, progress=False),
+        "fetch:after-record", flag, monkeypatch)
     filler = fill(disk, leave=leave)
-    monkeypatch.delenv("CKPTFLOW_TEST_PAUSE_AT")
-    flag.unlink()
-    worker.join(timeout=120)
-    assert not worker.is_alive()
+    resume(worker, flag, monkeypatch)
     return outcome.get("error", outcome), filler
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
-import time
 
 import pytest
 
@@ -17,6 +15,7 @@ from ckptflow.store.credentials import load_credentials
 from ckptflow.store.s3 import S3Store
 from helpers import servers
 from helpers.artifacts import UPLOAD_PREFIX, make_artifact
+from helpers.paused import resume, start_paused
 
 # A private SeaweedFS on its own fixed loopback ports: stopping it must not disturb the shared one.
 FAULT_PROFILE = servers.Profile("fault", 18533, 19533, 19540, 19088, 18534, 19546,
@@ -34,29 +33,13 @@ def test_server_stopped_mid_publish_fails_cleanly_and_rerun_publishes(tmp_path, 
         before = {p: (art / p).read_bytes() for p in walk_files(art)}
 
         flag = tmp_path / "paused"
-        monkeypatch.setenv("CKPTFLOW_TEST_PAUSE_AT", "publish:after-payload")
-        monkeypatch.setenv("CKPTFLOW_TEST_PAUSE_FILE", str(flag))
-        outcome: dict = {}
-
-        def publish() -> None:
-            try:
-                outcome["result"] = publish_artifact(art, store, UPLOAD_PREFIX, progress=False)
-            except Exception as exc:  # noqa: BLE001 - the test inspects whatever the publisher raised
-                outcome["error"] = exc
-
-        worker = threading.Thread(target=publish)
-        worker.start()
-        deadline = time.monotonic() + 60
-        while not flag.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert flag.exists(), "publish never reached its first uploaded payload"
+        worker, outcome = start_paused(lambda: publish_artifact(art, store, UPLOAD_PREFIX, progress=False),
+                                       "publish:after-payload", flag, monkeypatch)  # its first uploaded payload
         # SIGKILL, not SIGTERM: a server shutting down gracefully answers some requests with 500 for a
         # few seconds; a killed one refuses connections at once, so the failure mode is the same each run.
         os.killpg(entry["pid"], signal.SIGKILL)
         servers.stop(entry)
-        monkeypatch.delenv("CKPTFLOW_TEST_PAUSE_AT")
-        flag.unlink()
-        worker.join(timeout=300)
+        resume(worker, flag, monkeypatch, timeout=300)
         err = outcome.get("error")
         assert isinstance(err, StoreError), outcome
         assert "127.0.0.1:18533" in str(err) and "server is up" in str(err)

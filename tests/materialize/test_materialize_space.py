@@ -9,8 +9,6 @@ when ``CI`` is set).
 from __future__ import annotations
 
 import os
-import threading
-import time
 
 import pytest
 from materialize_helpers import DEFAULTS, copy_tree
@@ -23,6 +21,7 @@ from ckptflow.materialize.preflight import export_bytes
 from ckptflow.store import LocalStore
 from helpers.artifacts import ARTIFACT_PREFIX, UPLOAD_PREFIX
 from helpers.disks import fill, tmpfs_mounts
+from helpers.paused import resume, start_paused
 
 
 @pytest.fixture
@@ -62,26 +61,11 @@ def test_a_disk_filled_during_the_fetch_names_the_file_and_says_the_private_stag
     _, uri = file_archive(models, tmp_path)
     disk = small_disk(8 << 20)
     flag = tmp_path / "paused"
-    monkeypatch.setenv("CKPTFLOW_TEST_PAUSE_AT", "fetch:after-record")
-    monkeypatch.setenv("CKPTFLOW_TEST_PAUSE_FILE", str(flag))
-    outcome: dict = {}
-
-    def run() -> None:
-        try:
-            outcome["result"] = materialize(artifact_uri=uri, base=models.base(), out=disk / "teacher", **DEFAULTS)
-        except Exception as exc:  # noqa: BLE001 - the test inspects whatever materialize raised
-            outcome["error"] = exc
-
-    worker = threading.Thread(target=run)
-    worker.start()
-    deadline = time.monotonic() + 60
-    while not flag.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert flag.exists(), "the fetch never reached its pause point"
+    worker, outcome = start_paused(
+        lambda: materialize(artifact_uri=uri, base=models.base(), out=disk / "teacher", **DEFAULTS),
+        "fetch:after-record", flag, monkeypatch)
     filler = fill(disk, leave=64 * 1024)  # less than model.pt
-    monkeypatch.delenv("CKPTFLOW_TEST_PAUSE_AT")
-    flag.unlink()
-    worker.join(timeout=120)
+    resume(worker, flag, monkeypatch)
 
     err = outcome.get("error")
     assert isinstance(err, OutOfSpace) and not isinstance(err, Refused), outcome
