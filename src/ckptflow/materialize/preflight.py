@@ -16,8 +16,10 @@ template than the unified one (``conversion.chat_template``), naming the file.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..conversion import chat_template
@@ -35,18 +37,25 @@ def refused(found: str, would: str, *, path: Path | str | None, remedy: str) -> 
     return Refused(f"{PREFIX}: {found}; {would}", path=str(path) if path is not None else None, remedy=remedy)
 
 
-def check_base(base_dir: Path, *, expect_tensors: int, min_tensors: int) -> Base:
-    """Read and validate the base (see the module doc); ``Refused`` in the one family, naming the file."""
+@contextlib.contextmanager
+def _refusing_base(base_dir: Path, would: str, remedy: str) -> Iterator[None]:
+    """A base that is invalid (``remedy`` unless the error has its own) or unreadable, as a refusal naming the file."""
     try:
-        base = read_base(base_dir)
-        _check_chat_template(base_dir)
+        yield
     except CkptflowError as exc:
-        raise refused(f"base {base_dir}: {exc.message}", _READS, path=exc.path or base_dir,
-                      remedy=exc.remedy or "fix or re-download the base") from None
+        raise refused(f"base {base_dir}: {exc.message}", would, path=exc.path or base_dir,
+                      remedy=exc.remedy or remedy) from None
     except OSError as exc:
         where = exc.filename or base_dir
-        raise refused(f"base file {where} cannot be read ({exc.strerror or exc})", _READS, path=where,
+        raise refused(f"base file {where} cannot be read ({exc.strerror or exc})", would, path=where,
                       remedy="make the base readable by this user (permissions, mounts), then rerun") from None
+
+
+def check_base(base_dir: Path, *, expect_tensors: int, min_tensors: int) -> Base:
+    """Read and validate the base (see the module doc); ``Refused`` in the one family, naming the file."""
+    with _refusing_base(base_dir, _READS, "fix or re-download the base"):
+        base = read_base(base_dir)
+        _check_chat_template(base_dir)
     count = len(base.index.weight_map)
     if count < min_tensors:
         raise refused(f"base {base_dir} has {count} tensors, fewer than the floor of {min_tensors} (--min-tensors)",
@@ -66,15 +75,8 @@ _UNIFIED = ("--unified-chat-template writes the base's processor template into t
 def check_unified(base_dir: Path) -> chat_template.Unified:
     """Under --unified-chat-template (with or without --no-verify): the unified templates of the base, or a
     refusal naming the file that prevents them (``chat_template.unify``, the verifier's helper too)."""
-    try:
+    with _refusing_base(base_dir, _UNIFIED, "fix the base, or drop --unified-chat-template"):
         return chat_template.unify(base_dir)
-    except CkptflowError as exc:
-        raise refused(f"base {base_dir}: {exc.message}", _UNIFIED, path=exc.path or base_dir,
-                      remedy=exc.remedy or "fix the base, or drop --unified-chat-template") from None
-    except OSError as exc:
-        where = exc.filename or base_dir
-        raise refused(f"base file {where} cannot be read ({exc.strerror or exc})", _UNIFIED, path=where,
-                      remedy="make the base readable by this user (permissions, mounts), then rerun") from None
 
 
 def _check_chat_template(base_dir: Path) -> None:
