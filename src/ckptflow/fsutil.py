@@ -123,9 +123,9 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _write_temp(path: Path, data: bytes, mode: int) -> Path:
+def _write_temp(path: Path, data: bytes, mode: int, suffix: str = ".tmp") -> Path:
     """``data`` in a fresh, fsynced, uniquely named sibling of ``path``; removed again on failure."""
-    tmp = unique_temp_path(path)
+    tmp = unique_temp_path(path, suffix)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -159,14 +159,14 @@ def fsync_file(path: Path | str) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path | str, data: bytes, *, mode: int = 0o644) -> None:
+def atomic_write_bytes(path: Path | str, data: bytes, *, mode: int = 0o644, suffix: str = ".tmp") -> None:
     """Write ``data`` to ``path`` so that readers see either the old file or the complete new one.
 
-    The temporary lives in the same directory (so the rename cannot cross file systems), is fsynced
-    before the rename, and is removed if anything fails.
+    The temporary (``unique_temp_path(path, suffix)``) lives in the same directory (so the rename cannot
+    cross file systems), is fsynced before the rename, and is removed if anything fails.
     """
     path = Path(path)
-    tmp = _write_temp(path, data, mode)
+    tmp = _write_temp(path, data, mode, suffix)
     try:
         os.replace(tmp, path)
     except BaseException:

@@ -22,7 +22,6 @@ except a file or key whose text equals the canonical template, which is allowed 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -32,7 +31,7 @@ from typing import Any
 
 from ..digest import sha256_bytes
 from ..errors import InvalidRecord
-from ..fsutil import fsync_dir, unique_temp_path
+from ..fsutil import atomic_write_bytes
 from ..jsonio import decode_json_object
 from .sidecars import TEMPLATE_DIR
 
@@ -121,17 +120,7 @@ def write_unified(tree: Path, unified: Unified) -> list[str]:
         dst = Path(tree) / rel
         if dst.is_file() and not dst.is_symlink() and dst.read_bytes() == data:
             continue
-        tmp = unique_temp_path(dst, ".writing")
-        try:
-            with open(tmp, "xb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, dst)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-        fsync_dir(dst.parent)
+        atomic_write_bytes(dst, data, suffix=".writing")  # the temporary recovery sweeps by its suffix
         written.append(rel)
     return written
 
