@@ -19,11 +19,10 @@ the rerun to resume.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -59,33 +58,6 @@ def _range_size(store: ObjectStore) -> int:
     return getattr(store, "download_range_size", None) or getattr(store, "range_size", None) or DEFAULT_RANGE_SIZE
 
 
-class _FullWatch:
-    """Which file a full disk stopped: the first path whose write raised ENOSPC/EDQUOT, and the files done."""
-
-    def __init__(self):
-        self.hit: str | None = None
-        self.committed: set[str] = set()
-        self._lock = threading.Lock()
-
-    def note(self, exc: BaseException, path: str) -> None:
-        if space.is_full(exc):
-            with self._lock:
-                self.hit = self.hit or path
-
-    def opener(self, open_range: Callable, path: str) -> Callable:
-        """``open_range`` for ``path``: a range's bytes are written inside its reader's ``with`` block, so
-        a disk-full error of that write passes through here on its way out and is attributed to ``path``."""
-        @contextlib.contextmanager
-        def opened(offset: int, length: int) -> Iterator:
-            try:
-                with open_range(offset, length) as reader:
-                    yield reader
-            except OSError as exc:
-                self.note(exc, path)
-                raise
-        return opened
-
-
 def _settle_parts(jobs: list, committed: set[str]) -> None:
     """After a failed batch, the parts of files not committed: one that holds its whole file and hashes to
     the declared digest is committed like any other (the stream stopped before its turn); one a rerun
@@ -116,20 +88,21 @@ def download_files(store: ObjectStore, prefix: str, staged: Path, todo: list[Fil
     running has returned (files verified and renamed by then stay in place; a rerun keeps them); a
     full disk raises ``OutOfSpace`` naming the file it stopped.
     """
-    watch = _FullWatch()
+    committed: set[str] = set()  # stage-relative paths verified and renamed into place by this run
     try:
-        return _download(store, prefix, staged, todo, where=where, progress=progress, watch=watch)
+        return _download(store, prefix, staged, todo, where=where, progress=progress, committed=committed)
     except OSError as exc:
         if not space.is_full(exc) or isinstance(exc, OutOfSpace):
             raise
-        rest = [e for e in todo if e.path not in watch.committed]
+        rest = [e for e in todo if e.path not in committed]
         parts = [p for e in rest for p in stage.leftover_parts(staged / e.path)]
-        raise space.out_of_space(exc, staged, space.path_in(exc, staged) or watch.hit, rest,
-                                 verified=len(watch.committed), freed=parts) from exc
+        # The failed write names its file (the transfer layer and the commit below set ``filename``).
+        raise space.out_of_space(exc, staged, space.path_in(exc, staged), rest,
+                                 verified=len(committed), freed=parts) from exc
 
 
 def _download(store: ObjectStore, prefix: str, staged: Path, todo: list[FileEntry], *,
-              where: Callable[[str], str], progress: bool | None, watch: _FullWatch) -> tuple[int, list[dict]]:
+              where: Callable[[str], str], progress: bool | None, committed: set[str]) -> tuple[int, list[dict]]:
     jobs = []
     for entry in sorted(todo, key=lambda e: (-e.size, e.path)):
         final = staged / entry.path
@@ -165,15 +138,15 @@ def _download(store: ObjectStore, prefix: str, staged: Path, todo: list[FileEntr
                 part.unlink(missing_ok=True)
                 raise
             except OSError as exc:  # a flush can be where a full disk shows (NFS, some quotas)
-                watch.note(exc, entry.path)
+                if exc.filename is None:
+                    exc.filename = str(part)
                 raise
-            watch.committed.add(entry.path)
+            committed.add(entry.path)
             testhooks.reached("fetch:after-file")
             testhooks.reached(f"fetch:after-file:{entry.path}")
 
         files = [
-            RangedFile(part, entry.size, watch.opener(partial(store.open_range, object_key(prefix, entry.path)),
-                                                      entry.path), start=offset,
+            RangedFile(part, entry.size, partial(store.open_range, object_key(prefix, entry.path)), start=offset,
                        hasher=hasher, progress=_FileProgress(bar, entry.path, entry.size - offset),
                        source=where(entry.path))
             for entry, _, part, offset, hasher in jobs
@@ -182,7 +155,7 @@ def _download(store: ObjectStore, prefix: str, staged: Path, todo: list[FileEntr
             download_batch(files, concurrency=getattr(store, "concurrency", None) or DEFAULT_CONCURRENCY,
                            range_size=_range_size(store), finish=commit)
         except BaseException:
-            _settle_parts(jobs, watch.committed)
+            _settle_parts(jobs, committed)
             raise
         finally:
             for _, _, part, _, _ in jobs:
