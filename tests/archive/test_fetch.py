@@ -13,10 +13,12 @@ from ckptflow.records import manifest as manifest_record
 from ckptflow.records import staging as staging_record
 from ckptflow.store.credentials import load_credentials
 from ckptflow.store.local import LocalStore
+from ckptflow.store.s3 import S3Store
 from helpers.artifacts import ARTIFACT_PREFIX, UPLOAD_PREFIX, make_artifact
 from helpers.trees import tree_bytes
 
 PAYLOADS = ["model.pt", "optim/.metadata", "optim/__0_0.distcp", "optim/__1_0.distcp", "optim/__2_0.distcp"]
+MiB = 1024 * 1024
 STAGED = sorted([*PAYLOADS, manifest_record.FILENAME, staging_record.FILENAME])
 
 
@@ -58,6 +60,18 @@ def test_round_trip_is_byte_identical_complete_and_the_second_fetch_downloads_no
     counting = CountingStore(sw_store)
     again = fetch_artifact(published, tmp_path / "stage", store=counting, progress=False)
     assert again.status == "already-staged" and counting.downloads == []
+
+
+def test_objects_are_fetched_in_ranges_of_the_store_s_download_shape(sw_store, seaweedfs_credentials_path, tmp_path):
+    art = make_artifact(tmp_path / "run", model_bytes=5 * MiB // 2)
+    publish_artifact(art, sw_store, UPLOAD_PREFIX, progress=False)
+    store = S3Store(sw_store.bucket, load_credentials(seaweedfs_credentials_path), download_concurrency=2,
+                    download_range_size=MiB)
+    counting = CountingStore(store)
+    result = fetch_artifact(s3_uri(sw_store), tmp_path / "stage", store=counting, progress=False)
+    assert_identical(art, result.path)
+    model = sorted((start, end) for key, start, end in counting.downloads if key.endswith("/model.pt"))
+    assert model == [(0, MiB), (MiB, 2 * MiB), (2 * MiB, 5 * MiB // 2)]
 
 
 def test_round_trip_from_a_file_archive(artifact, tmp_path):

@@ -146,7 +146,7 @@ def test_replacing_an_own_copy_counts_the_space_its_removal_frees(tmp_path, sw_s
 
 def serial_store(bucket, creds_path):
     """One 1 MiB range at a time, largest file first: model.pt is written in order before any shard."""
-    return S3Store(bucket, load_credentials(creds_path), concurrency=1, download_range_size=MiB)
+    return S3Store(bucket, load_credentials(creds_path), download_concurrency=1, download_range_size=MiB)
 
 
 def fetch_filled_meanwhile(store, disk, leave, tmp_path, monkeypatch):

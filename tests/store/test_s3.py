@@ -17,7 +17,14 @@ from botocore.exceptions import ClientError
 from ckptflow.digest import FileDigest, sha256_bytes, sha256_file
 from ckptflow.errors import CkptflowError, StoreError, UsageError, VerificationFailed
 from ckptflow.store import Credentials, S3Store, load_credentials
-from ckptflow.store.s3 import MAX_SINGLE_PART, _check_composite, _full_object_sha256
+from ckptflow.store.s3 import (
+    LOCAL_DOWNLOADS,
+    MAX_SINGLE_PART,
+    REMOTE_DOWNLOADS,
+    _check_composite,
+    _full_object_sha256,
+    downloads_for,
+)
 from helpers import servers
 
 MiB = 1024 * 1024
@@ -158,6 +165,30 @@ def _part_headers(store: S3Store) -> list[dict[str, str]]:
 def _small_parts_store(bucket: str, credentials_path: Path, **options) -> S3Store:
     return S3Store(bucket, load_credentials(credentials_path), multipart_threshold=5 * MiB, part_size=5 * MiB,
                    **options)
+
+
+@pytest.mark.parametrize(("endpoint", "shape"), [
+    ("http://127.0.0.1:18333", LOCAL_DOWNLOADS),
+    ("http://localhost:9000", LOCAL_DOWNLOADS),
+    ("http://[::1]:9000", LOCAL_DOWNLOADS),
+    ("http://10.0.0.5:9000", REMOTE_DOWNLOADS),
+    ("https://storage.example.org", REMOTE_DOWNLOADS),
+    (None, REMOTE_DOWNLOADS),  # AWS's own endpoint
+])
+def test_downloads_are_cut_by_where_the_endpoint_is(endpoint, shape) -> None:
+    assert downloads_for(endpoint) == shape
+    store = S3Store("b", Credentials("k", "s", endpoint, None))
+    assert (store.download_concurrency, store.download_range_size) == shape
+
+
+def test_a_download_shape_given_is_kept_and_a_zero_one_is_refused() -> None:
+    creds = Credentials("k", "s", "http://127.0.0.1:1", None)
+    store = S3Store("b", creds, download_concurrency=8, download_range_size=8 * MiB)
+    assert (store.download_concurrency, store.download_range_size) == (8, 8 * MiB)
+    with pytest.raises(UsageError, match="download_concurrency"):
+        S3Store("b", creds, download_concurrency=0)
+    with pytest.raises(UsageError, match="download_range_size"):
+        S3Store("b", creds, download_range_size=0)
 
 
 @pytest.mark.seaweedfs
@@ -322,7 +353,7 @@ class _CuttingServer:
 
     def store(self) -> S3Store:
         creds = Credentials("k", "s", f"http://127.0.0.1:{self.server.server_address[1]}", "us-east-1")
-        return S3Store("b", creds, concurrency=1, max_attempts=1)
+        return S3Store("b", creds, concurrency=1, download_concurrency=1, max_attempts=1)
 
 
 def test_a_body_that_breaks_off_is_fetched_again_and_the_bytes_are_whole(tmp_path: Path) -> None:

@@ -58,6 +58,10 @@ def _range_size(store: ObjectStore) -> int:
     return getattr(store, "download_range_size", None) or getattr(store, "range_size", None) or DEFAULT_RANGE_SIZE
 
 
+def _connections(store: ObjectStore) -> int:
+    return getattr(store, "download_concurrency", None) or getattr(store, "concurrency", None) or DEFAULT_CONCURRENCY
+
+
 def _settle_parts(jobs: list, committed: set[str]) -> None:
     """After a failed batch, the parts of files not committed: one that holds its whole file and hashes to
     the declared digest is committed like any other (the stream stopped before its turn); one a rerun
@@ -152,8 +156,7 @@ def _download(store: ObjectStore, prefix: str, staged: Path, todo: list[FileEntr
             for entry, _, part, offset, hasher in jobs
         ]
         try:
-            download_batch(files, concurrency=getattr(store, "concurrency", None) or DEFAULT_CONCURRENCY,
-                           range_size=_range_size(store), finish=commit)
+            download_batch(files, concurrency=_connections(store), range_size=_range_size(store), finish=commit)
         except BaseException:
             _settle_parts(jobs, committed)
             raise

@@ -46,7 +46,7 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # boto3 is loaded only when an S3 store is asked for: planning, status and file:// stores never pay it.
+    # botocore is loaded only when an S3 store is asked for: planning, status and file:// stores never pay it.
     if name == "S3Store":
         from .s3 import S3Store
 

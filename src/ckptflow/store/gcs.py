@@ -1,7 +1,7 @@
 """Google Cloud Storage backend: S3 interoperability for bulk traffic, a GOOG4-signed XML PUT for create-once.
 
 Reads, HEAD, listings, deletes and file uploads go through Cloud Storage's S3-interoperability XML API
-with boto3 (an :class:`~ckptflow.store.s3.S3Store` with ``scheme="gs"``, built on first use), against
+with botocore (an :class:`~ckptflow.store.s3.S3Store` with ``scheme="gs"``, built on first use), against
 ``https://storage.googleapis.com`` unless the credentials name another endpoint, with an HMAC key as
 ``aws_access_key_id`` / ``aws_secret_access_key`` and region ``auto``. The interop API does not verify
 ``x-amz-checksum-sha256``, so ``supports_checksum_sha256`` is False and none is sent; integrity rests
@@ -106,7 +106,7 @@ class GCSStore:
     ``region_name`` is not used: the GOOG4 scope and the interop client use ``region`` ("auto").
     Remaining keyword arguments (``multipart_threshold``, ``part_size``, ``concurrency``,
     ``path_style``, ...) go to the underlying :class:`~ckptflow.store.s3.S3Store`, which is built on
-    first use (create-once alone never needs boto3). ``clock`` and ``sleep`` are injectable for tests.
+    first use (create-once alone never needs botocore). ``clock`` and ``sleep`` are injectable for tests.
 
     Composition, not inheritance: create-once is this class's own (GOOG4 XML PUT); every other method
     of the protocol, and the tuning attributes the archive reads, are forwarded explicitly below.
@@ -172,7 +172,7 @@ class GCSStore:
         if self._s3_obj is None:
             with self._s3_lock:
                 if self._s3_obj is None:
-                    from .s3 import S3Store  # built on first use: create-once does not need boto3
+                    from .s3 import S3Store  # built on first use: create-once does not need botocore
 
                     s3 = S3Store(
                         self.bucket,
@@ -221,6 +221,10 @@ class GCSStore:
     @property
     def concurrency(self) -> int:
         return self._s3.concurrency
+
+    @property
+    def download_concurrency(self) -> int:
+        return self._s3.download_concurrency
 
     @property
     def download_range_size(self) -> int:

@@ -81,7 +81,7 @@ def open_store(
     if scheme == "file":
         return LocalStore(parse_store_uri(f"file://{name}").bucket, **options)
     if scheme == "s3":
-        from .s3 import S3Store  # boto3 is loaded only when an S3 store is asked for
+        from .s3 import S3Store  # botocore is loaded only when an S3 store is asked for
 
         return S3Store(name, credentials, **options)
     from .gcs import GCSStore  # written separately; imported only when a gs:// store is asked for
