@@ -11,8 +11,6 @@ import os
 import sys
 import threading
 
-from tqdm import tqdm
-
 
 def progress_enabled(requested: bool | None = None) -> bool:
     if requested is not None:
@@ -32,6 +30,8 @@ class ByteProgress:
         self.total = total
         self._bar = None
         if progress_enabled(enabled):
+            from tqdm import tqdm  # only where a bar is shown: its import costs a piped command 40 ms
+
             self._bar = tqdm(
                 total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
                 dynamic_ncols=True, leave=False,

@@ -65,14 +65,15 @@ log = logging.getLogger(__name__)
 
 # A single-part upload is held in memory while it is checked and sent, so it stays small.
 MAX_SINGLE_PART = 64 * 1024 * 1024
-# How downloads are cut, by where the endpoint is (connections, range size). Over a network each
+# How downloads are cut, by where the endpoint is: (connections, range size). Over a network each
 # connection's throughput is the limit, so eight connections with 8 MiB ranges. An endpoint on this host
-# serves a connection at memory speed and runs on the same cores, so what costs is each request (a signed
-# GET here, a lookup there): on loopback SeaweedFS three connections with 32 MiB ranges fetched 2 GiB in
-# 3.3-3.7 s instead of 4.4-4.5 s, with 25 % less CPU on each side. Either way at most 2 x connections
-# ranges wait for the in-order hash (about 200 MiB of buffers for the local shape, 128 MiB remote).
+# serves a connection at memory speed from the same cores, so what costs is each request (a signed GET
+# here, a lookup there): on loopback SeaweedFS three connections with 24-32 MiB ranges fetched 2 GiB in
+# 3.3-3.9 s instead of 4.4-5.0 s, with about 25 % less CPU on each side. A stream holds at most
+# 2 x connections + 3 ranges (running, waiting for the in-order hash, queued for it): 216 MiB of
+# buffers for the local shape (32 MiB ranges took a fetch's peak RSS over 300 MiB), 152 MiB remote.
 REMOTE_DOWNLOADS = (base.DEFAULT_CONCURRENCY, DEFAULT_RANGE_SIZE)
-LOCAL_DOWNLOADS = (3, 32 * 1024 * 1024)
+LOCAL_DOWNLOADS = (3, 24 * 1024 * 1024)
 
 
 def _check_composite(value: str | None, parts: Sequence[bytes], where: str) -> None:
