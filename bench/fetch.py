@@ -3,9 +3,10 @@
 The artifact: a 1.5 GiB ``model.pt`` and 8 DCP shards of 64 MiB (2 GiB in all), published once with
 ckptflow. ckptflow's run is the real command in a child process (reading and validating the
 declaration and manifest, HEAD checks, downloads through ``.part`` files hashed while written, the
-size + sha256 check, renames, the staging record) and its peak RSS is reported. The peer downloads the
-same objects with ``download_file`` at the same concurrency (8) and chunk size (8 MiB), one file at a
-time, no hashing, no fsync, also in a child process of its own (both pay interpreter start-up; each
+size + sha256 check, renames, the staging record) and its peak RSS is reported (from this loopback
+endpoint ckptflow downloads with 3 connections and 24 MiB ranges, ``store/s3.py``). The peer downloads
+the same objects with ``download_file`` at concurrency 8 and 8 MiB chunks (ckptflow's shape for a remote
+endpoint), one file at a time, no hashing, no fsync, also in a child process of its own (both pay interpreter start-up; each
 side's peak RSS is its own ``VmHWM``). Runs are interleaved (``benchlib.interleaved``: a ``sync``
 before each step, the order reversed every other run), medians printed as JSON. Targets: time ratio ≤ 1.10, fetch
 peak RSS < 300 MiB (printed, not asserted).
