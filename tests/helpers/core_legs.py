@@ -39,7 +39,7 @@ CORE_TESTS = (
     "tests/archive/test_probe.py", "tests/test_cli.py", "tests/test_install.py", "tests/test_digest.py",
     "tests/test_fsutil.py", "tests/test_trainer.py",
 )
-TEST_TOOLS = ("pytest", "moto")
+TEST_TOOLS = ("pytest", "moto", "boto3")  # boto3: the tests' own S3 clients (the core uses botocore alone)
 HEAVY = ("torch", "transformers", "snakemake")
 
 
