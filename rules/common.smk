@@ -27,9 +27,10 @@ wildcard_constraints:
 
 
 def committed_artifacts():
-    """(run, iteration) of every artifact whose native manifest is committed."""
-    found = glob_wildcards(f"{ARTIFACT}/{MANIFEST}")
-    return sorted(set(zip(found.run, found.iteration)))
+    """(run, iteration) of every artifact whose native manifest is committed: the runs `ckptflow status`
+    shows, found without walking into a run's checkpoints (one listing per directory above the runs).
+    """
+    return ckptflow_workflow.committed_artifacts(RUNS)
 
 
 def is_legacy(run, iteration):

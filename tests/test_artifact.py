@@ -5,7 +5,13 @@ import os
 
 import pytest
 
-from ckptflow.artifact import ComponentSpec, parse_component_spec, seal_artifact
+from ckptflow.artifact import (
+    ComponentSpec,
+    committed_artifacts,
+    find_runs,
+    parse_component_spec,
+    seal_artifact,
+)
 from ckptflow.errors import NotFound, Refused, UnsafePath, UsageError
 from ckptflow.records import manifest as manifest_record
 
@@ -93,3 +99,24 @@ def test_overlapping_components_are_refused(artifact):
 def test_malformed_component_specs_are_usage_errors(text):
     with pytest.raises(UsageError):
         parse_component_spec(text)
+
+
+def _committed(run_dir, name, *, manifest=True):
+    art = run_dir / "checkpoint_artifacts" / name
+    art.mkdir(parents=True)
+    if manifest:
+        manifest_record.path_in(art).write_text("{}")
+
+
+def test_committed_artifacts_are_those_with_a_manifest_in_runs_that_are_not_walked_into(tmp_path):
+    runs = tmp_path / "runs"
+    _committed(runs / "p/g/r/t1", "iter_000001")
+    _committed(runs / "p/g/r/t1", "iter_000002", manifest=False)  # an interrupted save
+    _committed(runs / "p/g/r/t1", "notes")
+    _committed(runs / "p/g/r2/t", "iter_000001")
+    # Inside a run (its full checkpoints) and under hidden directories nothing is looked for.
+    _committed(runs / "p/g/r/t1/checkpoints/copy", "iter_000009")
+    _committed(runs / ".trash/p/g/r/t0", "iter_000003")
+    assert list(find_runs(runs)) == ["p/g/r/t1", "p/g/r2/t"]
+    assert committed_artifacts(runs) == [("p/g/r/t1", "iter_000001"), ("p/g/r2/t", "iter_000001")]
+    assert committed_artifacts(tmp_path / "absent") == []

@@ -11,6 +11,7 @@ checkpoints from other trainers enter ckptflow.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,40 @@ from .records import manifest as manifest_record
 
 ITER_DIR_RE = re.compile(r"^iter_(\d+)$")
 COMPONENT_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+ARTIFACTS_DIR = "checkpoint_artifacts"  # a run's artifacts: <run>/checkpoint_artifacts/iter_N
+
+
+def find_runs(root: Path | str) -> dict[str, Path]:
+    """Every directory below ``root`` holding ``checkpoint_artifacts/``, by its path relative to ``root``.
+
+    A run's own subdirectories (its full checkpoints, its artifacts) are not walked, nor are hidden ones
+    (temporaries, ``.snakemake``): the cost is one listing per directory above the runs, however many
+    files the checkpoints hold.
+    """
+    root = Path(root)
+    runs: dict[str, Path] = {}
+    for dirpath, dirnames, _ in os.walk(root):
+        if ARTIFACTS_DIR in dirnames:
+            here = Path(dirpath)
+            runs[here.relative_to(root).as_posix()] = here
+            dirnames[:] = []
+        else:
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+    return runs
+
+
+def committed_artifacts(runs_root: Path | str) -> list[tuple[str, str]]:
+    """``(run, iter_dir_name)`` of every artifact under ``runs_root`` whose manifest is committed, sorted;
+    the runs are ``find_runs``'s (what ``ckptflow status`` shows, and what the workflow publishes)."""
+    found = []
+    for run, run_dir in find_runs(runs_root).items():
+        try:
+            names = os.listdir(run_dir / ARTIFACTS_DIR)
+        except OSError:  # removed meanwhile, or not a directory
+            continue
+        found += [(run, name) for name in names
+                  if ITER_DIR_RE.match(name) and manifest_record.path_in(run_dir / ARTIFACTS_DIR / name).is_file()]
+    return sorted(found)
 
 
 def iteration_from_dir(artifact_dir: Path) -> int:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .artifact import ITER_DIR_RE
+from .artifact import ARTIFACTS_DIR, ITER_DIR_RE, committed_artifacts
 from .errors import CkptflowError, NotFound, Refused, UsageError, VerificationFailed
 from .fsutil import atomic_write_bytes
 from .jsonio import encode_json
@@ -70,7 +70,6 @@ def _write_report(path: Path | str, report: dict[str, Any]) -> None:
 
 # --------------------------------------------------------------------------------------------- planning
 
-ARTIFACTS_DIR = "checkpoint_artifacts"
 RUN_REMEDY = "pass --config run=<project>/<group>/<run>/<ts> (the run's path under runs_root)"
 # Report subdirectories whose files are records of finished jobs (rerun triggers of the status rule).
 REPORT_KINDS = ("merge", "legacy-receipt", "verify", "prune", "fetch", "materialize")
@@ -176,17 +175,8 @@ def runs_holding(runs_root: str | Path, iteration: int) -> list[tuple[str, str]]
 
     The run is the path of the directory holding ``checkpoint_artifacts``, relative to ``runs_root``.
     """
-    root = Path(runs_root)
-    found = []
-    for dirpath, dirnames, _ in os.walk(root):
-        if os.path.basename(dirpath) != ARTIFACTS_DIR:
-            continue
-        for name in dirnames:
-            m = ITER_DIR_RE.match(name)
-            if m and int(m.group(1)) == iteration and manifest_record.path_in(Path(dirpath) / name).is_file():
-                found.append((Path(dirpath).parent.relative_to(root).as_posix(), name))
-        dirnames[:] = []  # nothing below checkpoint_artifacts/ is a run
-    return sorted(found)
+    return [(run, name) for run, name in committed_artifacts(runs_root)
+            if int(ITER_DIR_RE.match(name).group(1)) == iteration]
 
 
 def resolve_run(runs_root: str | Path, iteration: int, run: str | None) -> tuple[str, str]:

@@ -10,12 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from ..artifact import ITER_DIR_RE
+from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE
 from ..errors import InvalidRecord, UsageError
 from ..fsutil import safe_relpath
 from ..store.uri import StoreURI, parse_store_uri
-
-ARTIFACTS_DIR = "checkpoint_artifacts"
 
 
 def artifact_prefix(upload_prefix: str, artifact_name: str) -> str:

@@ -9,9 +9,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..archive.keys import ARTIFACTS_DIR
 from ..archive.verify import describe_failures, verify_artifact
-from ..artifact import ITER_DIR_RE
+from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE, find_runs
 from ..errors import CkptflowError, NotFound
 from ..jsonio import decode_json_object, validate
 from ..records import (
@@ -64,7 +63,7 @@ def collect_status(
         scope: str | None = "/".join(root.resolve().parts[-RUN_DEPTH:])
         runs = {scope: root}
     else:
-        scope, runs = None, _find_runs(root)
+        scope, runs = None, find_runs(root)
     for run, run_dir in runs.items():
         for iteration, name, path in _iter_entries(run_dir / ARTIFACTS_DIR, ITER_DIR_RE, dirs=True):
             r = row(run, iteration, name)
@@ -90,20 +89,6 @@ def collect_status(
 
 def _path(value: Path | str | None) -> Path | None:
     return Path(value) if value is not None else None
-
-
-def _find_runs(root: Path) -> dict[str, Path]:
-    """Every directory below ``root`` holding ``checkpoint_artifacts/``, by relative path; a run's own
-    subdirectories (full checkpoints, artifacts) are not walked."""
-    runs: dict[str, Path] = {}
-    for dirpath, dirnames, _ in os.walk(root):
-        if ARTIFACTS_DIR in dirnames:
-            here = Path(dirpath)
-            runs[here.relative_to(root).as_posix()] = here
-            dirnames[:] = []
-        else:
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-    return runs
 
 
 def _iter_entries(directory: Path, pattern: re.Pattern[str], *, dirs: bool) -> Iterator[tuple[int, str, Path]]:

@@ -26,10 +26,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..artifact import ITER_DIR_RE
+from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE
 from ..errors import InvalidRecord, Refused, UsageError
 from ..records import manifest as manifest_record
-from .write import ARTIFACTS_DIR, TRAINER_FILE
+from .write import TRAINER_FILE
 
 CHECKPOINTS_DIR = "checkpoints"
 FULL_PLAN = frozenset({"model", "optim", "trainer"})

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..artifact import refuse_unrestorable_names
+from ..artifact import ARTIFACTS_DIR, refuse_unrestorable_names
 from ..digest import HashingWriter, hash_files
 from ..errors import Refused, UnsafePath, UsageError
 from ..fsutil import fsync_dir, walk_files
@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 
 PLAN = ("model", "optimizer", "trainer_state")
 MODEL_FILE, OPTIM_DIR, TRAINER_FILE = "model.pt", "optim", "trainer.pt"
-ARTIFACTS_DIR = "checkpoint_artifacts"
 
 
 def artifact_dir_for(run_dir: Path | str, iteration: int) -> Path:
