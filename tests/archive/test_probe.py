@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,32 @@ def test_probe_fails_on_a_server_that_ignores_if_none_match(s3rver_bucket, s3rve
     assert report["results"]["part_checksum_sha256"] == "not-enforced"
     assert "127.0.0.1:18334" in proc.stderr and "create-once" in proc.stderr
     assert proc.stderr.count("\n") == 1
+
+
+# Objects the probe must never delete: the run's artifacts, another probe's scratch under the same
+# prefix, and a sibling prefix that merely starts with the same characters.
+OTHERS = {
+    "team/run/checkpoint_artifacts/iter_000001/model.pt": b"an archived payload",
+    "team/run/.ckptflow-probe/20260101T000000Z-0123abcd/create-once": b"another probe's scratch",
+    "team/run1/notes.txt": b"a sibling run",
+}
+
+
+def test_probe_removes_only_its_own_scratch_keys(seaweedfs_bucket, seaweedfs_credentials_path, tmp_path):
+    s3 = S3Store(seaweedfs_bucket, load_credentials(seaweedfs_credentials_path))
+    root = tmp_path / "archive"
+    root.mkdir()
+    local = LocalStore(root)
+    for store in (s3, local):
+        for key, data in OTHERS.items():
+            assert store.put_bytes_create_once(key, data, sha256=hashlib.sha256(data).hexdigest())
+    proc, report = ckptflow("probe", "--bucket", seaweedfs_bucket, "--prefix", "team/run",
+                            "--credentials", str(seaweedfs_credentials_path))
+    assert proc.returncode == 0 and report["status"] == "passed", proc.stderr
+    assert run_probe(local, "team/run").record.passed
+    for store in (s3, local):
+        assert [info.key for info in store.list("team/")] == sorted(OTHERS)
+        assert {key: store.get_bytes(key) for key in OTHERS} == OTHERS
 
 
 def test_file_archive_probe_passes(tmp_path):

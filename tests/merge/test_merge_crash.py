@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import signal
+import socket
+import subprocess
 
 import pytest
 from merge_helpers import assert_bits_equal, avg_oracle, load_net, tv_oracle
@@ -62,3 +64,27 @@ def test_killed_forced_replacement_leaves_the_old_merge_or_a_rebuildable_one(moe
         rerun = _merge(tv)
     assert rerun.returncode == 0, rerun.stderr
     assert_bits_equal(load_net(out), tv_oracle(moe.base_mem, moe.mem, 1.0))
+
+
+def test_a_rerun_removes_only_dead_temporaries_of_this_host(moe, out):
+    """A temporary whose writer is alive, or was written on another host (whose writer may be alive), stays."""
+    host = socket.gethostname().split(".")[0]
+    out.parent.mkdir(parents=True)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    with subprocess.Popen(["sleep", "60"]) as live:
+        names = {
+            "dead": f".model.pt.{host}.{gone.pid}.0123abcd.tmp",
+            "live": f".model.pt.{host}.{live.pid}.0123abcd.tmp",
+            "elsewhere": f".model.pt.otherhost.{gone.pid}.0123abcd.tmp",
+            "user": ".model.pt.backup",
+        }
+        for kind, name in names.items():
+            (out.parent / name).write_bytes(f"{kind} bytes".encode())
+        result = _merge(_avg_args(moe, out))
+        live.kill()
+    assert result.returncode == 0 and result.report["status"] == "built", result.stderr
+    assert result.report["removed_temporaries"] == [names["dead"]]
+    assert not (out.parent / names["dead"]).exists()
+    for kind in ("live", "elsewhere", "user"):
+        assert (out.parent / names[kind]).read_bytes() == f"{kind} bytes".encode(), kind
