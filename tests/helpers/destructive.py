@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -231,18 +232,16 @@ def readme_section(text: str) -> str | None:
 
 def main(argv: list[str]) -> int:
     if argv != ["--readme"]:
-        print("usage: python tests/helpers/destructive.py --readme   (rewrites the README's guarantees block)")
+        sys.stderr.write("usage: python tests/helpers/destructive.py --readme   (rewrites the README's guarantees block)\n")
         return 2
     text = README.read_text(encoding="utf-8")
     current = readme_section(text)
     if current is None:
-        print(f"{README}: no guarantees block; add the two marker lines where it belongs:\n{BEGIN}\n{END}")
+        sys.stderr.write(f"{README}: no guarantees block; add the two marker lines where it belongs:\n{BEGIN}\n{END}\n")
         return 1
     README.write_text(text.replace(current, render_guarantees(read_registry())), encoding="utf-8")
     return 0
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(main(sys.argv[1:]))

@@ -115,3 +115,36 @@ def test_racing_requests_with_the_lock_disabled_never_overwrite_each_other(model
     assert marker.read_materialized(out).source.sha256 == sha_of(models, 1)
     verify_output(out, models.base(), models.artifact("qwen3", 1) / "model.pt", min_tensors=DEFAULTS["min_tensors"])
 
+
+
+@pytest.mark.slow
+def test_a_recovered_tree_that_loses_the_race_to_an_identical_build_is_removed(models, tmp_path, monkeypatch):
+    """A request that adopted a killed run's complete tree, while another request of the same identity
+    publishes first (the lock off, as on a file system that ignores flock), removes only its adopted copy:
+    the published output stays as the winner left it."""
+    monkeypatch.setenv("CKPTFLOW_TEST_DISABLE", "materialize:lock")
+    out = tmp_path / "teacher"
+    args = cli_args(models.artifact("qwen3", 1), models.base(), out)
+    killed = run_cli(*args, env=cli_env(CKPTFLOW_TEST_KILL_AT="materialize:after-marker"))
+    assert killed.returncode == -9, killed.stderr
+    [left] = siblings(out)
+    flag = tmp_path / "paused"
+    slow = start_cli(*args, env=cli_env(CKPTFLOW_TEST_PAUSE_AT="materialize:before-swap", CKPTFLOW_TEST_PAUSE_FILE=str(flag),
+                                        CKPTFLOW_TEST_DISABLE="materialize:lock"))
+    try:
+        wait_for_file(flag, slow)
+        assert left not in siblings(out)  # adopted under the paused request's own name
+        winner = rerun(models, out, seed=1)
+        assert winner.status == "built" and winner.recovered is None  # a live request's tree is never taken
+        published = tree_state(out)
+        flag.unlink()
+        stdout, stderr = slow.communicate(timeout=300)
+    finally:
+        if slow.poll() is None:
+            slow.kill()
+            slow.wait()
+    assert slow.returncode == 0, stderr
+    assert '"status": "skipped"' in stdout and "concurrent request" in stdout
+    assert tree_state(out) == published
+    assert siblings(out) == []  # the spare recovered copy is gone, nothing else beside <out>
+    assert marker.read_materialized(out).source.sha256 == sha_of(models, 1)
