@@ -97,7 +97,7 @@ def test_a_file_changed_between_the_kill_and_the_rerun_reuses_nothing(
     assert not receipt_record.path_in(big_artifact).exists()
     # What the operator cleans up: the killed run's upload, found by age.
     gc = run_cli("gc-uploads", "--bucket", sw_store.bucket, "--credentials", str(creds),
-                 "--prefix", ARTIFACT_PREFIX + "/", "--older-than", "0s")
+                 "--prefix", ARTIFACT_PREFIX + "/", "--older-than", "0s", "--force-age")
     assert gc.returncode == 0, gc.stderr
     validate(gc.report, "report_gc_uploads", what="gc-uploads report")
     assert [a["upload_id"] for a in gc.report["aborted"]] == [upload_id]
@@ -154,13 +154,14 @@ def test_the_terminal_summaries_say_what_was_resumed_and_aborted():
     assert [parse_age(v) for v in ("90", "90s", "30m", "24h", "7d", "0.5h")] == [90, 90, 1800, 86400, 604800, 1800]
     with pytest.raises(UsageError, match="24h"):
         parse_age("a day")
-    row = {"key": "p/model.pt", "upload_id": "u1", "initiated": "2026-12-01T00:00:00Z", "reason": "unfinished for 90 s"}
+    row = {"key": "p/model.pt", "upload_id": "u1", "initiated": "2026-12-01T00:00:00Z", "parts": 2,
+           "stored_bytes": 2 * MiB, "reason": "unfinished for 90 s"}
     gc = {"status": "dry-run", "destination": {"scheme": "s3", "endpoint": "127.0.0.1:18333", "bucket": "b"},
-          "prefix": "p/", "older_than_s": 60.0, "aborted": [row], "kept": []}
+          "prefix": "p/", "scope": "prefix", "older_than_s": 60.0, "aborted": [row], "kept": []}
     validate(gc, "report_gc_uploads", what="gc-uploads report")
     text = summary.render("gc-uploads", gc, 1.0)
     assert text.startswith("dry run: would abort 1 unfinished upload; nothing was aborted")
-    assert "p/model.pt (started 2026-12-01T00:00:00Z)" in text and "s3://b/p/ at 127.0.0.1:18333" in text
+    assert "p/model.pt (started 2026-12-01T00:00:00Z, 2 parts stored, 2.00 MiB)" in text and "s3://b/p/ at 127.0.0.1:18333" in text
     pub = {"status": "published", "artifact_dir": "/a/iter_000300",
            "destination": {"scheme": "s3", "endpoint": "h", "bucket": "b", "prefix": "p"},
            "declaration_sha256": "0" * 64, "inventory": [{"path": "model.pt", "size": 3 * MiB, "sha256": "0" * 64}],

@@ -59,7 +59,7 @@ def copy_tree(src: Path, dst: Path) -> Path:
 
 def siblings(out: Path) -> list[str]:
     """Entries beside ``out`` whose name starts with ``out``'s (staged, previous, stage directories), except
-    the lock file ``<out>.lock``, which stays by design (``lock_file`` checks it)."""
+    the lock file ``<out>.lock``, which another request may hold meanwhile (``lock_file`` checks it)."""
     return sorted(p.name for p in out.parent.iterdir()
                   if p.name.startswith(out.name + ".") and p.name != out.name + ".lock")
 

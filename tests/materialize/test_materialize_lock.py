@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 
 import pytest
@@ -102,6 +103,58 @@ def test_simultaneous_requests_wait_then_one_builds_one_skips_and_a_differing_on
     assert procs["other"].returncode == 1 and "holds the completed build" in outputs["other"][1]
     assert marker.read_materialized(out).source.sha256 == sha256_file(models.artifact("qwen3", 1) / "model.pt").sha256
     assert siblings(out) == []
+
+
+def test_a_users_file_named_like_the_lock_is_refused_by_name_and_survives(models, tmp_path):
+    out = tmp_path / "teacher"
+    user = lock_file(out)
+    user.write_bytes(b"my notes about the teacher run\n")
+    proc = run_cli(*cli_args(models.artifact(), models.base(), out))
+    assert proc.returncode == 1 and proc.report["status"] == "refused", proc.stderr
+    assert str(user) in proc.stderr and "not a ckptflow lock" in proc.stderr
+    assert user.read_bytes() == b"my notes about the teacher run\n"
+    assert not out.exists() and siblings(out) == []
+
+
+def test_an_empty_file_named_like_the_lock_is_used_but_never_written_or_removed(models, tmp_path):
+    out = tmp_path / "teacher"
+    lock_file(out).touch()
+    before = os.stat(lock_file(out))
+    assert build(models, out).status == "built"
+    after = os.stat(lock_file(out))
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, 0, before.st_mtime_ns)
+
+
+def test_a_built_or_refused_request_leaves_no_lock_file(models, tmp_path):
+    out = tmp_path / "teacher"
+    first = run_cli(*cli_args(models.artifact("qwen3", 1), models.base(), out))
+    assert first.returncode == 0 and first.report["status"] == "built", first.stderr
+    assert not lock_file(out).exists()
+    before = tree_bytes(out)
+    refused = run_cli(*cli_args(models.artifact("qwen3", 2), models.base(), out))  # another source, no --force
+    assert refused.returncode == 1 and refused.report["status"] == "refused", refused.stderr
+    assert not lock_file(out).exists() and siblings(out) == [] and tree_bytes(out) == before
+
+
+def test_the_lock_of_a_killed_holder_is_replaced_and_then_removed(models, tmp_path):
+    out = tmp_path / "teacher"
+    killed = run_cli(*cli_args(models.artifact(), models.base(), out),
+                     env=cli_env(CKPTFLOW_TEST_KILL_AT="materialize:after-open"))
+    assert killed.returncode == -signal.SIGKILL
+    stale = json.loads(lock_file(out).read_text())  # the killed holder's record stays behind
+    assert stale["host"] == socket.gethostname() and stale["pid"] != os.getpid()
+    proc = run_cli(*cli_args(models.artifact(), models.base(), out, "--lock-wait-seconds", "0"))
+    assert proc.returncode == 0 and proc.report["status"] == "built", proc.stderr
+    assert not lock_file(out).exists()
+
+
+def test_a_lock_is_removed_only_while_it_is_still_ours(models, tmp_path):
+    """A lock file replaced while held (another inode, another record) is left to whoever made it."""
+    out = tmp_path / "teacher"
+    with output_lock(out, 0) as path:
+        os.unlink(path)
+        path.write_text(json.dumps({"pid": 1, "host": "elsewhere", "started": "2026-01-01T00:00:00Z"}) + "\n")
+    assert json.loads(path.read_text())["host"] == "elsewhere"
 
 
 # --------------------------------------------------------------------------------------------- the source bound once

@@ -182,6 +182,22 @@ def require_qualified(store: ObjectStore, prefix: str, *, auto_probe: bool = Tru
     return record
 
 
+def pending_probe(store: ObjectStore, prefix: str) -> str | None:
+    """What ``require_qualified`` would still have to do, without doing it (a dry run writes nothing): None
+    when a passing probe record is cached; a sentence when the endpoint would be probed first (scratch
+    objects written under ``prefix``, a record into the cache). A cached failing record raises, as there."""
+    dest = store.destination.as_dict()
+    record = probe_record.read_probe_record(dest)
+    if record is None:
+        scratch = "/".join(p for p in (prefix.strip("/"), PROBE_DIR) if p)
+        return (f"would probe endpoint {_label(dest)} first (no cached probe record): the real run writes and "
+                f"removes scratch objects under {scratch}/, caches the record, and removes payloads only if "
+                "the probe passes")
+    if not record.passed:
+        require_qualified(store, prefix, auto_probe=False)  # raises, naming the endpoint and the remedy
+    return None
+
+
 def _label(dest: dict[str, str]) -> str:
     scheme, endpoint, bucket = dest["scheme"], dest["endpoint"], dest["bucket"]
     return f"{scheme}://{bucket} at {endpoint}" if bucket else f"{scheme}://{endpoint}"

@@ -14,6 +14,8 @@ have their own retention). An artifact's payload files are removed only when all
   ``file://``), by reading and hashing its bytes; user metadata alone proves nothing.
 
 Each file is then unlinked only while it is still the file that was hashed (``release.unlink_checked``).
+A dry run writes nothing anywhere: where the real run would first probe the endpoint (no cached probe
+record), it runs every other check and says so in the entry's ``needs`` instead of probing.
 Anything else keeps the copy with a reason; a failure on one path (an unsafe file, an unreachable
 endpoint) is a kept entry too, so the report always lists everything already removed. A remote object
 that claims the expected digest with another size, or any unexpected failure, is reported as an error.
@@ -82,8 +84,10 @@ def _check_location(artifact_dir: Path) -> None:
         raise _Keep("directory does not exist")
 
 
-def _plan_one(artifact_dir: Path, store_for, read: str, progress: bool | None) -> Checked:
-    """All the checks; returns the payload files proven (by identity), or raises _Keep."""
+def _plan_one(artifact_dir: Path, store_for, read: str, progress: bool | None,
+              dry_run: bool) -> tuple[Checked, str | None]:
+    """All the checks; returns the payload files proven (by identity) and, in a dry run, what the real
+    run would still need (an endpoint probe, which writes), or raises _Keep."""
     _check_location(artifact_dir)
     try:
         manifest = manifest_record.read_manifest(artifact_dir)
@@ -101,9 +105,13 @@ def _plan_one(artifact_dir: Path, store_for, read: str, progress: bool | None) -
     try:
         store = store_for(receipt.destination)
         check_binding(store, receipt, artifact_dir)
-        from .probe import require_qualified
+        from .probe import pending_probe, require_qualified
 
-        require_qualified(store, receipt.destination.prefix)
+        if dry_run:  # the probe writes scratch objects and the cache: a dry run only says it would run
+            needs = pending_probe(store, receipt.destination.prefix)
+        else:
+            require_qualified(store, receipt.destination.prefix)
+            needs = None
     except CkptflowError as exc:
         raise _Keep(str(exc)) from None
 
@@ -112,7 +120,7 @@ def _plan_one(artifact_dir: Path, store_for, read: str, progress: bool | None) -
     if extra:
         raise _Keep(f"files not covered by the receipt: {extra[:5]}; they would be lost — publish a new artifact instead")
     try:
-        return prove_release(artifact_dir, store, receipt, manifest, read=read, progress=progress)
+        return prove_release(artifact_dir, store, receipt, manifest, read=read, progress=progress), needs
     except NotProven as exc:
         # Same digest, other size: the store is inconsistent, not merely incomplete.
         lying = any(s.state == "changed" and s.detail.startswith("size") and _claims_digest(store, s, receipt)
@@ -153,7 +161,7 @@ def prune_verified(paths: list[Path], store_for, *, dry_run: bool = False, read_
 def _prune_one(report: PruneReport, artifact_dir: Path, store_for, read: str, progress: bool | None) -> None:
     """One path's outcome into ``report``; a failure here never hides what other paths removed."""
     try:
-        checked = _plan_one(artifact_dir, store_for, read, progress)
+        checked, needs = _plan_one(artifact_dir, store_for, read, progress, report.dry_run)
     except _Keep as keep:
         report.kept.append(_kept(artifact_dir, keep.reason, keep.error))
         return
@@ -163,7 +171,8 @@ def _prune_one(report: PruneReport, artifact_dir: Path, store_for, read: str, pr
         return
     files = sorted(checked.files)
     if report.dry_run:
-        report.removed.append({"path": str(artifact_dir), "files": files, "bytes": checked.size, "dry_run": True})
+        entry = {"path": str(artifact_dir), "files": files, "bytes": checked.size, "dry_run": True}
+        report.removed.append(entry | ({"needs": needs} if needs else {}))
         report.freed_bytes += checked.size
         return
     released = unlink_checked(artifact_dir, checked)  # per-file failures come back as kept reasons

@@ -15,7 +15,8 @@ def register(sub) -> None:
     s = sub.add_parser("prune-verified", help="free local payloads of artifacts whose remote copy is proven")
     s.add_argument("--paths", required=True, help="comma-separated artifact directories or model.pt files inside them")
     s.add_argument("--credentials", help="credentials JSON; default $CKPTFLOW_CREDENTIALS")
-    s.add_argument("--dry-run", action="store_true", help="check everything, delete nothing, report what would go")
+    s.add_argument("--dry-run", action="store_true", help="check everything, write and delete nothing anywhere (an endpoint without a cached probe "
+                   "record is not probed: the report says the real run would probe it), report what would go")
     s.add_argument("--read-data", action="store_true",
                    help="also download and hash every remote object before deleting (needed where the receipt "
                    "records no server checksum; always done for file://)")
@@ -49,6 +50,7 @@ def summarize(report: dict[str, Any], elapsed: float | None) -> str:
     if report["status"] == "failed":
         headline = f"failed: {headline}"
     verb = "would remove" if report["dry_run"] else "removed"
-    gone = [(verb, f"{r['path']} ({files_bytes(len(r['files']), r['bytes'])})") for r in removed]
+    gone = [(verb, f"{r['path']} ({files_bytes(len(r['files']), r['bytes'])})"
+             + (f"; {r['needs']}" if r.get("needs") else "")) for r in removed]
     left = [("kept", f"{k['path']}: {k['reason']}") for k in kept]
     return block(headline, [*capped(gone, verb), *capped(left, "kept")], elapsed)

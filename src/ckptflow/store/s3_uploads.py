@@ -14,7 +14,9 @@ kernel drops it when the process dies, SIGKILL included: a held lock means a liv
 machine is using that upload, and nothing here touches it; another publisher of the same key then
 sends its own upload (not journaled) instead. Uploads started on other machines are not in this
 journal: they are aborted only when older than a bound (``gc-uploads --older-than``, publish's stale
-age), since a live one cannot be told from a dead one.
+age), since a live one cannot be told from a dead one. That age is the server's own: its ``Initiated``
+time against the ``Date`` of the listing's response, never this machine's clock (a skewed local clock
+would age another host's live upload at once). Prefixes are whole path segments (``uri.segment_prefix``).
 
 A stored part counts as proven only when the server reports a checksum for it equal to the digest
 of the same byte range taken in this run's hashing pass: its ``ChecksumSHA256`` where ListParts
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import email.utils
 import fcntl
 import hashlib
 import json
@@ -38,13 +41,13 @@ from pathlib import Path
 from botocore.exceptions import BotoCoreError, ClientError
 
 from ..digest import FileDigest
-from ..errors import NotFound
+from ..errors import NotFound, Refused
 from ..fsutil import atomic_write_bytes
 from . import base
 from .s3_errors import NOT_FOUND, error_code
 from .transfer import part_size_for
 from .transfer.stream import split_ranges
-from .uri import validate_prefix
+from .uri import segment_prefix
 
 log = logging.getLogger(__name__)
 
@@ -234,17 +237,24 @@ class UnfinishedUploads:
         return entry.part_size if entry.part_size == part_size_for(size, self.part_size) else None
 
     def list_uploads(self, prefix: str) -> list[PendingUpload]:
-        """Every unfinished multipart upload whose key starts with ``prefix``, all pages."""
-        validate_prefix(prefix)
-        out = []
+        """Every unfinished multipart upload under ``prefix`` (whole segments), all pages."""
+        return self._listing(prefix)[0]
+
+    def _listing(self, prefix: str) -> tuple[list[PendingUpload], datetime | None]:
+        """The unfinished uploads under ``prefix`` and the server's time (the first page's ``Date``)."""
+        prefix = segment_prefix(prefix)
+        out: list[PendingUpload] = []
+        server_now = None
         pages = self._client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket, Prefix=prefix)
         try:
             for page in pages:
+                if server_now is None:
+                    server_now = _server_date(page)
                 out += [PendingUpload(u["Key"], u["UploadId"], u["Initiated"])
                         for u in page.get("Uploads", [])]
         except (ClientError, BotoCoreError) as exc:
             raise self._error(exc, "ListMultipartUploads", prefix) from None
-        return sorted(out, key=lambda u: (u.key, u.initiated))
+        return sorted(out, key=lambda u: (u.key, u.initiated)), server_now
 
     def abort_upload(self, key: str, upload_id: str) -> None:
         """Abort one unfinished multipart upload; one already gone is not an error."""
@@ -281,21 +291,33 @@ class UnfinishedUploads:
 
     def sweep_uploads(self, prefix: str, *, older_than: float, journaled_any_age: bool = False,
                       dry_run: bool = False) -> tuple[list[dict], list[dict]]:
-        """Abort the unfinished uploads under ``prefix`` that no live process uses: those older than
-        ``older_than`` seconds and, with ``journaled_any_age``, every one this machine's journal names
-        whose process is gone. One a live process on this machine holds is never aborted. Returns
-        ``(aborted, kept)``, each ``{"key", "upload_id", "initiated", "reason"}``."""
-        now = datetime.now(timezone.utc)
+        """Abort the unfinished uploads under ``prefix`` (whole segments) that no live process uses: those
+        started more than ``older_than`` seconds before the server's own time and, with
+        ``journaled_any_age``, every one this machine's journal names whose process is gone. One a live
+        process on this machine holds is never aborted. Returns ``(aborted, kept)``, each
+        ``{"key", "upload_id", "initiated", "parts", "stored_bytes", "reason"}``."""
+        uploads, now = self._listing(prefix)
+        if uploads and now is None:
+            raise Refused(f"{self._where(segment_prefix(prefix))}: the endpoint's ListMultipartUploads "
+                                     "response carries no Date header, so no upload's age can be measured on the "
+                                     "server's clock; nothing was aborted",
+                                     remedy="abort the uploads by hand, or use an endpoint that sends Date")
         aborted: list[dict] = []
         kept: list[dict] = []
-        for up in self.list_uploads(prefix):
+        for up in uploads:
+            try:
+                parts = self._list_parts(up.key, up.upload_id)
+            except NotFound:
+                continue  # completed or aborted since it was listed
             live = self.upload_is_live(up.key, up.upload_id)
-            age = (now - up.initiated).total_seconds()
+            # The Date header is whole seconds: a lower bound of the server's time, so of the age too.
+            age = max(0.0, (now - up.initiated).total_seconds())
             row = {"key": up.key, "upload_id": up.upload_id,
-                   "initiated": up.initiated.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+                   "initiated": up.initiated.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                   "parts": len(parts), "stored_bytes": sum(int(p.get("Size", 0)) for p in parts)}
             if live:
                 kept.append(row | {"reason": "in use by a live process on this machine"})
-            elif age > older_than:
+            elif age > older_than or older_than <= 0:
                 aborted.append(row | {"reason": f"unfinished for {age:.0f} s, longer than {older_than:.0f} s"})
             elif live is False and journaled_any_age:
                 aborted.append(row | {"reason": "left by a killed upload journaled on this machine"})
@@ -313,3 +335,13 @@ class UnfinishedUploads:
             else:
                 kept.append(row | {"reason": "taken up by a live process on this machine meanwhile"})
         return done, kept
+
+
+def _server_date(page: dict) -> datetime | None:
+    """The ``Date`` header of a response (RFC 7231), as an aware UTC time; None when absent or unreadable."""
+    headers = (page.get("ResponseMetadata") or {}).get("HTTPHeaders") or {}
+    try:
+        when = email.utils.parsedate_to_datetime(headers.get("date") or "")
+    except (TypeError, ValueError):
+        return None
+    return when.astimezone(timezone.utc) if when.tzinfo else when.replace(tzinfo=timezone.utc)

@@ -100,6 +100,15 @@ def validate_key(key: str, *, what: str = "object key") -> str:
     return safe_relpath(key, what=what).as_posix()
 
 
+def segment_prefix(prefix: str, *, what: str = "prefix") -> str:
+    """A prefix as whole path segments: ``""`` or a safe key normalised to end in ``/``, so that ``a/run1``
+    never matches ``a/run10/...`` or ``a/run1-backup``."""
+    key = prefix.strip("/")
+    if not key:
+        return ""
+    return safe_relpath(key, what=what).as_posix() + "/"
+
+
 def validate_prefix(prefix: str, *, what: str = "listing prefix") -> str:
     """A listing prefix is ``""`` or a safe key, optionally ending in ``/``; return it unchanged."""
     if prefix:
