@@ -58,6 +58,7 @@ from .checkpoints import (
     is_complete_checkpoint,
     latest_checkpoints,
 )
+from .write import IN_PROGRESS
 
 log = logging.getLogger(__name__)
 
@@ -258,6 +259,8 @@ def retain_checkpoints(run_dir: Path | str, keep_last: int, *, dry_run: bool = F
     report.latest = str(latest[-1]) if latest else None
     complete = sorted((it, d) for d, it in checkpoint_dirs(checkpoints).items() if is_complete_checkpoint(d))
     recent = {d for _, d in complete[len(complete) - keep_last:]} if keep_last else set()
+    for d in sorted(d for d in checkpoint_dirs(checkpoints) if os.path.lexists(d / IN_PROGRESS)):
+        report.kept.append({"path": str(d), "reason": f"save in progress ({IN_PROGRESS}): not counted, never deleted"})
     for _, d in complete:
         if d in latest:
             report.kept.append({"path": str(d), "reason": "latest"})
