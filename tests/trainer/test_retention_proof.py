@@ -12,8 +12,7 @@ import pytest
 
 from ckptflow.errors import Refused
 from ckptflow.records import receipt as receipt_record
-from ckptflow.trainer.checkpoints import begin_checkpoint_save, finish_checkpoint_save
-from ckptflow.trainer.retention import coarse_window, observe_checkpoint, write_checkpoint_receipt
+from ckptflow.trainer.retention import write_checkpoint_receipt
 from helpers.cli import run_cli
 from helpers.trees import tree_bytes
 
@@ -29,10 +28,8 @@ def save(run, it, fill=b"a"):
 
 def upload(d, archive):
     """Copy the checkpoint to a file:// archive (the trainer's own tooling), then write its receipt."""
-    observed = observe_checkpoint(d)
     shutil.copytree(d, archive / d.name)
-    dest = receipt_record.ReceiptDestination("file", str(archive), "", d.name)
-    return write_checkpoint_receipt(d, dest, observed=observed)
+    return write_checkpoint_receipt(d, receipt_record.ReceiptDestination("file", str(archive), "", d.name))
 
 
 def retain(run, keep_last, *extra):
@@ -94,6 +91,8 @@ def test_a_receipt_without_identities_proves_nothing_newer_than_itself(tmp_path)
 
 
 def test_the_receipt_is_written_past_the_coarse_window_of_what_it_records(tmp_path):
+    from ckptflow.trainer.retention import coarse_window
+
     d = save(tmp_path / "run", 100)
     record = write_checkpoint_receipt(d, receipt_record.ReceiptDestination("file", "/a", "", "p"))
     receipt_ctime = (d / ".uploaded").lstat().st_ctime_ns
@@ -106,6 +105,8 @@ def test_the_receipt_is_written_past_the_coarse_window_of_what_it_records(tmp_pa
 
 
 def test_a_file_changed_during_the_upload_refuses_the_receipt(tmp_path):
+    from ckptflow.trainer.retention import observe_checkpoint
+
     d = save(tmp_path / "run", 100)
     observed = observe_checkpoint(d)
     resave_in_place(d / "trainer.pt", b"b" * 10)
@@ -177,6 +178,8 @@ def test_a_pointer_that_names_no_checkpoint_of_this_run_deletes_nothing(tmp_path
 
 
 def test_a_save_in_progress_is_not_counted_and_never_deleted(tmp_path):
+    from ckptflow.trainer.checkpoints import begin_checkpoint_save, finish_checkpoint_save
+
     run, checkpoints = uploaded_run(tmp_path)
     d = checkpoints / "iter_0000300"
     begin_checkpoint_save(d)
