@@ -19,6 +19,7 @@ from ckptflow.digest import HashingWriter
 from ckptflow.errors import Refused, UsageError
 from ckptflow.records.manifest import read_manifest
 from ckptflow.trainer import artifact_dir_for, write_artifact
+from helpers.paused import resume, start_paused
 from helpers.trees import tree_bytes
 
 
@@ -119,6 +120,19 @@ def test_a_killed_save_is_discarded_by_its_own_record_and_written_again(tmp_path
     assert sorted(p.name for p in art.iterdir()) == [".posttrain-checkpoint-artifact.json", "model.pt", "optim",
                                                      "trainer.pt"]
     assert manifest.components["model"].size == (art / "model.pt").stat().st_size
+
+
+def test_a_save_still_running_on_this_host_is_not_discarded(tmp_path, monkeypatch):
+    model, _ = tiny_training()
+    worker, outcome = start_paused(lambda: write_artifact(tmp_path, 7, {"model": model}),
+                                   "trainer-save:writing-model.pt", tmp_path / "pause", monkeypatch)
+    art = artifact_dir_for(tmp_path, 7)
+    before = tree_bytes(art)
+    with pytest.raises(Refused, match=r"still running"):
+        write_artifact(tmp_path, 7, {"model": model})
+    assert tree_bytes(art) == before
+    resume(worker, tmp_path / "pause", monkeypatch)
+    assert "error" not in outcome and (art / ".posttrain-checkpoint-artifact.json").is_file()
 
 
 def test_an_unsealed_user_model_without_a_save_record_is_refused_and_kept(tmp_path):

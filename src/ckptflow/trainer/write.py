@@ -39,7 +39,15 @@ from .. import __version__, testhooks
 from ..artifact import ARTIFACTS_DIR, refuse_unrestorable_names
 from ..digest import HashingWriter, hash_files
 from ..errors import CkptflowError, Refused, UnsafePath, UsageError
-from ..fsutil import atomic_write_bytes, fsync_dir, host_tag, parse_tagged_name, temp_stem, walk_files
+from ..fsutil import (
+    atomic_write_bytes,
+    fsync_dir,
+    host_tag,
+    parse_tagged_name,
+    temp_stem,
+    walk_files,
+    writer_gone,
+)
 from ..jsonio import decode_json_object, encode_json
 from ..records import manifest as manifest_record
 from ..records.inventory import FileEntry
@@ -140,12 +148,17 @@ def _read_ownership(art: Path) -> dict[str, dict[str, Any]]:
         raise Refused(f"{art} has no manifest and no {IN_PROGRESS} record of this tool: nothing proves its "
                       f"entries ({', '.join(sorted(os.listdir(art))[:20])}) were written by a save", remedy=remedy)
     try:
-        entries = decode_json_object(path.read_bytes(), what=str(path))["entries"]
+        data = decode_json_object(path.read_bytes(), what=str(path))
+        entries, holder = data["entries"], data["holder"]
         if not isinstance(entries, dict) or not all(isinstance(v, dict) for v in entries.values()):
             raise ValueError("entries is not an object of objects")
-    except (CkptflowError, KeyError, ValueError, OSError) as exc:
+    except (CkptflowError, KeyError, TypeError, ValueError, OSError) as exc:
         raise Refused(f"{path} cannot be read ({exc}): nothing proves what the interrupted save wrote",
                       remedy=remedy) from exc
+    live = isinstance(holder, dict) and holder.get("host") == host_tag() and isinstance(pid := holder.get("pid"), int)
+    if live and not writer_gone(pid):
+        raise Refused(f"{path}: a save of {art.name} by pid {pid} on this host is still running",
+                      remedy="let it finish (or stop it) before saving this iteration again")
     return entries
 
 
