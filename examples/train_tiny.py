@@ -51,10 +51,15 @@ def say(line: str) -> None:
 
 
 def resume_state(model, optim, decision) -> int:
-    """Load the model (and the optimizer, when saved as DCP) of the resume point; its iteration."""
+    """Load the model (and the optimizer, when saved as DCP) of the resume point; its iteration.
+
+    The resume point was judged by ``pin_run_attempt`` (real path, trainer state); one holding no
+    ``model.pt`` this loop can load is refused rather than trained on from random weights."""
     src = Path(decision.resume_from)
-    if (src / "model.pt").is_file():
-        model.load_state_dict(torch.load(src / "model.pt", weights_only=True)["net"])
+    if not (src / "model.pt").is_file():
+        raise Refused(f"resume point {src} holds no model.pt this example can load",
+                      remedy="resume from a checkpoint or full-plan artifact directory this example saved")
+    model.load_state_dict(torch.load(src / "model.pt", weights_only=True)["net"])
     if (src / "optim").is_dir():
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
@@ -77,7 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    start = resume_state(model, optim, decision) if decision.decision == "resume" else 0
+    try:
+        start = resume_state(model, optim, decision) if decision.decision == "resume" else 0
+    except Refused as exc:
+        sys.stderr.write(f"train_tiny: {exc}\n")
+        return 3
     upload = UploadSettings(enabled=bool(args.bucket), bucket=args.bucket, credentials=args.credentials,
                             prefix=args.upload_prefix)
     saved = []

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +19,7 @@ from ckptflow.digest import HashingWriter
 from ckptflow.errors import Refused, UsageError
 from ckptflow.records.manifest import read_manifest
 from ckptflow.trainer import artifact_dir_for, write_artifact
+from helpers.paused import resume, start_paused
 from helpers.trees import tree_bytes
 
 
@@ -85,15 +91,72 @@ def test_committed_artifact_is_refused_by_name_and_untouched(tmp_path):
     assert tree_bytes(art) == before
 
 
-def test_interrupted_save_without_manifest_is_written_again(tmp_path):
+SAVE = """
+import sys, torch
+sys.path.insert(0, sys.argv[2])
+from trainer_helpers import tiny_training
+from ckptflow.trainer import write_artifact
+model, optim = tiny_training()
+write_artifact(sys.argv[1], 7, {"model": model, "optimizer": optim, "trainer_state": {"optimizer_step": 7}})
+"""
+
+
+def killed_save(run, point):
+    """A real save of iteration 7 (full plan) in a subprocess that SIGKILLs itself at ``point``."""
+    proc = subprocess.run([sys.executable, "-c", SAVE, str(run), str(Path(__file__).parent)], capture_output=True,
+                          text=True, env={**os.environ, "CKPTFLOW_TEST_KILL_AT": point}, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    art = artifact_dir_for(run, 7)
+    assert not (art / ".posttrain-checkpoint-artifact.json").exists() and (art / ".save-in-progress").is_file()
+    return art
+
+
+@pytest.mark.parametrize("point", ["trainer-save:writing-model.pt", "trainer-save:before-trainer-state",
+                                   "trainer-save:writing-trainer.pt"])
+def test_a_killed_save_is_discarded_by_its_own_record_and_written_again(tmp_path, point):
+    art = killed_save(tmp_path, point)
+    model, optim = tiny_training()
+    manifest = write_artifact(tmp_path, 7, {"model": model, "optimizer": optim, "trainer_state": {"optimizer_step": 7}})
+    assert sorted(p.name for p in art.iterdir()) == [".posttrain-checkpoint-artifact.json", "model.pt", "optim",
+                                                     "trainer.pt"]
+    assert manifest.components["model"].size == (art / "model.pt").stat().st_size
+
+
+def test_a_save_still_running_on_this_host_is_not_discarded(tmp_path, monkeypatch):
+    model, _ = tiny_training()
+    worker, outcome = start_paused(lambda: write_artifact(tmp_path, 7, {"model": model}),
+                                   "trainer-save:writing-model.pt", tmp_path / "pause", monkeypatch)
+    art = artifact_dir_for(tmp_path, 7)
+    before = tree_bytes(art)
+    with pytest.raises(Refused, match=r"still running"):
+        write_artifact(tmp_path, 7, {"model": model})
+    assert tree_bytes(art) == before
+    resume(worker, tmp_path / "pause", monkeypatch)
+    assert "error" not in outcome and (art / ".posttrain-checkpoint-artifact.json").is_file()
+
+
+def test_an_unsealed_user_model_without_a_save_record_is_refused_and_kept(tmp_path):
     art = artifact_dir_for(tmp_path, 7)
     (art / "optim").mkdir(parents=True)
-    (art / "model.pt").write_bytes(b"half a file")
-    (art / "optim" / "__0_0.distcp").write_bytes(b"half a shard")
+    (art / "model.pt").write_bytes(b"the user's model, not sealed yet")
+    (art / "optim" / "__0_0.distcp").write_bytes(b"the user's optimizer shard")
+    before = tree_bytes(art)
     model, _ = tiny_training()
-    manifest = write_artifact(tmp_path, 7, {"model": model})
-    assert sorted(p.name for p in art.iterdir()) == [".posttrain-checkpoint-artifact.json", "model.pt"]
-    assert manifest.components["model"].size == (art / "model.pt").stat().st_size
+    with pytest.raises(Refused, match=r"no \.save-in-progress record.*model\.pt, optim"):
+        write_artifact(tmp_path, 7, {"model": model})
+    assert tree_bytes(art) == before
+
+
+def test_a_users_file_placed_over_a_killed_save_is_refused_by_name_and_kept(tmp_path):
+    art = killed_save(tmp_path, "trainer-save:before-trainer-state")
+    (art / "model.pt").unlink()
+    (art / "model.pt").write_bytes(b"the user's own model, put where the killed save was")
+    (art / "trainer.pt").write_bytes(b"the user's trainer state")
+    before = tree_bytes(art)
+    model, _ = tiny_training()
+    with pytest.raises(Refused, match=r"model\.pt, trainer\.pt"):
+        write_artifact(tmp_path, 7, {"model": model})
+    assert tree_bytes(art) == before
 
 
 def test_an_interrupted_save_beside_a_users_file_is_refused_and_both_survive(tmp_path):

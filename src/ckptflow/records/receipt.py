@@ -47,6 +47,12 @@ size and digest. No declaration, no server checksums; a path is a bulk file or a
       "uploaded_at": "2025-01-31T12:00:00Z"
     }
 
+A full-checkpoint receipt written since identities were recorded also carries ``identities``: per bulk
+file, ``{"ino", "size", "mtime_ns", "ctime_ns"}`` as observed when the receipt was written (and, when the
+uploader passed them, equal to what it observed before reading the bytes). Retention requires each file
+to still show exactly that identity (see ``ckptflow.trainer.retention``); a receipt without it proves
+nothing newer than itself.
+
 It satisfies full-checkpoint retention (``read_any_receipt``) and nothing else: ``read_receipt``, what
 every artifact gate (verify, prune-verified, publish --delete-local) reads, refuses it by name
 (``NotAnArtifactReceipt``), since a size proves no bytes.
@@ -58,6 +64,7 @@ refuse it by name (``LegacyRecord``); full-checkpoint retention accepts it by it
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,6 +170,24 @@ class Receipt:
 
 
 @dataclass(frozen=True, slots=True)
+class FileIdentity:
+    """What ``lstat`` shows of a file: inode, size, modification and change time (nanoseconds)."""
+
+    ino: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    @classmethod
+    def of(cls, path: Path | str) -> FileIdentity:
+        st = os.lstat(path)
+        return cls(st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def to_dict(self) -> dict[str, int]:
+        return {"ino": self.ino, "size": self.size, "mtime_ns": self.mtime_ns, "ctime_ns": self.ctime_ns}
+
+
+@dataclass(frozen=True, slots=True)
 class CheckpointReceipt:
     """A full checkpoint's receipt: bulk ``files`` with size only (``sha256`` None), ``overrides`` with digests."""
 
@@ -170,10 +195,14 @@ class CheckpointReceipt:
     files: tuple[FileEntry, ...]
     overrides: tuple[FileEntry, ...]
     uploaded_at: str
+    # bulk path -> identity observed at the upload; None: a receipt written before identities were recorded.
+    identities: Mapping[str, FileIdentity] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", sorted_entries(self.files))
         object.__setattr__(self, "overrides", sorted_entries(self.overrides))
+        if self.identities is not None:
+            object.__setattr__(self, "identities", dict(sorted(self.identities.items())))
 
     def entry(self, path: str) -> FileEntry | None:
         return next((e for e in (*self.files, *self.overrides) if e.path == path), None)
@@ -194,6 +223,7 @@ class CheckpointReceipt:
             files=bulk,
             overrides=overrides,
             uploaded_at=_record.require_utc_timestamp(data["uploaded_at"], what, "uploaded_at"),
+            identities=_identities(data, bulk, what),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -204,6 +234,8 @@ class CheckpointReceipt:
             "files": inventory_to_list(self.files),
             "overrides": inventory_to_list(self.overrides),
             "uploaded_at": self.uploaded_at,
+            **({"identities": {p: i.to_dict() for p, i in self.identities.items()}}
+               if self.identities is not None else {}),
         }
 
 
@@ -211,6 +243,20 @@ def _destination(dest: Mapping[str, str]) -> ReceiptDestination:
     return ReceiptDestination(
         scheme=dest["scheme"], endpoint=dest["endpoint"], bucket=dest["bucket"], prefix=dest["prefix"]
     )
+
+
+def _identities(data: Mapping[str, Any], bulk: tuple[FileEntry, ...], what: str) -> dict[str, FileIdentity] | None:
+    """``identities`` (schema-checked): exactly the bulk files, each of its recorded size; None when absent."""
+    if "identities" not in data:
+        return None
+    found = {p: FileIdentity(**v) for p, v in data["identities"].items()}
+    sizes = {e.path: e.size for e in bulk}
+    if set(found) != set(sizes) or any(found[p].size != sizes[p] for p in sizes):
+        raise InvalidRecord(
+            f"{what}: identities do not match its bulk files (paths or sizes differ)",
+            remedy="the receipt is corrupt; upload the checkpoint again and rewrite its receipt",
+        )
+    return found
 
 
 def _checksums(data: Mapping[str, Any], what: str) -> dict[str, str] | None:

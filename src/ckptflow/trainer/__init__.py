@@ -6,6 +6,7 @@ torch is imported only inside the functions that need it, so ``import ckptflow.t
 
 from __future__ import annotations
 
+from .checkpoints import begin_checkpoint_save, finish_checkpoint_save
 from .publish import (
     BackgroundPublisher,
     TrainerPublishOutcome,
@@ -15,11 +16,11 @@ from .publish import (
     trainer_publish,
     wait_for_publications,
 )
-from .retention import retain_checkpoints, write_checkpoint_receipt
+from .retention import observe_checkpoint, retain_checkpoints, write_checkpoint_receipt
 from .write import artifact_dir_for, write_artifact
 
 __all__ = [
-    "BackgroundPublisher", "TrainerPublishOutcome", "UploadSettings", "artifact_dir_for", "publisher_for",
-    "retain_checkpoints", "save_and_publish", "trainer_publish", "wait_for_publications", "write_artifact",
+    "BackgroundPublisher", "TrainerPublishOutcome", "UploadSettings", "artifact_dir_for", "begin_checkpoint_save",
+    "finish_checkpoint_save", "observe_checkpoint", "publisher_for", "retain_checkpoints", "save_and_publish", "trainer_publish", "wait_for_publications", "write_artifact",
     "write_checkpoint_receipt",
 ]

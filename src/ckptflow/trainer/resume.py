@@ -3,15 +3,21 @@
 ``pin_run_attempt(attempt_dir, resume, resume_path)`` decides, before a training job writes anything,
 whether it may start in the attempt directory ``<run>/<ts>`` and from where:
 
-- ``resume="auto"`` resumes from the newest resumable candidate: a full checkpoint under ``checkpoints/``
-  (an ``iter_N`` directory holding ``trainer.pt``) or an artifact committed with the full component plan
-  (model, optim, trainer). It never resumes from a model-only (partial) artifact;
+- ``resume="auto"`` resumes from the newest resumable candidate: a complete full checkpoint under
+  ``checkpoints/`` (an ``iter_N`` directory holding ``trainer.pt`` and no ``.save-in-progress`` marker, see
+  ``checkpoints.py``: a save whose shards are still coming is not a candidate) or an artifact committed
+  with the full component plan (model, optim, trainer). It never resumes from a model-only artifact;
 - when the attempt holds committed ``checkpoint_artifacts/iter_*`` (manifest present), a step-0 restart is
   refused, and so is a candidate behind the newest committed artifact: resuming it would replay up to
   that artifact and collide with it one save later (under Slurm requeue, in a loop);
-- an explicit ``resume_path`` is placed by the ``iter_N`` segment of its path, else by its validated trainer
+- an explicit ``resume_path`` (``judge_resume_path``) must exist and is judged by its real path (``..`` and
+  symlinks resolved), never by a name segment: a committed full-plan artifact directory (iteration from
+  its manifest, its ``trainer.pt`` readable and agreeing), a complete checkpoint directory, or a
+  single-file checkpoint outside any ``iter_N`` directory; the iteration comes from the validated trainer
   state (``optimizer_step``/``iter`` in ``trainer.pt``, or at the top level of a single-file checkpoint,
-  loaded with ``weights_only=True``); one whose iteration cannot be established is refused;
+  loaded with ``weights_only=True``). A file or directory inside a model-only artifact (or inside any
+  ``iter_N`` directory), a missing path, a save without ``trainer.pt`` or still in progress, and a state
+  whose iteration cannot be established or contradicts the directory's are refused by name;
 - a fresh attempt, and an interrupted artifact directory without its manifest, are unaffected;
 - ``resume="off"`` starts in the attempt directory when it holds nothing, else mints a fresh attempt beside it.
 
@@ -20,7 +26,7 @@ A refusal names the attempt directory and three remedies, each an operator decis
 
 from __future__ import annotations
 
-import re
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,11 +35,10 @@ from typing import Any
 from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE
 from ..errors import InvalidRecord, Refused, UsageError
 from ..records import manifest as manifest_record
-from .write import TRAINER_FILE
+from .checkpoints import CHECKPOINTS_DIR, is_complete_checkpoint, iteration_of_name
+from .write import IN_PROGRESS, TRAINER_FILE
 
-CHECKPOINTS_DIR = "checkpoints"
 FULL_PLAN = frozenset({"model", "optim", "trainer"})
-_ITER_SEGMENT = re.compile(r"^iter_(\d+)$")
 
 
 def remedies(attempt_dir: Path, newest: Path | None) -> list[str]:
@@ -85,13 +90,13 @@ def committed_artifacts(attempt_dir: Path) -> dict[int, Path]:
 
 
 def resumable_checkpoints(attempt_dir: Path) -> dict[int, Path]:
-    """Full checkpoints under ``checkpoints/``: ``iter_N`` directories holding ``trainer.pt``."""
+    """Complete full checkpoints under ``checkpoints/`` (``checkpoints.is_complete_checkpoint``)."""
     root = attempt_dir / CHECKPOINTS_DIR
     found: dict[int, Path] = {}
     if root.is_dir():
         for d in root.iterdir():
             m = ITER_DIR_RE.match(d.name)
-            if m and d.is_dir() and not d.is_symlink() and (d / TRAINER_FILE).is_file():
+            if m and is_complete_checkpoint(d):
                 found[int(m.group(1))] = d
     return dict(sorted(found.items()))
 
@@ -103,21 +108,60 @@ def is_full_plan_artifact(artifact_dir: Path) -> bool:
         return False
 
 
-def iteration_of_resume_path(path: Path) -> tuple[int | None, str]:
-    """The iteration an explicit resume path stands for, and how it was established (or why not)."""
-    for part in reversed(path.parts):
-        m = _ITER_SEGMENT.match(part)
-        if m:
-            return int(m.group(1)), f"the iter_* segment {part!r} of its path"
-    if path.is_dir():
-        source = path / TRAINER_FILE
-        if not source.is_file():
-            return None, f"it has no iter_* segment and no {TRAINER_FILE}"
-    elif path.is_file():
-        source = path
-    else:
-        return None, "it does not exist"
-    return _iteration_from_trainer_state(source)
+def judge_resume_path(path: Path | str) -> tuple[Path | None, int | None, str]:
+    """(real path, iteration, how it was established) of an explicit resume path, or (None, None, why not)."""
+    given = Path(path)
+    if not os.path.lexists(given):
+        return None, None, f"{given} does not exist"
+    try:
+        real = given.resolve(strict=True)
+    except (OSError, RuntimeError) as exc:
+        return None, None, f"{given} does not resolve to an existing path ({exc})"
+    shown = f"{given}" + (f" (real path {real})" if real != given.absolute() else "")
+    parts = real.parts
+    for i in range(len(parts) - 1):
+        if parts[i] == ARTIFACTS_DIR and iteration_of_name(parts[i + 1]) is not None:
+            art = Path(*parts[: i + 2])
+            if real != art:
+                return None, None, (f"{shown} is inside the artifact {art}, not a resumable checkpoint: a file or "
+                                    "directory of an artifact is never a resume point (pass the artifact directory "
+                                    "of a full-plan artifact, or a checkpoint directory)")
+            return _judge_artifact(art, shown)
+    if real.is_dir():
+        return _judge_checkpoint_dir(real, shown)
+    if real.is_file():
+        if iteration_of_name(real.parent.name) is not None:
+            return None, None, (f"{shown} is a file inside the checkpoint directory {real.parent}: pass the directory "
+                                "itself, which holds the whole resumable state")
+        return _with_state(real, real, None)
+    return None, None, f"{shown} is neither a file nor a directory"
+
+
+def _judge_artifact(art: Path, shown: str) -> tuple[Path | None, int | None, str]:
+    if not manifest_record.path_in(art).is_file():
+        return None, None, f"{shown} is an artifact directory without its manifest (an interrupted save)"
+    if not is_full_plan_artifact(art):
+        return None, None, f"resume=auto never resumes from a model-only artifact ({shown})"
+    it = manifest_record.read_manifest(art).iteration
+    return _with_state(art, art / TRAINER_FILE, it)
+
+
+def _judge_checkpoint_dir(real: Path, shown: str) -> tuple[Path | None, int | None, str]:
+    if os.path.lexists(real / IN_PROGRESS):
+        return None, None, f"{shown} holds {IN_PROGRESS}: its save is in progress or was interrupted"
+    if not (real / TRAINER_FILE).is_file() or (real / TRAINER_FILE).is_symlink():
+        return None, None, f"{shown} has no {TRAINER_FILE}: an interrupted save or not a resumable checkpoint"
+    return _with_state(real, real / TRAINER_FILE, iteration_of_name(real.name))
+
+
+def _with_state(real: Path, source: Path, expected: int | None) -> tuple[Path | None, int | None, str]:
+    """The iteration of ``source``'s trainer state; it must agree with ``expected`` (name or manifest)."""
+    it, how = _iteration_from_trainer_state(source)
+    if it is None:
+        return None, None, f"its iteration cannot be established: {how}"
+    if expected is not None and it != expected:
+        return None, None, f"{how} says iteration {it}, but {real} stands for iteration {expected}"
+    return real, it, how
 
 
 def _iteration_from_trainer_state(source: Path) -> tuple[int | None, str]:
@@ -153,13 +197,13 @@ def check_run_attempt(attempt_dir: Path | str, resume: str = "auto", resume_path
     if resume == "off":
         return _mint_fresh(attempt, base)
     if resume_path is not None:
-        cand = Path(resume_path).absolute()
-        if manifest_record.path_in(cand).is_file() and not is_full_plan_artifact(cand):
-            return refuse(f"resume=auto never resumes from a model-only artifact ({cand})")
-        it, how = iteration_of_resume_path(cand)
-        if it is None:
-            return refuse(f"the iteration of resume path {cand} cannot be established: {how}; nothing proves it is "
+        real, it, how = judge_resume_path(resume_path)
+        if real is None:
+            if "model-only" in how:
+                return refuse(how)
+            return refuse(f"resume path {resume_path} is not a resumable checkpoint: {how}; nothing proves it is "
                           "at or beyond the newest committed artifact")
+        cand = real
     else:
         cands = {**resumable_checkpoints(attempt), **{i: d for i, d in artifacts.items() if is_full_plan_artifact(d)}}
         if not cands:

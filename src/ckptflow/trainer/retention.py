@@ -1,14 +1,32 @@
-"""Full-checkpoint retention: ``<run_dir>/checkpoints/`` keeps ``latest`` and the last N resumable checkpoints.
+"""Full-checkpoint retention: ``<run_dir>/checkpoints/`` keeps ``latest`` and the last N complete checkpoints.
 
-A resumable checkpoint is a ``checkpoints/iter_N`` directory holding ``trainer.pt``. Older ones are
-deleted only once uploaded, proven by ``.uploaded`` in the checkpoint directory (``upload_gap``): a legacy
-plain-text marker satisfies the gate by its existence alone (it never satisfies the artifact prune gate,
-which reads and verifies a receipt); a JSON receipt must parse and validate (a full-checkpoint receipt,
-see ``write_checkpoint_receipt``, or an artifact receipt) and still describe the directory: every file
-covered, each of its recorded size, each transactional override of its recorded digest; otherwise the
-checkpoint is kept with the reason. Anything else under ``checkpoints/`` (incomplete saves, files) is left alone, and
-``checkpoint_artifacts/`` is never looked at: artifact pruning (``prune-verified``) and this retention
-never touch each other's directories.
+A complete checkpoint is a ``checkpoints/iter_N`` directory holding ``trainer.pt`` and no
+``.save-in-progress`` marker (see ``checkpoints.py``); an incomplete one is never counted and never
+deleted. ``latest`` is resolved by iteration number; a pointer that exists but names no checkpoint of
+this run makes the whole command refuse (``UnresolvedPointer``) before anything is deleted.
+
+Older complete checkpoints are deleted only once uploaded, proven by ``.uploaded`` (``upload_gap``): a
+legacy plain-text marker or a JSON receipt (a full-checkpoint receipt, see ``write_checkpoint_receipt``,
+or an artifact receipt) that must parse, validate and still describe the directory: every file covered,
+each of its recorded size, each transactional override of its recorded digest. Then the rule that a
+receipt proves only the bytes that existed when it was written:
+
+- a receipt with ``identities`` (written by ``write_checkpoint_receipt`` now): every bulk file must show
+  exactly the recorded ``(st_ino, st_size, st_mtime_ns, st_ctime_ns)``. Only equality is used, never an
+  ordering of two clocks, so clock skew between hosts does not matter; ``ctime`` is set by the file
+  system on every write, rename or ``utime`` and cannot be set back by a user, so a re-save in place
+  (same inode) or by rename (new inode) shows. A rewrite within one timestamp tick of the observation
+  could keep ``ctime``: so a file whose recorded ``ctime`` lies within ``coarse_window`` (twice the
+  coarsest decimal unit the timestamps are rounded to, at least 20 ms, 2 s on a 1-second file system) of
+  the receipt's own ``ctime`` (same file system clock) is not provable. The writer waits out that window
+  on the file system's clock before writing the receipt, so a receipt it writes is never in it;
+- a receipt without identities (older full-checkpoint receipts, artifact receipts, legacy markers)
+  proves nothing newer than itself: a file whose ``ctime`` or ``mtime`` is later than the receipt's
+  ``ctime`` keeps the checkpoint (a file rewritten in the same tick as the receipt cannot be seen).
+
+A kept checkpoint is always reported with its reason. Anything else under ``checkpoints/`` is left
+alone, and ``checkpoint_artifacts/`` is never looked at: artifact pruning (``prune-verified``) and this
+retention never touch each other's directories.
 
 ``checkpoint_provenance`` is the identity of a checkpoint's files (path and size) that a successor may
 record; ``.uploaded``, its interrupted-write temporary ``.uploaded.tmp`` and the receipt writer's own
@@ -20,26 +38,64 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..artifact import ITER_DIR_RE
 from ..digest import sha256_file
-from ..errors import CkptflowError, NotFound, UnsafePath, UsageError
-from ..fsutil import parse_tagged_name, temp_stem
+from ..errors import CkptflowError, NotFound, Refused, UnsafePath, UsageError
+from ..fsutil import parse_tagged_name, temp_stem, unique_temp_path
 from ..records import receipt as receipt_record
 from ..records import utc_timestamp
 from ..records.inventory import FileEntry, damaged_entry
-from .write import TRAINER_FILE
+from ..records.receipt import FileIdentity
+from .checkpoints import (
+    CHECKPOINTS_DIR,
+    LATEST_NAMES,
+    checkpoint_dirs,
+    is_complete_checkpoint,
+    latest_checkpoints,
+)
+from .write import IN_PROGRESS
 
 log = logging.getLogger(__name__)
 
-CHECKPOINTS_DIR = "checkpoints"
 UPLOADED = ".uploaded"
 BOOKKEEPING = frozenset({UPLOADED, UPLOADED + ".tmp"})
-LATEST_NAMES = ("latest", "latest_checkpointed_iteration.txt")
+MIN_WINDOW_NS = 20_000_000  # two jiffies at HZ=100: the kernel's coarse clock behind fine-grained ctime
+
+
+def coarse_window(values_ns: Iterable[int]) -> int:
+    """Twice the coarsest decimal unit (1 ns .. 1 s) that divides every timestamp, at least ``MIN_WINDOW_NS``:
+    within it, a rewrite may leave a file's timestamps unchanged."""
+    values = list(values_ns)
+    tick = 1
+    while tick < 1_000_000_000 and values and all(v % (tick * 10) == 0 for v in values):
+        tick *= 10
+    return max(2 * tick, MIN_WINDOW_NS)
+
+
+def _fs_clock_past(root: Path, target_ns: int, ctimes: list[int], deadline_s: float = 10.0) -> None:
+    """Wait until the file system's own clock (a probe file's ctime in ``root``) is at least ``target_ns``
+    plus the coarse window of what it shows; the probe is a receipt-writer temporary, removed after."""
+    probe = unique_temp_path(root / UPLOADED)
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        end = time.monotonic() + deadline_s
+        while True:
+            now = os.fstat(fd).st_ctime_ns
+            if now - target_ns >= coarse_window([*ctimes, now]):
+                return
+            if time.monotonic() > end:
+                raise Refused(f"the file system clock under {root} did not advance past {target_ns} ns",
+                              remedy="check the file system's timestamps; no receipt was written")
+            time.sleep(0.005)
+            os.utime(fd)  # a metadata change: the file system stamps a fresh ctime
+    finally:
+        os.close(fd)
+        os.unlink(probe)  # created above with O_EXCL: ours
 
 
 def is_bookkeeping(name: str) -> bool:
@@ -64,17 +120,30 @@ def checkpoint_provenance(ckpt_dir: Path | str) -> list[tuple[str, int]]:
     return sorted(out)
 
 
+def observe_checkpoint(ckpt_dir: Path | str) -> dict[str, FileIdentity]:
+    """Every file's identity now (bookkeeping excluded): take it before an upload reads the bytes and pass
+    it to ``write_checkpoint_receipt(observed=...)``, which refuses when anything changed meanwhile."""
+    root = Path(ckpt_dir)
+    return {p: FileIdentity.of(root / p) for p, _ in checkpoint_provenance(root)}
+
+
 def write_checkpoint_receipt(
     ckpt_dir: Path | str,
     destination: receipt_record.ReceiptDestination,
     *,
     overrides: Iterable[str] | None = None,
     uploaded_at: str | None = None,
+    observed: dict[str, FileIdentity] | None = None,
 ) -> receipt_record.CheckpointReceipt:
     """Write ``ckpt_dir/.uploaded`` as a full-checkpoint receipt, after the checkpoint's upload to
     ``destination`` finished: every file of ``checkpoint_provenance`` is a bulk entry (path and size, never
     hashed) except ``overrides`` (relative paths of files rewritten in place, e.g. a pointer), which are
-    hashed. ``overrides=None`` takes the pointer files (``LATEST_NAMES``) present at the checkpoint's top."""
+    hashed. ``overrides=None`` takes the pointer files (``LATEST_NAMES``) present at the checkpoint's top.
+
+    Each bulk file's identity is recorded as ``lstat`` shows it now; with ``observed`` (from
+    ``observe_checkpoint`` before the upload read the bytes) any bulk file not showing that same identity
+    refuses the receipt. Before writing, it waits until the file system's clock is past the coarse window
+    of the newest recorded ``ctime`` and checks the identities once more (see the module docstring)."""
     root = Path(ckpt_dir)
     if root.is_symlink() or not root.is_dir():
         raise NotFound(f"{root} is not a checkpoint directory", remedy="pass the checkpoints/iter_N directory that was uploaded")
@@ -86,11 +155,24 @@ def write_checkpoint_receipt(
     if unknown:
         raise NotFound(f"{root}: transactional override(s) {unknown[:5]} are not files of the checkpoint",
                        remedy="name overrides by their path relative to the checkpoint directory")
+    bulk = [p for p in files if p not in chosen]
+    identities = {p: FileIdentity.of(root / p) for p in bulk}
+    if observed is not None:
+        changed = sorted(p for p in bulk if observed.get(p) != identities[p])
+        if changed:
+            raise Refused(f"{root}: {changed[:5]} changed or appeared after the upload began reading the checkpoint",
+                          remedy="upload the checkpoint again once its save has finished; no receipt was written")
+    ctimes = [i.ctime_ns for i in identities.values()]
+    _fs_clock_past(root, max(ctimes, default=0), ctimes)
+    if {p: FileIdentity.of(root / p) for p in bulk} != identities or dict(checkpoint_provenance(root)) != files:
+        raise Refused(f"{root} changed while its receipt was being written",
+                      remedy="upload the checkpoint again once its save has finished; no receipt was written")
     record = receipt_record.CheckpointReceipt(
         destination=destination,
-        files=tuple(FileEntry(p, s) for p, s in files.items() if p not in chosen),
+        files=tuple(FileEntry(p, files[p]) for p in bulk),
         overrides=tuple(FileEntry(p, files[p], sha256_file(root / p).sha256) for p in chosen),
         uploaded_at=uploaded_at or utc_timestamp(),
+        identities=identities,
     )
     receipt_record.write_receipt(root, record)
     return record
@@ -103,8 +185,8 @@ def upload_gap(ckpt_dir: Path) -> str | None:
         return f"{UPLOADED} is a symlink, not a receipt"
     if not marker.exists():
         return f"not uploaded (no {UPLOADED})"
-    if receipt_record.is_legacy_receipt(ckpt_dir):
-        return None  # existence is this gate; it never satisfies an artifact gate
+    if receipt_record.is_legacy_receipt(ckpt_dir):  # never satisfies an artifact gate
+        return _identity_gap(ckpt_dir, None, set())  # it proves at most what existed when it was written
     try:
         receipt = receipt_record.read_any_receipt(ckpt_dir)
     except (CkptflowError, OSError) as exc:
@@ -118,23 +200,31 @@ def upload_gap(ckpt_dir: Path) -> str | None:
         return f"files not covered by its {UPLOADED}: {uncovered[:5]} (never uploaded; deleting would lose them)"
     damage = damaged_entry(ckpt_dir, receipt.files, record=UPLOADED, rehash=False) or damaged_entry(
         ckpt_dir, overrides, record=UPLOADED, rehash=True)
-    return f"changed since its upload: {damage}" if damage else None
+    if damage:
+        return f"changed since its upload: {damage}"
+    identities = receipt.identities if isinstance(receipt, receipt_record.CheckpointReceipt) else None
+    return _identity_gap(ckpt_dir, identities, {e.path for e in overrides})
 
 
-def latest_checkpoint(checkpoints: Path) -> Path | None:
-    """What ``latest`` names: a symlink to ``iter_N``, or a text file holding ``iter_N`` or ``N``."""
-    for name in LATEST_NAMES:
-        p = checkpoints / name
-        if p.is_symlink():
-            return checkpoints / Path(os.readlink(p)).name
-        if p.is_file():
-            text = p.read_text(encoding="utf-8", errors="replace").strip()
-            if text.isdigit():
-                matches = [d for d in checkpoints.glob("iter_*") if ITER_DIR_RE.match(d.name)
-                           and int(ITER_DIR_RE.match(d.name).group(1)) == int(text)]
-                return matches[0] if matches else None
-            if ITER_DIR_RE.match(text):
-                return checkpoints / text
+def _identity_gap(ckpt_dir: Path, identities: dict[str, FileIdentity] | None, digested: set[str]) -> str | None:
+    """Why the receipt cannot prove the files now present are the bytes it saw (module docstring), or None."""
+    receipt_ctime = os.lstat(ckpt_dir / UPLOADED).st_ctime_ns
+    if identities is None:
+        newer = sorted(p for p, _ in checkpoint_provenance(ckpt_dir) if p not in digested and max(
+            (st := os.lstat(ckpt_dir / p)).st_ctime_ns, st.st_mtime_ns) > receipt_ctime)
+        return (f"{newer[:5]} changed after its {UPLOADED} was written, which records no file identity and so "
+                "proves nothing newer than itself (upload the checkpoint again)") if newer else None
+    for path, recorded in identities.items():
+        now = FileIdentity.of(ckpt_dir / path)
+        if now != recorded:
+            diff = ", ".join(f"{k} {getattr(recorded, k)} -> {getattr(now, k)}" for k in recorded.__slots__
+                             if getattr(now, k) != getattr(recorded, k))
+            return f"{path} was replaced or rewritten since its upload ({diff}); its {UPLOADED} proves older bytes"
+    window = coarse_window([*(i.ctime_ns for i in identities.values()), receipt_ctime])
+    late = sorted(p for p, i in identities.items() if receipt_ctime - i.ctime_ns < window)
+    if late:
+        return (f"{late[:5]} last changed within {window / 1e9:g} s of its {UPLOADED} (same file-system clock): "
+                "timestamps this coarse cannot exclude a rewrite after the upload (upload the checkpoint again)")
     return None
 
 
@@ -155,7 +245,7 @@ class RetentionReport:
 
 
 def retain_checkpoints(run_dir: Path | str, keep_last: int, *, dry_run: bool = False) -> RetentionReport:
-    """Delete uploaded resumable checkpoints older than the last ``keep_last`` (``latest`` always kept)."""
+    """Delete uploaded complete checkpoints older than the last ``keep_last`` (``latest`` always kept)."""
     if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0:
         raise UsageError(f"--keep-last {keep_last!r} is not an integer >= 0")
     run = Path(run_dir).absolute()
@@ -165,15 +255,14 @@ def retain_checkpoints(run_dir: Path | str, keep_last: int, *, dry_run: bool = F
     if checkpoints.is_symlink():
         raise UnsafePath(f"{checkpoints} is a symlink", remedy="pass the real run directory")
     report = RetentionReport(str(run), keep_last, dry_run)
-    latest = latest_checkpoint(checkpoints)
-    report.latest = str(latest) if latest is not None else None
-    resumable = sorted(
-        (int(m.group(1)), d) for d in checkpoints.iterdir()
-        if (m := ITER_DIR_RE.match(d.name)) and d.is_dir() and not d.is_symlink() and (d / TRAINER_FILE).is_file()
-    )
-    recent = {d for _, d in resumable[len(resumable) - keep_last:]} if keep_last else set()
-    for _, d in resumable:
-        if latest is not None and d.name == latest.name:
+    latest = latest_checkpoints(checkpoints)  # an unresolvable pointer refuses before anything is deleted
+    report.latest = str(latest[-1]) if latest else None
+    complete = sorted((it, d) for d, it in checkpoint_dirs(checkpoints).items() if is_complete_checkpoint(d))
+    recent = {d for _, d in complete[len(complete) - keep_last:]} if keep_last else set()
+    for d in sorted(d for d in checkpoint_dirs(checkpoints) if os.path.lexists(d / IN_PROGRESS)):
+        report.kept.append({"path": str(d), "reason": f"save in progress ({IN_PROGRESS}): not counted, never deleted"})
+    for _, d in complete:
+        if d in latest:
             report.kept.append({"path": str(d), "reason": "latest"})
         elif d in recent:
             report.kept.append({"path": str(d), "reason": f"one of the last {keep_last}"})

@@ -14,25 +14,41 @@
 
 ``model.pt`` and ``trainer.pt`` are hashed as their bytes are written (``digest.HashingWriter``), never
 read back; DCP shards are hashed right after DCP wrote them. The native manifest is committed last,
-atomically. A committed artifact of the same iteration is never overwritten; an interrupted save of it
-(the directory without its manifest) is discarded and written again.
+atomically. A committed artifact of the same iteration is never overwritten.
+
+Ownership: before its first byte a save writes ``.save-in-progress`` (its holder, then each entry it
+creates: ``model.pt``, ``optim/`` and its files, ``trainer.pt``, with the ``lstat`` identity seen right
+after creating it, and again once complete) and removes it just before committing the manifest. An
+interrupted save (no manifest) is discarded and written again only when every entry in the directory is
+one its record names with that same identity (a file still being written: the same inode); anything else
+(no record, a file the record does not name, a replaced or rewritten file, a user's unsealed model)
+refuses the save by name and leaves every byte as it is.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
+import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
+from .. import __version__, testhooks
 from ..artifact import ARTIFACTS_DIR, refuse_unrestorable_names
 from ..digest import HashingWriter, hash_files
-from ..errors import Refused, UnsafePath, UsageError
-from ..fsutil import fsync_dir, walk_files
+from ..errors import CkptflowError, Refused, UnsafePath, UsageError
+from ..fsutil import (
+    atomic_write_bytes,
+    fsync_dir,
+    host_tag,
+    parse_tagged_name,
+    temp_stem,
+    walk_files,
+    writer_gone,
+)
+from ..jsonio import decode_json_object, encode_json
 from ..records import manifest as manifest_record
 from ..records.inventory import FileEntry
 
@@ -40,6 +56,7 @@ log = logging.getLogger(__name__)
 
 PLAN = ("model", "optimizer", "trainer_state")
 MODEL_FILE, OPTIM_DIR, TRAINER_FILE = "model.pt", "optim", "trainer.pt"
+IN_PROGRESS = ".save-in-progress"  # written first, removed last, by a save (here and in checkpoints/)
 
 
 def artifact_dir_for(run_dir: Path | str, iteration: int) -> Path:
@@ -71,21 +88,78 @@ def write_artifact(run_dir: Path | str, iteration: int, components: Mapping[str,
         )
     _clear_interrupted(art)
     art.mkdir(parents=True)
+    owned = _Ownership(art)
     comps: dict[str, manifest_record.Component] = {}
     model = components["model"]
-    comps["model"] = _save_hashed(art / MODEL_FILE, {"net": _model_state(model)})
+    comps["model"] = _save_hashed(art / MODEL_FILE, {"net": _model_state(model)}, owned)
     if "optimizer" in plan:
-        comps["optim"] = _save_dcp(art, OPTIM_DIR, _optimizer_state(model, components["optimizer"]))
+        comps["optim"] = _save_dcp(art, OPTIM_DIR, _optimizer_state(model, components["optimizer"]), owned)
+    testhooks.reached("trainer-save:before-trainer-state")
     if "trainer_state" in plan:
-        comps["trainer"] = _save_hashed(art / TRAINER_FILE, _trainer_state(components["trainer_state"], iteration))
+        comps["trainer"] = _save_hashed(art / TRAINER_FILE, _trainer_state(components["trainer_state"], iteration), owned)
     record = manifest_record.Manifest(
         iteration=iteration, components=comps,
         producer=manifest_record.Producer(tool="ckptflow trainer", version=__version__),
     )
     refuse_unrestorable_names(art, [f.path for f in record.physical_files()])
+    owned.release()  # before the commit: a committed artifact never holds a stray record
     fsync_dir(art)
     manifest_record.write_manifest(art, record)
     return record
+
+
+def _identity(path: Path) -> dict[str, int]:
+    st = os.lstat(path)
+    return {"ino": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
+
+
+class _Ownership:
+    """The ``.save-in-progress`` record of one save: what it created, rewritten after each entry."""
+
+    def __init__(self, art: Path):
+        self.art = art
+        self.data: dict[str, Any] = {"holder": {"host": host_tag(), "pid": os.getpid(),
+                                                "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+                                     "entries": {}}
+        self._write()
+
+    def _write(self) -> None:
+        atomic_write_bytes(self.art / IN_PROGRESS, encode_json(self.data))
+
+    def created(self, rel: str, *, writing: bool) -> None:
+        """Record ``rel`` (created by this save just now, exclusively); ``writing``: its bytes are still coming."""
+        self.data["entries"][rel] = {**_identity(self.art / rel), "writing": writing}
+        self._write()
+
+    def release(self) -> None:
+        os.unlink(self.art / IN_PROGRESS)  # this save's own record, written by _write above
+
+
+def _is_record_temp(name: str) -> bool:
+    parsed = parse_tagged_name(name, ".tmp")
+    return parsed is not None and parsed[0] == f".{temp_stem(IN_PROGRESS)}"
+
+
+def _read_ownership(art: Path) -> dict[str, dict[str, Any]]:
+    """The entries an interrupted save's record names; refuses (by name) a missing or unreadable record."""
+    path = art / IN_PROGRESS
+    remedy = "move your files out of the artifact directory (or seal them: ckptflow seal), then save again"
+    if path.is_symlink() or not path.is_file():
+        raise Refused(f"{art} has no manifest and no {IN_PROGRESS} record of this tool: nothing proves its "
+                      f"entries ({', '.join(sorted(os.listdir(art))[:20])}) were written by a save", remedy=remedy)
+    try:
+        data = decode_json_object(path.read_bytes(), what=str(path))
+        entries, holder = data["entries"], data["holder"]
+        if not isinstance(entries, dict) or not all(isinstance(v, dict) for v in entries.values()):
+            raise ValueError("entries is not an object of objects")
+    except (CkptflowError, KeyError, TypeError, ValueError, OSError) as exc:
+        raise Refused(f"{path} cannot be read ({exc}): nothing proves what the interrupted save wrote",
+                      remedy=remedy) from exc
+    live = isinstance(holder, dict) and holder.get("host") == host_tag() and isinstance(pid := holder.get("pid"), int)
+    if live and not writer_gone(pid):
+        raise Refused(f"{path}: a save of {art.name} by pid {pid} on this host is still running",
+                      remedy="let it finish (or stop it) before saving this iteration again")
+    return entries
 
 
 def _clear_interrupted(art: Path) -> None:
@@ -93,20 +167,41 @@ def _clear_interrupted(art: Path) -> None:
         raise UnsafePath(f"artifact directory {art} is a symlink", remedy="remove the link; the trainer writes a real directory")
     if not art.exists():
         return
-    # Only the names a save writes may be discarded: anything else in the directory is not ours.
-    entries = {e.name: e for e in os.scandir(art)}
-    foreign = sorted(set(entries) - {MODEL_FILE, TRAINER_FILE, OPTIM_DIR})
+    entries = _read_ownership(art)
+    found = [rel for rel in walk_all(art) if rel != IN_PROGRESS and not _is_record_temp(rel)]
+    foreign = []
+    for rel in found:
+        rec, now = entries.get(rel), _identity(art / rel)
+        if rec is None or (now["ino"] != rec.get("ino")) or (
+                not rec.get("writing") and any(now[k] != rec.get(k) for k in now)):
+            foreign.append(rel)
     if foreign:
-        raise Refused(f"{art} holds an interrupted save (no manifest) and files a save does not write: "
+        raise Refused(f"{art} holds an interrupted save (no manifest) and entries its {IN_PROGRESS} record does not "
+                      f"prove were written by it (unlisted, replaced or rewritten): "
                       f"{', '.join(foreign[:20])}{' ...' if len(foreign) > 20 else ''}",
-                      remedy="move those files out of the artifact directory, then save again")
-    log.warning("%s holds an interrupted save (no manifest); discarding it and writing iteration again", art)
-    for entry in entries.values():
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path)
+                      remedy="move those files out of the artifact directory (or seal them: ckptflow seal), then save again")
+    log.warning("%s holds an interrupted save (no manifest); discarding what it wrote and writing iteration again", art)
+    # Deepest first: files, then the directories this save created, then its record (all proven above).
+    for rel in sorted(found, key=lambda r: r.count("/"), reverse=True):
+        p = art / rel
+        if p.is_dir() and not p.is_symlink():
+            os.rmdir(p)  # empty now; a file written there meanwhile makes this fail rather than vanish
         else:
-            os.unlink(entry.path)
-    os.rmdir(art)  # empty now; a file written there meanwhile makes this fail rather than vanish
+            os.unlink(p)
+    for name in os.listdir(art):
+        if _is_record_temp(name):
+            os.unlink(art / name)  # a dead temporary of this save's record
+    os.unlink(art / IN_PROGRESS)
+    os.rmdir(art)
+
+
+def walk_all(root: Path) -> list[str]:
+    """Every entry (files and directories, not following links) under ``root``, relative, POSIX."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in (*dirnames, *filenames):
+            out.append((Path(dirpath) / name).relative_to(root).as_posix())
+    return sorted(out)
 
 
 def _model_state(model: Any) -> dict:
@@ -153,22 +248,27 @@ class _FlushingHashingWriter(HashingWriter):
         self._target.flush()
 
 
-def _save_hashed(path: Path, obj: Any) -> manifest_record.FileComponent:
+def _save_hashed(path: Path, obj: Any, owned: _Ownership) -> manifest_record.FileComponent:
     """``torch.save`` through a hashing writer: the digest costs no second read of the file."""
     import torch
 
     with open(path, "xb") as fh:
+        owned.created(path.name, writing=True)
         hashing = _FlushingHashingWriter(fh)
         torch.save(obj, hashing)
+        testhooks.reached(f"trainer-save:writing-{path.name}")
         fh.flush()
         os.fsync(fh.fileno())
+    owned.created(path.name, writing=False)
     return manifest_record.FileComponent(path=path.name, size=hashing.size, sha256=hashing.hexdigest())
 
 
-def _save_dcp(art: Path, name: str, state: dict) -> manifest_record.DcpComponent:
+def _save_dcp(art: Path, name: str, state: dict, owned: _Ownership) -> manifest_record.DcpComponent:
     import torch.distributed.checkpoint as dcp
 
     target = art / name
+    target.mkdir()
+    owned.created(name, writing=True)  # a directory's identity changes as DCP fills it: its inode is the proof
     with warnings.catch_warnings():  # single process without a process group is the intended use here
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
         dcp.save({name: state}, checkpoint_id=str(target))
@@ -178,6 +278,8 @@ def _save_dcp(art: Path, name: str, state: dict) -> manifest_record.DcpComponent
         with open(target / rel, "rb") as fh:
             os.fsync(fh.fileno())
     fsync_dir(target)
+    for rel in files:
+        owned.created(f"{name}/{rel}", writing=False)
     return manifest_record.DcpComponent(
         path=name, files=tuple(FileEntry(rel, d.size, d.sha256) for rel, d in digests.items())
     )
