@@ -119,7 +119,7 @@ def test_a_merge_killed_between_manifest_and_record_is_not_committed_and_its_rer
     assert file_bytes(artifact) == before and list((tmp_path / "archive").iterdir()) == []
     status = run_cli("status", str(runs), "--json", env=env)
     assert status.returncode == 0, status.stderr
-    assert [r["merged"]["state"] for r in status.report["rows"]] == ["in-progress"]
+    assert [(r["local"]["state"], r["merged"]["state"]) for r in status.report["rows"]] == [("incomplete", "in-progress")]
     rerun = run_cli(*_avg(moe, out), env=env)
     assert rerun.returncode == 0 and rerun.report["status"] == "built", rerun.stderr
     assert committed_artifacts(runs) == [(RUN, "iter_000300")]
