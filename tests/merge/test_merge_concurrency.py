@@ -105,6 +105,19 @@ def test_without_an_effective_lock_the_commit_rechecks_and_never_replaces_a_publ
     assert verify.returncode == 0, verify.stderr
 
 
+def test_without_an_effective_lock_a_commit_overtaken_by_another_writes_no_record_over_it(moe, out, tmp_path):
+    env = {"CKPTFLOW_TEST_DISABLE": "merge:lock"}
+    late = _paused((*_tv(moe, out), "--force"), tmp_path / "late", "merge:after-model-rename", **env)
+    early = run_cli(*_avg(moe, out), env=env)  # finds the late one's marker naming its model.pt: rebuilds over it
+    assert early.returncode == 0 and early.report["status"] == "built", early.stderr
+    committed = file_bytes(out.parent)
+    (tmp_path / "late").unlink()
+    _, stderr = finish(late)
+    assert late.returncode == 1 and "another merge committed into this directory" in stderr, stderr
+    assert file_bytes(out.parent) == committed
+    assert run_cli(*_avg(moe, out)).report["status"] == "skipped"  # the avg merge, complete and consistent
+
+
 def test_a_merge_killed_between_manifest_and_record_is_not_committed_and_its_rerun_completes_it(
         moe, out, runs, tmp_path):
     env = {"CKPTFLOW_CACHE_DIR": str(tmp_path / "cache")}

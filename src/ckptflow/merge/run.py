@@ -338,18 +338,21 @@ def _commit(artifact_dir: Path, out: Path, tmp: Path, request: MergeRequest, mod
         "components": {"model": {"format": "file", "path": MODEL_NAME, "size": model.size, "sha256": model.sha256}},
         "producer": {"tool": PRODUCER, "version": __version__},
     })
+    _require_own_marker(artifact_dir, marker)
     manifest_record.write_manifest(artifact_dir, manifest)
     testhooks.reached("merge:after-manifest")
+    _require_own_marker(artifact_dir, marker)
     merge_record.write_merge_record(
         artifact_dir, MergeRecord(tool_version=__version__, request=request, outputs=tuple(outputs), diag=diag_rel)
     )
-    _remove_own_marker(artifact_dir, marker)
+    _require_own_marker(artifact_dir, marker)
+    merge_progress.path_in(artifact_dir).unlink()  # ours: it names the model.pt this commit wrote and the one it replaced
 
 
-def _remove_own_marker(artifact_dir: Path, marker: merge_progress.MergeProgress) -> None:
-    """Remove the in-progress marker this commit wrote; one that is gone or names other files was
-    written by a merge that committed into the same directory at the same time (the lock was not
-    effective): its record may have replaced ours, so this merge does not claim success."""
+def _require_own_marker(artifact_dir: Path, marker: merge_progress.MergeProgress) -> None:
+    """Before each record this commit writes: the in-progress marker is still the one it wrote. One that is
+    gone or names other files was written by a merge that committed into the same directory meanwhile (the
+    lock was not effective): its files are left as they are and this merge writes no record over them."""
     path = merge_progress.path_in(artifact_dir)
     try:
         mine = merge_progress.read_merge_progress(path) == marker
@@ -361,5 +364,4 @@ def _remove_own_marker(artifact_dir: Path, marker: merge_progress.MergeProgress)
             f"marker this merge wrote); the lock file {lock_path(artifact_dir)} is not effective on this file system",
             path=str(artifact_dir), remedy="rerun the merge: it completes, skips or refuses by the record now there, "
             "and mount the file system with flock support")
-    path.unlink()  # ours: it names the model.pt this commit wrote and the one it replaced
 
