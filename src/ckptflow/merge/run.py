@@ -2,9 +2,10 @@
 
 Order of work (each step only after the previous one succeeded)::
 
-    check arguments -> read base identity -> hash experts -> decide (skip / build / refuse)
+    check arguments -> take the output's lock -> read base identity -> hash experts -> decide (skip / build / refuse)
     -> open experts (mmap) and base, normalise layouts, refuse mismatches    (nothing written so far)
     -> write model.pt into a unique temporary beside it, one tensor at a time, fsync, verify
+    -> re-check the directory against what the decision saw (decide again if it changed)
     -> write the in-progress marker naming the model.pt replaced and the temporary (their file identities)
     -> remove the previous record, manifest and diagnostics this build replaces
     -> rename the temporary to model.pt -> diagnostics -> native manifest -> .merge-complete.json
