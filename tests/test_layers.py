@@ -21,7 +21,7 @@ BASE, CORE, STEP, FRONT = 0, 1, 2, 3
 # the base only, side by side: none of them imports another.
 LAYERS = {
     "__init__": BASE, "errors": BASE, "jsonio": BASE, "fsutil": BASE, "digest": BASE, "progress": BASE,
-    "testhooks": BASE, "schemas": BASE,
+    "testhooks": BASE, "schemas": BASE, "lock": BASE,
     "records": CORE, "store": CORE, "conversion": CORE,
     "artifact": STEP, "archive": STEP, "merge": STEP, "materialize": STEP, "trainer": STEP, "status": STEP,
     "cli": FRONT, "commands": FRONT, "workflow": FRONT, "__main__": FRONT,

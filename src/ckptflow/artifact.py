@@ -5,6 +5,11 @@ An artifact holds selected components (a consolidated ``model.pt``, DCP shard di
 ``.posttrain-checkpoint-artifact.json``, which is written last: a directory without it is an
 interrupted save, never a committed artifact.
 
+A merge writes its manifest just before its completion record ``.merge-complete.json``; a directory
+holding the merge's in-progress marker ``.merge-in-progress.json`` and no completion record is a merge
+in progress (or one killed in progress) whatever else it holds, never a committed artifact
+(``merge_in_progress``): discovery skips it and publish refuses it, until the merge is rerun.
+
 ``seal_artifact`` commits a manifest for components that some other program already wrote; it is how
 checkpoints from other trainers enter ckptflow.
 """
@@ -21,6 +26,7 @@ from .digest import hash_files
 from .errors import NotFound, Refused, UnsafePath, UsageError
 from .fsutil import resolve_inside, restorable_name_problem, safe_relpath, walk_files
 from .records import manifest as manifest_record
+from .records import merge_progress, merge_record
 
 ITER_DIR_RE = re.compile(r"^iter_(\d+)$")
 COMPONENT_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -47,7 +53,7 @@ def find_runs(root: Path | str) -> dict[str, Path]:
 
 
 def committed_artifacts(runs_root: Path | str) -> list[tuple[str, str]]:
-    """``(run, iter_dir_name)`` of every artifact under ``runs_root`` whose manifest is committed, sorted;
+    """``(run, iter_dir_name)`` of every committed artifact under ``runs_root`` (``is_committed``), sorted;
     the runs are ``find_runs``'s (what ``ckptflow status`` shows, and what the workflow publishes)."""
     found = []
     for run, run_dir in find_runs(runs_root).items():
@@ -56,8 +62,21 @@ def committed_artifacts(runs_root: Path | str) -> list[tuple[str, str]]:
         except OSError:  # removed meanwhile, or not a directory
             continue
         found += [(run, name) for name in names
-                  if ITER_DIR_RE.match(name) and manifest_record.path_in(run_dir / ARTIFACTS_DIR / name).is_file()]
+                  if ITER_DIR_RE.match(name) and is_committed(run_dir / ARTIFACTS_DIR / name)]
     return sorted(found)
+
+
+def is_committed(artifact_dir: Path | str) -> bool:
+    """The manifest is there and no merge is in progress in the directory (``merge_in_progress``)."""
+    return manifest_record.path_in(artifact_dir).is_file() and not merge_in_progress(artifact_dir)
+
+
+def merge_in_progress(artifact_dir: Path | str) -> bool:
+    """A merge is writing ``artifact_dir`` or was killed while it did: its in-progress marker is there and
+    its completion record is not (a manifest it already wrote does not commit the directory)."""
+    marker = merge_progress.path_in(artifact_dir)
+    record = merge_record.path_in(artifact_dir)
+    return os.path.lexists(marker) and not os.path.lexists(record)
 
 
 def iteration_from_dir(artifact_dir: Path) -> int:

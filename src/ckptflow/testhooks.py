@@ -6,7 +6,7 @@ named by ``CKPTFLOW_TEST_PAUSE_FILE`` and wait there until the test removes that
 so a test can act while it waits (kill it, stop a server, run a racing process). Points are named ``<step>:<moment>``, e.g.
 ``publish:after-declaration``. Both variables may hold several points separated by commas.
 ``CKPTFLOW_TEST_DISABLE=<guard>`` switches off a named guard (``disabled``), so a test can show that
-correctness does not depend on it (``materialize:lock``: the per-output lock).
+correctness does not depend on it (``materialize:lock``, ``merge:lock``: the per-output locks).
 """
 
 from __future__ import annotations

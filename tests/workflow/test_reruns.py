@@ -80,6 +80,22 @@ def test_merge_rerun_after_a_failed_job_keeps_the_completed_merge(tmp_path, kit)
     assert sorted(tree_state(flow.artifact())) == sorted(committed)
 
 
+def test_merge_rerun_after_the_merge_was_published_and_pruned_skips_and_rewrites_its_report(tmp_path, kit):
+    archive = tmp_path / "arch"
+    archive.mkdir()
+    flow = _merged(tmp_path / "flow", kit, bucket=f"file://{archive}")
+    flow.ok("prune_all")
+    assert not (flow.artifact() / "model.pt").exists()
+    before = tree_state(flow.artifact())
+    out = flow.ok("merge_experts", "-F", iter=300)  # Snakemake deletes the merge report first
+    assert "rule merge:" in out
+    report = json.loads(flow.report("merge").read_text())
+    assert report["status"] == "skipped" and "pruned" in report["reason"]
+    assert tree_state(flow.artifact()) == before
+    assert flow.planned("merge_experts", iter=300) == []
+    assert flow.planned("prune_all") == []
+
+
 # --------------------------------------------------------------------------------------------- fetch
 
 

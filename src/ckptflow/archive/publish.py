@@ -39,12 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import testhooks
-from ..artifact import iteration_from_dir, refuse_unrestorable_names
+from ..artifact import iteration_from_dir, merge_in_progress, refuse_unrestorable_names
 from ..digest import FileDigest, hash_files, sha256_bytes
 from ..errors import ConflictError, NotFound, Refused, UnsafePath
 from ..fsutil import resolve_inside
 from ..progress import ByteProgress
-from ..records import LegacyRecord, merge_record, utc_timestamp
+from ..records import LegacyRecord, merge_progress, merge_record, utc_timestamp
 from ..records import declaration as declaration_record
 from ..records import legacy_manifest as legacy_record
 from ..records import manifest as manifest_record
@@ -157,6 +157,15 @@ def _check_against_manifest(
     manifest_record.write_manifest(artifact_dir, filled)
     log.info("added missing component digests to %s", manifest_record.path_in(artifact_dir))
     return filled
+
+
+def _refuse_merge_in_progress(artifact_dir: Path) -> None:
+    """Before any read or write of the archive: a merge in progress (or killed) is not committed."""
+    if merge_in_progress(artifact_dir):
+        raise Refused(
+            f"{artifact_dir} holds {merge_progress.FILENAME} and no {merge_record.FILENAME}: a merge is writing it "
+            "or was killed while it did, so it is not a committed artifact; nothing was uploaded",
+            path=str(artifact_dir), remedy="let the merge finish, or rerun the same merge to complete it, then publish")
 
 
 def _read_native_manifest(artifact_dir: Path) -> manifest_record.Manifest:
@@ -356,6 +365,7 @@ def publish_artifact(
     artifact_dir = Path(artifact_dir)
     if not artifact_dir.is_dir():
         raise NotFound(f"artifact directory {artifact_dir} does not exist", remedy="check --artifact-dir")
+    _refuse_merge_in_progress(artifact_dir)
     prefix = artifact_prefix(upload_prefix, artifact_dir.name)
     dest = receipt_record.ReceiptDestination.at(store.destination, prefix)
     refuse_overlapping_archive(store, artifact_dir)

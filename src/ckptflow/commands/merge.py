@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from .. import __version__
+from ..lock import DEFAULT_WAIT_SECONDS
 from . import require_extra
 from .summary import block, human_bytes, plural
 
@@ -23,6 +24,8 @@ def register(sub) -> None:
     s.add_argument("--diag", metavar="PATH", help="write per-tensor delta diagnostics as JSON; --mode tv only")
     s.add_argument("--force", action="store_true",
                    help="replace a completed merge of a different request, an older tool's, or a foreign artifact")
+    s.add_argument("--lock-wait-seconds", type=float, default=DEFAULT_WAIT_SECONDS, metavar="S",
+                   help=f"wait up to S seconds for another merge of the same output (default {DEFAULT_WAIT_SECONDS:g})")
     s.set_defaults(func=run)
 
 
@@ -33,7 +36,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     experts = [e.strip() for e in args.experts.split(",") if e.strip()]
     result = merge_experts(
         args.mode, experts, args.out, base=args.base, lam=args.lam, iteration=args.iteration, diag=args.diag,
-        force=args.force,
+        force=args.force, lock_wait_seconds=args.lock_wait_seconds,
     )
     return report(result)
 

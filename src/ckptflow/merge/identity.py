@@ -12,7 +12,10 @@ tool version that wrote the record. Rules, in this order:
   ``.merge-in-progress.json`` names that very file (device, inode, size, mtime), or merge's own native
   manifest lists its size and SHA-256. Any other ``model.pt`` (a user's own, unsealed) is **refused**,
   even with ``--force``: it may be the only copy;
-* a record of the same request whose outputs differ or are missing -> damaged -> **build**;
+* a record of the same request whose ``model.pt`` was pruned after publication (absent, while the
+  record, the native manifest and the receipt ``.uploaded`` agree on its size and digest and the receipt
+  binds this very manifest and record: what ``prune-verified`` leaves) -> complete -> **skip**;
+* a record of the same request whose outputs differ or are missing otherwise -> damaged -> **build**;
 * a record of a different request, of another tool version, from an older tool (no protocol), or one
   that cannot be read -> **refused** unless ``--force``, naming both identities;
 * whatever the above, a build in a directory that was published (``.uploaded`` or
@@ -27,9 +30,10 @@ from pathlib import Path
 
 from .. import __version__
 from ..digest import sha256_file
-from ..errors import InvalidRecord, NotFound, Refused
+from ..errors import CkptflowError, InvalidRecord, NotFound, Refused
 from ..records import manifest as manifest_record
 from ..records import merge_progress, merge_record
+from ..records import receipt as receipt_record
 from ..records.inventory import damaged_entry
 from ..records.merge_record import LegacyRecord, MergeRecord, MergeRequest
 
@@ -140,10 +144,63 @@ def _decide(artifact_dir: Path, request: MergeRequest, *, diag: Path | None, dia
                 "or merge into another iter_* directory",
             )
         return Decision("build", f"forced: replaces request {short(old_identity)}", record, old_identity)
-    problem = damaged_outputs(artifact_dir, record) or _diag_problem(record, diag, diag_rel)
+    pruned = pruned_after_publication(artifact_dir, record)
+    problem = (None if pruned else damaged_outputs(artifact_dir, record)) or _diag_problem(record, diag, diag_rel)
     if problem:
         return Decision("build", f"rebuilt: {problem}", record, old_identity)
+    if pruned:
+        return Decision("skip", f"the same request's output is complete: published ({receipt_record.FILENAME}) and "
+                        f"its {MODEL_NAME} pruned after the archive was verified", record, old_identity)
     return Decision("skip", "the same request's output is complete and intact", record, old_identity)
+
+
+def pruned_after_publication(artifact_dir: Path, record: MergeRecord) -> bool:
+    """Whether ``model.pt`` is absent because it was pruned after a verified publication: the native
+    manifest names the record's model.pt (size and digest), the receipt lists the same size and digest for
+    it, and binds this very manifest and merge record (their bytes re-hashed) and every other recorded
+    output, which is still here and intact. Anything else missing is damage, not a prune."""
+    model = artifact_dir / MODEL_NAME
+    if os.path.lexists(model) or not receipt_record.path_in(artifact_dir).is_file():
+        return False
+    try:
+        receipt = receipt_record.read_receipt(artifact_dir)
+        manifest = manifest_record.read_manifest(artifact_dir)
+    except (CkptflowError, OSError):  # no artifact receipt (legacy, full-checkpoint, unreadable): no proof
+        return False
+    outputs = {e.path: e for e in record.outputs}
+    component = manifest.components.get("model")
+    recorded = outputs.get(MODEL_NAME)
+    if recorded is None or component is None or component.path != MODEL_NAME or (
+            getattr(component, "size", None), getattr(component, "sha256", None)) != (recorded.size, recorded.sha256):
+        return False
+    for name in (manifest_record.FILENAME, merge_record.FILENAME):
+        entry, path = receipt.entry(name), artifact_dir / name
+        if entry is None or not path.is_file() or path.stat().st_size != entry.size or sha256_file(path).sha256 != entry.sha256:
+            return False
+    for out in record.outputs:
+        entry = receipt.entry(out.path)
+        if entry is None or (entry.size, entry.sha256) != (out.size, out.sha256):
+            return False
+    others = [e for e in record.outputs if e.path != MODEL_NAME]
+    return damaged_entry(artifact_dir, others, record="the record", rehash=True) is None
+
+
+# What the commit's re-check compares: the files whose change means another writer was here.
+WATCHED = (merge_record.FILENAME, manifest_record.FILENAME, MODEL_NAME, merge_progress.FILENAME, *PUBLISHED_MARKERS)
+
+
+def directory_state(artifact_dir: Path) -> tuple[tuple[int, int, int] | None, ...]:
+    """(inode, size, mtime) of each watched file, None where absent: every record is written by an atomic
+    rename (a new inode), so a record another process committed meanwhile changes this state."""
+    state: list[tuple[int, int, int] | None] = []
+    for name in WATCHED:
+        try:
+            st = os.stat(artifact_dir / name, follow_symlinks=False)
+        except OSError:
+            state.append(None)
+            continue
+        state.append((st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(state)
 
 
 def _without_record(artifact_dir: Path, force: bool) -> Decision:

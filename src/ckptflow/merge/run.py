@@ -2,9 +2,10 @@
 
 Order of work (each step only after the previous one succeeded)::
 
-    check arguments -> read base identity -> hash experts -> decide (skip / build / refuse)
+    check arguments -> take the output's lock -> read base identity -> hash experts -> decide (skip / build / refuse)
     -> open experts (mmap) and base, normalise layouts, refuse mismatches    (nothing written so far)
     -> write model.pt into a unique temporary beside it, one tensor at a time, fsync, verify
+    -> re-check the directory against what the decision saw (decide again if it changed)
     -> write the in-progress marker naming the model.pt replaced and the temporary (their file identities)
     -> remove the previous record, manifest and diagnostics this build replaces
     -> rename the temporary to model.pt -> diagnostics -> native manifest -> .merge-complete.json
@@ -16,6 +17,13 @@ model.pt nothing proves is refused, see ``identity``). Temporaries of dead proce
 When no merge record is there, the decision cannot depend on the request, so the experts are hashed in
 a background thread while the merge runs; ``_check_unchanged`` proves the files hashed are the files
 merged (same inode, size and mtime before hashing and after the write).
+
+One merger per output: the whole request (decision, build, commit) runs under ``iter_N.merge.lock``
+beside the artifact directory (``ckptflow.lock``: pid, host and start time of its holder; a second
+request waits up to ``--lock-wait-seconds``, then is refused naming it). The lock is an optimisation, not
+the guarantee (``flock`` may be a no-op on a cluster file system): just before its commit a build compares
+the directory with what it saw when it decided and, if anything changed (another merge committed, the
+artifact was published), decides again from what is there now (skip, refuse, or build over it).
 """
 
 from __future__ import annotations
@@ -32,16 +40,25 @@ from pathlib import Path
 from .. import __version__, testhooks
 from ..artifact import iteration_from_dir
 from ..digest import FileDigest, default_workers, sha256_file
-from ..errors import NotFound, Refused, UnsafePath, UsageError, VerificationFailed
+from ..errors import (
+    ConflictError,
+    InvalidRecord,
+    NotFound,
+    Refused,
+    UnsafePath,
+    UsageError,
+    VerificationFailed,
+)
 from ..fsutil import atomic_write_bytes, dead_temporaries, fsync_dir, unique_temp_path
 from ..jsonio import encode_json
+from ..lock import DEFAULT_WAIT_SECONDS, check_wait_seconds, held_lock
 from ..progress import ByteProgress
 from ..records import manifest as manifest_record
 from ..records import merge_progress, merge_record
 from ..records.inventory import FileEntry
 from ..records.merge_record import BaseIdentity, Expert, MergeRecord, MergeRequest
 from .build import plan_merge, write_merged
-from .identity import MODEL_NAME, PRODUCER, Decision, decide, decide_without_record
+from .identity import MODEL_NAME, PRODUCER, Decision, decide, decide_without_record, directory_state
 from .methods import METHODS
 from .reader import BaseModel
 
@@ -79,17 +96,36 @@ def merge_experts(
     diag: str | Path | None = None,
     force: bool = False,
     progress: bool | None = None,
+    lock_wait_seconds: float = DEFAULT_WAIT_SECONDS,
 ) -> MergeResult:
     """Merge ``experts`` into ``out`` (``<...>/iter_N/model.pt``) and commit the artifact.
 
     ``mode`` is ``"avg"`` (uniform average; no base) or ``"tv"`` (``base + lam * sum(expert - base)``,
     ``lam`` defaulting to 1.0, ``base`` a Hugging Face directory). Returns what was done; raises
-    ``UsageError`` for inconsistent arguments and ``Refused`` when the request must not run.
+    ``UsageError`` for inconsistent arguments and ``Refused`` when the request must not run (also when
+    another merge of the same output still holds its lock after ``lock_wait_seconds``).
     """
     out, experts_abs, base_dir, lam, diag_path = _check_arguments(mode, experts, out, base, lam, diag)
-    artifact_dir = out.parent
+    wait = check_wait_seconds(lock_wait_seconds)
     dir_iteration = _check_output(out, iteration)
+    artifact_dir = out.parent
+    with held_lock(lock_path(artifact_dir), wait, step="merge", busy=f"{artifact_dir} is being merged by another request",
+                   remedy="let that merge finish, then rerun (it skips once the same request is complete), "
+                   "or raise --lock-wait-seconds"):
+        return _merge_locked(mode, experts_abs, out, base_dir, lam, dir_iteration, diag_path, force, progress)
+
+
+def lock_path(artifact_dir: Path) -> Path:
+    """``iter_N.merge.lock`` beside the artifact directory: never inside it, so it is neither published
+    nor pruned, and it exists before the directory does."""
+    return artifact_dir.with_name(artifact_dir.name + ".merge.lock")
+
+
+def _merge_locked(mode: str, experts_abs: list[Path], out: Path, base_dir: Path | None, lam: float | None,
+                  dir_iteration: int, diag_path: Path | None, force: bool, progress: bool | None) -> MergeResult:
+    artifact_dir = out.parent
     diag_rel = _relative_inside(diag_path, artifact_dir) if diag_path is not None else None
+    seen = directory_state(artifact_dir)  # before deciding: any later change is seen by the commit's re-check
 
     base_model = BaseModel(base_dir) if base_dir is not None else None
     before = {p: _file_state(p) for p in experts_abs}
@@ -109,10 +145,7 @@ def merge_experts(
         request = make_request(_hash_experts(experts_abs, progress))
         decision = decide(artifact_dir, request, diag=diag_path, diag_rel=diag_rel, force=force)
         if decision.action == "skip":
-            model = next(e for e in decision.previous.outputs if e.path == MODEL_NAME)
-            log.info("merge %s: %s", request.identity()[:12], decision.reason)
-            return MergeResult("skipped", decision.reason, artifact_dir, out, request, request.identity(),
-                               None, model, diag_path, base_dir)
+            return _skipped(decision, artifact_dir, out, request, diag_path, base_dir)
     else:  # nothing to compare with: hash the experts while the merge runs
         hashing, stop = ThreadPoolExecutor(max_workers=1, thread_name_prefix="merge-sha256"), threading.Event()
         pending = hashing.submit(_hash_experts, experts_abs, progress, stop)
@@ -129,6 +162,12 @@ def merge_experts(
                 request = make_request(pending.result())
             _check_unchanged(before)
             testhooks.reached("merge:after-model-write")
+            if directory_state(artifact_dir) != seen:  # another writer was here meanwhile: decide again
+                decision = decide(artifact_dir, request, diag=diag_path, diag_rel=diag_rel, force=force)
+                log.info("merge %s: %s changed while this request was built; now: %s", request.identity()[:12],
+                         artifact_dir, decision.reason)
+                if decision.action == "skip":
+                    return _skipped(decision, artifact_dir, out, request, diag_path, base_dir)
             _commit(artifact_dir, out, tmp, request, model_digest, decision, diag_path, diag_rel, diag_doc)
         finally:
             if tmp.exists():
@@ -142,6 +181,14 @@ def merge_experts(
     return MergeResult("built", decision.reason, artifact_dir, out, request, identity, decision.previous_identity,
                        model, diag_path, base_dir, layout=plan.layout, inputs_normalised=plan.normalised,
                        tensors=len(plan.outputs), removed_temporaries=removed)
+
+
+def _skipped(decision: Decision, artifact_dir: Path, out: Path, request: MergeRequest, diag_path: Path | None,
+             base_dir: Path | None) -> MergeResult:
+    model = next(e for e in decision.previous.outputs if e.path == MODEL_NAME)
+    log.info("merge %s: %s", request.identity()[:12], decision.reason)
+    return MergeResult("skipped", decision.reason, artifact_dir, out, request, request.identity(),
+                       None, model, diag_path, base_dir)
 
 
 def _check_arguments(mode, experts, out, base, lam, diag):
@@ -265,7 +312,8 @@ def _commit(artifact_dir: Path, out: Path, tmp: Path, request: MergeRequest, mod
     states = [merge_progress.FileState.of(tmp)]
     if out.is_file() and not out.is_symlink():
         states.insert(0, merge_progress.FileState.of(out))
-    merge_progress.write_merge_progress(artifact_dir, merge_progress.MergeProgress(tuple(states)))
+    marker = merge_progress.MergeProgress(tuple(states))
+    merge_progress.write_merge_progress(artifact_dir, marker)
     # From here the directory is uncommitted: a kill leaves something the same command rebuilds.
     for path in (record_path, manifest_path):
         if path.exists() or path.is_symlink():
@@ -291,10 +339,30 @@ def _commit(artifact_dir: Path, out: Path, tmp: Path, request: MergeRequest, mod
         "components": {"model": {"format": "file", "path": MODEL_NAME, "size": model.size, "sha256": model.sha256}},
         "producer": {"tool": PRODUCER, "version": __version__},
     })
+    _require_own_marker(artifact_dir, marker)
     manifest_record.write_manifest(artifact_dir, manifest)
     testhooks.reached("merge:after-manifest")
+    _require_own_marker(artifact_dir, marker)
     merge_record.write_merge_record(
         artifact_dir, MergeRecord(tool_version=__version__, request=request, outputs=tuple(outputs), diag=diag_rel)
     )
-    merge_progress.path_in(artifact_dir).unlink()
+    _require_own_marker(artifact_dir, marker)
+    merge_progress.path_in(artifact_dir).unlink()  # ours: it names the model.pt this commit wrote and the one it replaced
+
+
+def _require_own_marker(artifact_dir: Path, marker: merge_progress.MergeProgress) -> None:
+    """Before each record this commit writes: the in-progress marker is still the one it wrote. One that is
+    gone or names other files was written by a merge that committed into the same directory meanwhile (the
+    lock was not effective): its files are left as they are and this merge writes no record over them."""
+    path = merge_progress.path_in(artifact_dir)
+    try:
+        mine = merge_progress.read_merge_progress(path) == marker
+    except (NotFound, InvalidRecord):
+        mine = False
+    if not mine:
+        raise ConflictError(
+            f"{artifact_dir}: another merge committed into this directory while this one did ({path} is not the "
+            f"marker this merge wrote); the lock file {lock_path(artifact_dir)} is not effective on this file system",
+            path=str(artifact_dir), remedy="rerun the merge: it completes, skips or refuses by the record now there, "
+            "and mount the file system with flock support")
 

@@ -6,7 +6,7 @@ payload file and a few small record reads)::
     <root>/<run>/checkpoint_artifacts/iter_N/     run = <project>/<group>/<run>/<ts>
         .posttrain-checkpoint-artifact.json       local: committed (a directory without it: incomplete)
         .merge-complete.json                      merged: the request's mode and number of experts
-        .merge-in-progress.json                   merged: in progress
+        .merge-in-progress.json                   merged: in progress (without .merge-complete.json: local incomplete)
         .uploaded                                 published: receipt, or a legacy plain-text marker
         the manifest's payload files              pruned (gone while a receipt is kept); local size
     <reports_dir>/verify/<run>/iter_N.json        verified: the latest verify report and its time

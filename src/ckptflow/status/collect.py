@@ -150,6 +150,10 @@ def _read_manifest(row: Row, path: Path, entries: dict[str, os.DirEntry]) -> Man
     except (CkptflowError, OSError) as exc:
         row.local = cell(CORRUPT, str(exc))
         return None
+    if merge_progress.FILENAME in entries and MERGE_RECORD_FILENAME not in entries:  # artifact.merge_in_progress
+        row.local = cell("incomplete", f"{path / merge_progress.FILENAME} without {MERGE_RECORD_FILENAME}: a merge is "
+                         "in progress or was killed; rerun the same merge to complete it")
+        return None
     row.local = cell("committed")
     return manifest
 

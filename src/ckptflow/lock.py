@@ -1,0 +1,186 @@
+"""One writer per output: a lock file beside the output, taken with ``fcntl.flock`` (materialize's
+``<out>.lock``, merge's ``iter_N.merge.lock``).
+
+The lock file is created with ``O_CREAT|O_EXCL``; once its creator holds the flock, it writes its record
+(pid, host, start time and a random token) into the new, empty file. An existing file is never truncated.
+A request that finds the lock file already there:
+
+- refuses by name when it is not a lock (any content other than a lock record or nothing): a user's
+  file of that name is left byte-identical;
+- waits for its flock (up to ``--lock-wait-seconds``, then refuses naming the holder);
+- once it holds the flock on a lock record, that record's holder is gone (killed): the stale lock is
+  unlinked (it is a lock record, and no process holds it) and a fresh one created;
+- an empty file it did not create is held as it is (it may be a user's), never written nor removed.
+
+After taking the flock the request checks that the path still names the inode it locked (a releasing
+holder may have unlinked it meanwhile), else it starts over. When the block ends (done, refused or
+failed) the lock file goes, under the flock, only while it is still ours: the path names our inode and
+the record holds our token. So a finished or refused request leaves nothing beside the output; a
+SIGKILLed one leaves its record, which the next request replaces as above.
+
+The lock is an optimisation, not the guarantee: ``flock`` is silently ineffective on some cluster file
+systems; every publishing step stays one rename of a uniquely named tree, and merge re-checks its decision
+just before its commit, so two requests that both get the lock still never discard each other's published
+output. The file system should support flock (Lustre: the ``flock`` mount option) for the skip/refuse
+decision to be taken by one request at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import math
+import os
+import secrets
+import socket
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+
+from . import testhooks
+from .errors import Refused, UsageError
+
+log = logging.getLogger("ckptflow.lock")
+
+DEFAULT_WAIT_SECONDS = 120.0
+POLL_SECONDS = 0.2
+
+
+def check_wait_seconds(value: object) -> float:
+    """``--lock-wait-seconds``: a finite number >= 0 (``inf``, ``nan`` and negatives are usage errors)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise UsageError(f"--lock-wait-seconds must be a finite number of seconds >= 0, got {value!r}",
+                         remedy="pass e.g. --lock-wait-seconds 120 (0: do not wait)")
+    return float(value)
+
+
+def _record(fd: int) -> dict | None:
+    """The lock record in ``fd``; ``{}`` when the file is empty; None when it is something else."""
+    data = os.pread(fd, 4097, 0)
+    if not data:
+        return {}
+    try:
+        record = json.loads(data.decode("utf-8"))
+    except ValueError:
+        return None
+    if (len(data) > 4096 or not isinstance(record, dict) or not {"pid", "host", "started"} <= set(record)
+            or not set(record) <= {"pid", "host", "started", "token"}):
+        return None
+    return record
+
+
+def _holder(fd: int) -> str:
+    try:
+        data = _record(fd)
+        return f"pid {data['pid']} on host {data['host']}, started {data['started']}"
+    except (OSError, KeyError, TypeError):
+        return "a holder that has not written its name yet"
+
+
+def _open(path: Path) -> tuple[int, bool]:
+    """``(fd, created)``: a new lock file, or the existing one opened as it is (no O_TRUNC)."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+    while True:
+        try:
+            try:
+                return os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644), True
+            except FileExistsError:
+                return os.open(path, flags), False
+        except FileNotFoundError:
+            continue  # unlinked by its releasing holder between the two opens
+        except OSError as exc:
+            what = "is a symlink" if exc.errno == errno.ELOOP else f"cannot be opened ({exc.strerror})"
+            raise Refused(f"the lock file {path} {what}", path=str(path),
+                          remedy="make it a regular file this user can write (or remove it), then rerun") from None
+
+
+def _still_at(fd: int, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.stat(path, follow_symlinks=False), os.fstat(fd))
+    except FileNotFoundError:
+        return False
+
+
+def _refuse_foreign(fd: int, path: Path) -> None:
+    if _record(fd) is None:
+        raise Refused(f"{path} exists and is not a ckptflow lock (its content is not a lock record); it was "
+                      "left as it is and nothing was changed", path=str(path),
+                      remedy=f"move that file elsewhere (ckptflow keeps a lock at {path.name}), then rerun")
+
+
+@contextlib.contextmanager
+def held_lock(path: Path, wait_seconds: float, *, step: str, busy: str, remedy: str) -> Iterator[Path | None]:
+    """Hold the lock file ``path`` for the block; wait up to ``wait_seconds`` (polling) for another holder,
+    then raise ``Refused`` naming it (nothing touched): ``"<busy> (<holder>): <path> was still held ..."``.
+    ``step`` names the test guard (``<step>:lock``, see ``testhooks.disabled``) and the pause point reached
+    when the lock is found held (``<step>:lock-wait``). Yields the lock's path (None when a test disabled it).
+    The lock file goes when the block ends, if it is still the one this request created."""
+    if testhooks.disabled(f"{step}:lock"):
+        yield None
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + wait_seconds
+    waited = [False]  # the wait is announced (log, test point) once, however often the lock is re-taken
+    while True:
+        fd, created = _open(path)
+        try:
+            if not created:
+                _refuse_foreign(fd, path)
+            _acquire(fd, path, wait_seconds, deadline, waited, step, busy, remedy)
+            if not _still_at(fd, path):
+                continue  # released and unlinked by its holder meanwhile: lock the file there now
+            found = _record(fd)
+            if found is None:
+                _refuse_foreign(fd, path)
+            token = None
+            if created and not found:
+                # The file this request created, still empty and flocked by it: only now is the holder
+                # written, so nobody can take a record of ours for the lock of a killed holder.
+                token = secrets.token_hex(16)
+                started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+                record = {"pid": os.getpid(), "host": socket.gethostname(), "started": started, "token": token}
+                os.pwrite(fd, (json.dumps(record) + "\n").encode("utf-8"), 0)
+            elif found:
+                # A lock record nobody holds (we hold its flock): its holder was killed. Replace it.
+                os.unlink(path)
+                continue
+            try:
+                yield path
+            finally:
+                _release(fd, path, token)
+            return
+        finally:
+            os.close(fd)  # releases the flock
+
+
+def _release(fd: int, path: Path, token: str | None) -> None:
+    """Remove the lock file, under its flock, while it is provably ours: our inode, our token."""
+    if token is None or not _still_at(fd, path):
+        return
+    found = _record(fd)
+    if found and found.get("token") == token:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def _acquire(fd: int, path: Path, wait_seconds: float, deadline: float, waited: list[bool], step: str,
+             busy: str, remedy: str) -> None:
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        if not waited[0]:
+            waited[0] = True
+            log.info("waiting up to %g s for %s, held by %s", wait_seconds, path, _holder(fd))
+            testhooks.reached(f"{step}:lock-wait")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise Refused(f"{busy} ({_holder(fd)}): {path} was still held after {wait_seconds:g} s "
+                          "(--lock-wait-seconds); nothing was changed", path=str(path), remedy=remedy)
+        time.sleep(min(POLL_SECONDS, left))
