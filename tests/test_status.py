@@ -14,6 +14,7 @@ import pytest
 
 from ckptflow.archive.fetch import fetch_artifact
 from ckptflow.archive.publish import publish_artifact
+from ckptflow.digest import sha256_bytes
 from ckptflow.errors import NotFound
 from ckptflow.jsonio import validate
 from ckptflow.records import LegacyRecord, merge_progress, merge_record
@@ -55,6 +56,7 @@ def write_merge_record(artifact: Path, *, mode: str = "tv", experts: int = 3) ->
 
 def write_teacher(teacher: Path, source_uri: str | None) -> None:
     teacher.mkdir(parents=True)
+    (teacher / "model.safetensors").write_bytes(b"s" * 1000)  # the shard the record names, at its size
     materialized_record.write_materialized(teacher, materialized_record.Materialized(
         conversion_version="1",
         source=materialized_record.SourceIdentity(source_uri, SHA, 1234),
@@ -364,13 +366,15 @@ def write_minimal_artifacts(root: Path, count: int, *, runs: int = 4) -> None:
         art.mkdir(parents=True)
         manifest = manifest_record.Manifest(iteration=i, components={
             "model": manifest_record.FileComponent("model.pt", 4, SHA)})
-        (art / manifest_record.FILENAME).write_bytes(manifest_record.encode_manifest(manifest))
+        data = manifest_record.encode_manifest(manifest)
+        (art / manifest_record.FILENAME).write_bytes(data)
         if i % 5:
             (art / "model.pt").write_bytes(b"abcd")
-        if i % 3 == 0:
+        if i % 3 == 0:  # bound to its artifact as publication binds it: the manifest's digest, its iter_N
             receipt = receipt_record.Receipt(
                 receipt_record.ReceiptDestination("s3", "s3.example:443", "b", f"p/iter_{i:06d}"), SHA,
-                (FileEntry("model.pt", 4, SHA),), "2026-01-01T00:00:00Z")
+                (FileEntry("model.pt", 4, SHA), FileEntry(manifest_record.FILENAME, len(data), sha256_bytes(data))),
+                "2026-01-01T00:00:00Z")
             (art / receipt_record.FILENAME).write_bytes(receipt_record.encode_receipt(receipt))
 
 
@@ -382,6 +386,8 @@ def test_a_thousand_artifacts_are_counted_right(tmp_path):
     assert counts["published"] == 334  # i % 3 == 0 for i in 0..999
     assert counts["pruned"] == 67  # i % 15 == 0
     assert sum(r["pruned"]["state"] == "missing" for r in report["rows"]) == 200 - 67
-    assert report["local_bytes"] == 800 * 4 and report["archived_bytes"] == 334 * 4
+    manifests = sum(os.stat(r["artifact_dir"] + "/" + manifest_record.FILENAME).st_size
+                    for r in report["rows"] if r["iteration"] % 3 == 0)
+    assert report["local_bytes"] == 800 * 4 and report["archived_bytes"] == 334 * 4 + manifests
     assert [r["iteration"] for r in report["rows"] if r["run"].endswith("run1/20261129T000000Z")][:3] == [1, 5, 9]
 
