@@ -110,7 +110,11 @@ def test_the_table_is_rebuilt_when_a_payload_is_pruned_or_lost_behind_the_workfl
     pruned = run_cli("prune-verified", "--paths", str(art), env=flow.env)  # the CLI writes no record
     assert pruned.returncode == 0 and pruned.report["removed"], pruned.stderr
     assert flow.planned() == ["status", "all"]
+    report = flow.root / "report.html"
+    assert "status.json is out of date" in flow.fails("--report", str(report))  # never an old table
+    assert not report.exists()
     flow.ok()
+    flow.ok("--report", str(report))
     rows = {r["iteration"]: r for r in json.loads((flow.root / "reports" / "status.json").read_text())["rows"]}
     assert rows[300]["pruned"]["state"] == "pruned"
     assert flow.planned() == []
