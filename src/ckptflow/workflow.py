@@ -10,7 +10,7 @@ their own records (``.merge-complete.json``, ``.staged.json``, ``.materialized``
 
 The planning helpers at the top (``normalise_config``, ``resolve_run``, ``teacher_source``,
 ``records_fingerprint``) are what the named input functions of ``rules/common.smk`` call: they read
-records only and never contact a store.
+records (and stat the files records name) only and never contact a store.
 """
 
 from __future__ import annotations
