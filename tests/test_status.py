@@ -55,12 +55,14 @@ def write_merge_record(artifact: Path, *, mode: str = "tv", experts: int = 3) ->
     ))
 
 
-def write_teacher(teacher: Path, source_uri: str | None) -> None:
+def write_teacher(teacher: Path, source_uri: str | None, model: Path | None = None) -> None:
+    """A teacher record built from ``model`` (an artifact's model.pt: its digest and size), else from SHA."""
     teacher.mkdir(parents=True)
     (teacher / "model.safetensors").write_bytes(b"s" * 1000)  # the shard the record names, at its size
+    source = (sha256_bytes(model.read_bytes()), model.stat().st_size) if model else (SHA, 1234)
     materialized_record.write_materialized(teacher, materialized_record.Materialized(
         conversion_version="1",
-        source=materialized_record.SourceIdentity(source_uri, SHA, 1234),
+        source=materialized_record.SourceIdentity(source_uri, *source),
         base=materialized_record.BaseModelIdentity("/models/base", SHA, None),
         options={"unified_chat_template": False},
         shards=(FileEntry("model.safetensors", 1000, SHA),),
@@ -98,7 +100,7 @@ def runs(tmp_path) -> dict[str, Path]:
     receipt_record.write_receipt(arts[600], receipt)  # newer than its verify report
     uri = f"{bucket}/{ARTIFACT_PREFIX.replace('iter_000300', 'iter_000500')}"
     fetch_artifact(uri, stage / RUN, progress=False)
-    write_teacher(teachers / RUN / "iter_000500", uri)
+    write_teacher(teachers / RUN / "iter_000500", uri, stage / RUN / "iter_000500" / "model.pt")
     write_teacher(teachers / OTHER_RUN / "iter_000700", None)
     return {"root": root, "run": run_dir, "reports": reports, "stage": stage, "teachers": teachers, "archive": archive}
 
@@ -467,3 +469,13 @@ def test_a_payload_of_another_size_makes_the_local_artifact_damaged(runs):
     rows, got = cli_states(runs)
     assert got[(RUN, 300)]["local"] == "damaged" and "model.pt has 300001 bytes" in rows[(RUN, 300)]["local"]["detail"]
     assert got[(RUN, 100)]["local"] == "committed"
+
+
+def test_a_teacher_built_from_another_model_than_the_artifacts_is_foreign(runs):
+    """A teacher of iteration 600 built from iteration 500's archive (what a copied receipt led to)."""
+    uri_500 = run_cli(*cli_args(runs)).report["rows"][4]["staged"]["source_uri"]
+    write_teacher(runs["teachers"] / RUN / "iter_000600", uri_500, runs["stage"] / RUN / "iter_000500" / "model.pt")
+    rows, got = cli_states(runs)
+    assert got[(RUN, 600)]["materialized"] == "foreign" and got[(RUN, 500)]["materialized"] == "materialized"
+    assert "was built from a model.pt of sha256" in rows[(RUN, 600)]["materialized"]["detail"]
+    assert run_cli(*cli_args(runs)).report["counts"]["materialized"] == 2  # 500's and 700's

@@ -80,6 +80,8 @@ def collect_status(
             for run, iteration, name, path in _find_iters(Path(base), scope, pattern, dirs=dirs):
                 reader(row(run, iteration, name.removesuffix(".json")), path)
     ordered = [rows[k] for k in sorted(rows)]
+    for r in ordered:
+        _check_teacher_source(r)
     if verify_with is not None:
         for r in ordered:
             if r.artifact_dir is not None and r.published["state"] != NONE:
@@ -135,6 +137,8 @@ def _read_artifact(row: Row, path: Path) -> None:
     _read_receipt(row, path, entries, manifest)
     if manifest is not None:
         _read_payloads(row, path, manifest[1])
+        model = manifest[1].components.get("model")
+        row.model_sha256 = getattr(model, "sha256", None)
     elif row.local["state"] != CORRUPT:
         row.local_bytes = _tree_bytes(path)
 
@@ -339,9 +343,22 @@ def _read_teacher(row: Row, path: Path) -> None:
     else:
         fields = {"path": str(path), "source_uri": record.source.uri,
                   "source": "archive" if record.source.uri else "local", "tensors": record.tensor_count}
+        row.teacher_sha256 = record.source.sha256
         problem = _check_files(path, record.shards, ".materialized")
         row.materialized = (cell(problem[0], problem[1] + ": materialize it again (the same request rebuilds a damaged teacher)", **fields)
                             if problem else cell("materialized", **fields))
+
+
+def _check_teacher_source(row: Row) -> None:
+    """A teacher built from another model than the one this artifact's manifest records (e.g. from the
+    archive a copied receipt named) is not this iteration's teacher: ``foreign``."""
+    if row.model_sha256 is None or row.teacher_sha256 is None or row.model_sha256 == row.teacher_sha256:
+        return
+    if row.materialized["state"] in ("materialized", "partial", "damaged"):
+        fields = {k: v for k, v in row.materialized.items() if k not in ("state", "detail")}
+        row.materialized = cell("foreign", f"{row.materialized['path']} was built from a model.pt of sha256 "
+                                f"{row.teacher_sha256}; the manifest of {row.artifact_dir} records {row.model_sha256}: "
+                                "materialize this artifact again (with force) to replace it", **fields)
 
 
 def _verify_live(row: Row, verify_with: Callable[[Any], Any]) -> None:
