@@ -1,4 +1,5 @@
 import os
+import sys
 from functools import cache
 
 from snakemake.utils import validate
@@ -186,5 +187,17 @@ def get_teacher_out(wildcards):
 
 
 def get_records_fingerprint(wildcards):
-    """The status rule's rerun trigger: it reruns when any record it reads changed."""
-    return ckptflow_workflow.records_fingerprint(RUNS, REPORTS, STAGE, TEACHERS)
+    """The status rule's rerun trigger: it reruns when what status would print changed (a record, or a
+    file a record names gone or resized). `--report` runs no job, so it refuses a table that is out of
+    date instead of embedding it.
+    """
+    current = ckptflow_workflow.records_fingerprint(RUNS, REPORTS, STAGE, TEACHERS)
+    if "--report" in sys.argv and os.path.exists(f"{REPORTS}/status.json"):
+        recorded = workflow.persistence.params(rules.status.output.json) or []
+        if not any(current in str(value) for value in recorded):
+            raise UsageError(
+                f"{REPORTS}/status.json is out of date: a record, or a file a record names, "
+                "changed since the status table was written",
+                remedy="run `snakemake` (the status table) first, then `snakemake --report`",
+            )
+    return current

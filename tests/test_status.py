@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import shutil
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ import pytest
 
 from ckptflow.archive.fetch import fetch_artifact
 from ckptflow.archive.publish import publish_artifact
+from ckptflow.digest import sha256_bytes
 from ckptflow.errors import NotFound
 from ckptflow.jsonio import validate
 from ckptflow.records import LegacyRecord, merge_progress, merge_record
@@ -53,11 +55,14 @@ def write_merge_record(artifact: Path, *, mode: str = "tv", experts: int = 3) ->
     ))
 
 
-def write_teacher(teacher: Path, source_uri: str | None) -> None:
+def write_teacher(teacher: Path, source_uri: str | None, model: Path | None = None) -> None:
+    """A teacher record built from ``model`` (an artifact's model.pt: its digest and size), else from SHA."""
     teacher.mkdir(parents=True)
+    (teacher / "model.safetensors").write_bytes(b"s" * 1000)  # the shard the record names, at its size
+    source = (sha256_bytes(model.read_bytes()), model.stat().st_size) if model else (SHA, 1234)
     materialized_record.write_materialized(teacher, materialized_record.Materialized(
         conversion_version="1",
-        source=materialized_record.SourceIdentity(source_uri, SHA, 1234),
+        source=materialized_record.SourceIdentity(source_uri, *source),
         base=materialized_record.BaseModelIdentity("/models/base", SHA, None),
         options={"unified_chat_template": False},
         shards=(FileEntry("model.safetensors", 1000, SHA),),
@@ -95,7 +100,7 @@ def runs(tmp_path) -> dict[str, Path]:
     receipt_record.write_receipt(arts[600], receipt)  # newer than its verify report
     uri = f"{bucket}/{ARTIFACT_PREFIX.replace('iter_000300', 'iter_000500')}"
     fetch_artifact(uri, stage / RUN, progress=False)
-    write_teacher(teachers / RUN / "iter_000500", uri)
+    write_teacher(teachers / RUN / "iter_000500", uri, stage / RUN / "iter_000500" / "model.pt")
     write_teacher(teachers / OTHER_RUN / "iter_000700", None)
     return {"root": root, "run": run_dir, "reports": reports, "stage": stage, "teachers": teachers, "archive": archive}
 
@@ -364,13 +369,15 @@ def write_minimal_artifacts(root: Path, count: int, *, runs: int = 4) -> None:
         art.mkdir(parents=True)
         manifest = manifest_record.Manifest(iteration=i, components={
             "model": manifest_record.FileComponent("model.pt", 4, SHA)})
-        (art / manifest_record.FILENAME).write_bytes(manifest_record.encode_manifest(manifest))
+        data = manifest_record.encode_manifest(manifest)
+        (art / manifest_record.FILENAME).write_bytes(data)
         if i % 5:
             (art / "model.pt").write_bytes(b"abcd")
-        if i % 3 == 0:
+        if i % 3 == 0:  # bound to its artifact as publication binds it: the manifest's digest, its iter_N
             receipt = receipt_record.Receipt(
                 receipt_record.ReceiptDestination("s3", "s3.example:443", "b", f"p/iter_{i:06d}"), SHA,
-                (FileEntry("model.pt", 4, SHA),), "2026-01-01T00:00:00Z")
+                (FileEntry("model.pt", 4, SHA), FileEntry(manifest_record.FILENAME, len(data), sha256_bytes(data))),
+                "2026-01-01T00:00:00Z")
             (art / receipt_record.FILENAME).write_bytes(receipt_record.encode_receipt(receipt))
 
 
@@ -382,6 +389,93 @@ def test_a_thousand_artifacts_are_counted_right(tmp_path):
     assert counts["published"] == 334  # i % 3 == 0 for i in 0..999
     assert counts["pruned"] == 67  # i % 15 == 0
     assert sum(r["pruned"]["state"] == "missing" for r in report["rows"]) == 200 - 67
-    assert report["local_bytes"] == 800 * 4 and report["archived_bytes"] == 334 * 4
+    manifests = sum(os.stat(r["artifact_dir"] + "/" + manifest_record.FILENAME).st_size
+                    for r in report["rows"] if r["iteration"] % 3 == 0)
+    assert report["local_bytes"] == 800 * 4 and report["archived_bytes"] == 334 * 4 + manifests
     assert [r["iteration"] for r in report["rows"] if r["run"].endswith("run1/20261129T000000Z")][:3] == [1, 5, 9]
 
+
+
+# ------------------------------------------------------------------- what a record names is really there
+
+
+def cli_states(runs: dict[str, Path]) -> tuple[dict, dict[tuple[str, int], dict[str, str]]]:
+    """The real `ckptflow status` (JSON report) and its states per row."""
+    proc = run_cli(*cli_args(runs))
+    assert proc.returncode == 0, proc.stderr
+    validate(proc.report, "report_status", what="status report")
+    rows = {(r["run"], r["iteration"]): r for r in proc.report["rows"]}
+    return rows, states(proc.report)
+
+
+def test_a_receipt_copied_from_another_artifact_is_foreign_and_proves_nothing(runs):
+    """500 is published, verified and pruned; 600 published and verified with its payloads here. A copy
+    of 500's receipt (mtime kept) in 600, and of 600's in 100, is shown as foreign, never as published:
+    the verify report no longer counts and 100's missing payload is not "pruned"."""
+    arts = runs["run"] / "checkpoint_artifacts"
+    shutil.copy2(arts / "iter_000500" / ".uploaded", arts / "iter_000600" / ".uploaded")
+    (arts / "iter_000100" / "model.pt").unlink()
+    shutil.copy2(arts / "iter_000600" / ".uploaded", arts / "iter_000100" / ".uploaded")
+    rows, got = cli_states(runs)
+    assert got[(RUN, 600)]["published"] == "foreign" and got[(RUN, 100)]["published"] == "foreign"
+    assert rows[(RUN, 600)]["verified"]["stale"] is True and got[(RUN, 600)]["pruned"] == "none"
+    assert got[(RUN, 100)]["pruned"] == "missing"  # no receipt of its own proves an archived copy
+    assert "iter_000500" in rows[(RUN, 600)]["published"]["detail"]
+    assert "another artifact" in rows[(RUN, 600)]["published"]["detail"]
+    assert rows[(RUN, 600)]["archived_bytes"] is None
+    assert got[(RUN, 500)]["published"] == "receipt"  # the original is still its own
+
+
+def test_a_receipt_of_the_same_name_but_another_manifest_is_foreign(runs):
+    """Two runs' iter_000500: the prefix's last segment matches, the manifest digest does not."""
+    other = make_artifact(runs["root"] / OTHER_RUN, iteration=500, seed=9)
+    shutil.copy2(runs["run"] / "checkpoint_artifacts" / "iter_000500" / ".uploaded", other / ".uploaded")
+    rows, got = cli_states(runs)
+    assert got[(OTHER_RUN, 500)]["published"] == "foreign"
+    assert "manifest sha256" in rows[(OTHER_RUN, 500)]["published"]["detail"]
+
+
+def test_prune_refuses_a_receipt_copied_from_another_artifact(runs):
+    arts = runs["run"] / "checkpoint_artifacts"
+    shutil.copy2(arts / "iter_000500" / ".uploaded", arts / "iter_000600" / ".uploaded")
+    before = {p: p.read_bytes() for p in (arts / "iter_000600").rglob("*") if p.is_file()}
+    proc = run_cli("prune-verified", "--paths", str(arts / "iter_000600"))
+    assert proc.report["removed"] == [] and "another artifact" in proc.report["kept"][0]["reason"], proc.report
+    assert {p: p.read_bytes() for p in (arts / "iter_000600").rglob("*") if p.is_file()} == before
+
+
+def test_a_stage_or_teacher_whose_files_are_gone_or_resized_is_partial_or_damaged(runs):
+    staged = runs["stage"] / RUN / "iter_000500"
+    teacher = runs["teachers"] / RUN / "iter_000500"
+    local = runs["teachers"] / OTHER_RUN / "iter_000700"
+    (staged / "model.pt").unlink()
+    (local / "model.safetensors").unlink()
+    _, got = cli_states(runs)
+    assert got[(RUN, 500)]["staged"] == "partial" and got[(OTHER_RUN, 700)]["materialized"] == "partial"
+    assert got[(RUN, 500)]["materialized"] == "materialized"
+    (teacher / "model.safetensors").write_bytes(b"short")
+    (staged / "model.pt").write_bytes(b"not the fetched bytes")
+    rows, got = cli_states(runs)
+    assert got[(RUN, 500)]["staged"] == "damaged" and got[(RUN, 500)]["materialized"] == "damaged"
+    assert "has 5 bytes, .materialized says 1000" in rows[(RUN, 500)]["materialized"]["detail"]
+    counts = run_cli(*cli_args(runs)).report["counts"]
+    assert counts["staged"] == 0 and counts["materialized"] == 0
+
+
+def test_a_payload_of_another_size_makes_the_local_artifact_damaged(runs):
+    art = runs["run"] / "checkpoint_artifacts" / "iter_000300"
+    with open(art / "model.pt", "ab") as fh:
+        fh.write(b"x")
+    rows, got = cli_states(runs)
+    assert got[(RUN, 300)]["local"] == "damaged" and "model.pt has 300001 bytes" in rows[(RUN, 300)]["local"]["detail"]
+    assert got[(RUN, 100)]["local"] == "committed"
+
+
+def test_a_teacher_built_from_another_model_than_the_artifacts_is_foreign(runs):
+    """A teacher of iteration 600 built from iteration 500's archive (what a copied receipt led to)."""
+    uri_500 = run_cli(*cli_args(runs)).report["rows"][4]["staged"]["source_uri"]
+    write_teacher(runs["teachers"] / RUN / "iter_000600", uri_500, runs["stage"] / RUN / "iter_000500" / "model.pt")
+    rows, got = cli_states(runs)
+    assert got[(RUN, 600)]["materialized"] == "foreign" and got[(RUN, 500)]["materialized"] == "materialized"
+    assert "was built from a model.pt of sha256" in rows[(RUN, 600)]["materialized"]["detail"]
+    assert run_cli(*cli_args(runs)).report["counts"]["materialized"] == 2  # 500's and 700's

@@ -10,7 +10,7 @@ their own records (``.merge-complete.json``, ``.staged.json``, ``.materialized``
 
 The planning helpers at the top (``normalise_config``, ``resolve_run``, ``teacher_source``,
 ``records_fingerprint``) are what the named input functions of ``rules/common.smk`` call: they read
-records only and never contact a store.
+records (and stat the files records name) only and never contact a store.
 """
 
 from __future__ import annotations
@@ -269,13 +269,20 @@ def teacher_source(artifact_dir: str | Path, run: str, *, bucket: str | None, ha
     except CkptflowError as exc:
         raise NotFound(f"{why}, and no receipt names its archive: {exc}", path=str(artifact_dir),
                        remedy="restore the payload, or publish the artifact before pruning it") from None
+    # Only a receipt of this very artifact names its archive: a copied one would build another teacher.
+    receipt_record.check_belongs(receipt, artifact_dir, expected_prefix=f"{run}/{ARTIFACTS_DIR}/{artifact_dir.name}")
     return TeacherSource("archive", artifact_dir, archive_uri_of(receipt), why=f"{why}; its receipt names the archive")
 
 
 def records_fingerprint(runs_root: str | Path, reports_dir: str | Path, stage_dir: str | Path,
                         teachers_dir: str | Path) -> str:
-    """A digest of the path, size and mtime of every record the status table reads (its rerun trigger):
-    the artifacts', stages' and teachers' records and the step reports, not the status table itself."""
+    """The status rule's rerun trigger: a digest of what the status table would say now (the report of
+    ``collect_status``, which stats every file a record names) and of the path, size and mtime of every
+    record it reads (the artifacts', stages' and teachers' records and the step reports, not the table
+    itself). A payload lost or pruned behind the workflow's back changes the first even when no record
+    changed."""
+    from .status import collect_status
+
     names = {manifest_record.FILENAME, receipt_record.FILENAME, ".merge-complete.json", ".staged.json",
              ".materialized"}
     roots = [(Path(runs_root), names), (Path(stage_dir), names), (Path(teachers_dir), names),
@@ -292,6 +299,10 @@ def records_fingerprint(runs_root: str | Path, reports_dir: str | Path, stage_di
                 except OSError:  # removed while walking: not a record any more
                     continue
                 h.update(f"{dirpath}/{name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    if Path(runs_root).is_dir():
+        status = collect_status(Path(runs_root), reports_dir=Path(reports_dir), stage_dir=Path(stage_dir),
+                                teachers_dir=Path(teachers_dir))
+        h.update(encode_json(status.to_report()))
     return h.hexdigest()
 
 # --------------------------------------------------------------------------------------------- steps

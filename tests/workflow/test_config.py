@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -82,10 +83,15 @@ def test_a_run_is_resolved_only_when_exactly_one_holds_the_iteration(tmp_path):
 
 
 def _receipt(art: Path, prefix: str) -> None:
+    """A receipt bound to ``art`` as publication binds it: it records the digest of art's manifest."""
+    manifest = (art / ".posttrain-checkpoint-artifact.json").read_bytes()
     (art / ".uploaded").write_text(json.dumps({
         "protocol": "posttrain.archive-marker.v1",
         "destination": {"scheme": "s3", "endpoint": "127.0.0.1:18333", "bucket": "ckpts", "prefix": prefix},
-        "declaration_sha256": "0" * 64, "files": [{"path": "model.pt", "sha256": "1" * 64, "size": 3}],
+        "declaration_sha256": "0" * 64, "files": [
+            {"path": ".posttrain-checkpoint-artifact.json", "sha256": hashlib.sha256(manifest).hexdigest(),
+             "size": len(manifest)},
+            {"path": "model.pt", "sha256": "1" * 64, "size": 3}],
         "uploaded_at": "2026-11-29T00:00:00Z"}), encoding="utf-8")
 
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 import base64
 import json
 import re
+import shutil
 
 from workflow_helpers import RUN, Flow
 
+from ckptflow.workflow import prune_step, publish_step, verify_step
 from helpers.artifacts import make_artifact
+from helpers.cli import run_cli
 
 
 def _flow(tmp_path) -> Flow:
@@ -63,3 +66,61 @@ def test_the_html_report_is_self_contained_and_names_every_iteration(tmp_path):
     assert "status.txt" in html and "status.json" in html
     for iteration in ("iter_000300", "iter_000400"):
         assert iteration in embedded, iteration
+
+
+def _published_and_pruned(tmp_path, *iterations: int, keep: tuple[int, ...] = ()) -> Flow:
+    """Artifacts of RUN published to a file:// archive, verified and pruned by the library's steps (the
+    workflow's own), except those in ``keep``, which stay published and verified with their payloads."""
+    archive = tmp_path / "arch"
+    archive.mkdir()
+    flow = Flow(tmp_path / "flow", {"bucket": f"file://{archive}"})
+    bucket = flow.config["bucket"]
+    for iteration in iterations:
+        art = make_artifact(flow.runs / RUN, iteration=iteration, seed=iteration)
+        (art / "optim.pt").unlink()
+        publish_step(str(art), f"{RUN}/checkpoints", bucket, None)
+        verify_step(str(art), None, str(flow.report("verify", iteration)))
+        if iteration not in keep:
+            prune_step(str(art), None, str(flow.report("prune", iteration)))
+    return flow
+
+
+def test_a_receipt_copied_from_another_iteration_is_refused_by_the_teacher_and_foreign_in_the_table(tmp_path):
+    flow = _published_and_pruned(tmp_path, 200, 300)
+    copied = flow.artifact(300) / ".uploaded"
+    shutil.copy2(flow.artifact(200) / ".uploaded", copied)  # the mtime is kept: older than 300's verify report
+    out = flow.fails("materialize_teacher", iter=300, base=str(tmp_path / "base"))
+    assert str(copied) in out and "written for another artifact" in out, out
+    assert not flow.staged(300).exists() and not flow.teacher(300).exists()  # nothing fetched, nothing built
+    flow.ok("status")
+    row = next(r for r in json.loads((flow.root / "reports" / "status.json").read_text())["rows"]
+               if r["iteration"] == 300)
+    assert row["published"]["state"] == "foreign" and row["verified"].get("stale") is True
+    assert row["pruned"]["state"] == "missing" and row["materialized"]["state"] == "none"
+    line = next(line for line in (flow.root / "reports" / "status.txt").read_text().splitlines()
+                if "iter_000300" in line and RUN in line)
+    assert "foreign" in line and "pruned" not in line
+
+
+def test_the_table_is_rebuilt_when_a_payload_is_pruned_or_lost_behind_the_workflow(tmp_path):
+    flow = _published_and_pruned(tmp_path, 300, 400, keep=(300, 400))
+    flow.ok("status")
+    assert flow.planned() == []
+    art = flow.artifact(300)
+    pruned = run_cli("prune-verified", "--paths", str(art), env=flow.env)  # the CLI writes no record
+    assert pruned.returncode == 0 and pruned.report["removed"], pruned.stderr
+    assert flow.planned() == ["status", "all"]
+    report = flow.root / "report.html"
+    assert "status.json is out of date" in flow.fails("--report", str(report))  # never an old table
+    assert not report.exists()
+    flow.ok()
+    flow.ok("--report", str(report))
+    rows = {r["iteration"]: r for r in json.loads((flow.root / "reports" / "status.json").read_text())["rows"]}
+    assert rows[300]["pruned"]["state"] == "pruned"
+    assert flow.planned() == []
+    (flow.artifact(400) / "optim" / "__0_0.distcp").unlink()  # lost by accident: no record changes
+    assert flow.planned() == ["status", "all"]
+    flow.ok()
+    rows = {r["iteration"]: r for r in json.loads((flow.root / "reports" / "status.json").read_text())["rows"]}
+    assert rows[400]["pruned"]["state"] == "partial"
+    assert flow.planned() == []

@@ -21,11 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..artifact import iteration_from_dir
 from ..digest import sha256_bytes
 from ..errors import NotFound, Refused, VerificationFailed
 from ..records import declaration as declaration_record
-from ..records import manifest as manifest_record
 from ..records import receipt as receipt_record
 from ..records.inventory import FileEntry
 from ..store.base import ObjectStore
@@ -171,29 +169,13 @@ def refuse_overlapping_archive(store: ObjectStore, artifact_dir: Path) -> None:
 
 
 def check_binding(store: ObjectStore, receipt: receipt_record.Receipt, artifact_dir: Path) -> None:
-    """The receipt belongs to this artifact, at the endpoint the credentials reach: its prefix names this
-    ``iter_N``, it records this artifact's manifest digest, and that manifest is of iteration N."""
+    """The receipt belongs to this artifact (``records.receipt.check_belongs``: its prefix names this
+    ``iter_N``, it records this artifact's manifest digest, and that manifest is of iteration N), at the
+    endpoint the credentials reach."""
     artifact_dir = Path(artifact_dir)
     check_destination(store, receipt, artifact_dir)
     refuse_overlapping_archive(store, artifact_dir)
-    where = receipt_record.path_in(artifact_dir)
-    prefix = receipt.destination.prefix
-    if prefix.rstrip("/").rsplit("/", 1)[-1] != artifact_dir.name:
-        raise Refused(f"{where} records the archive at {prefix}, which is not {artifact_dir.name}: "
-                      "it was written for another artifact",
-                      remedy="publish this artifact to write its own receipt")
-    recorded = receipt.entry(manifest_record.FILENAME)
-    local = manifest_record.path_in(artifact_dir)
-    try:
-        data = local.read_bytes()
-        iteration = manifest_record.read_manifest(artifact_dir).iteration
-    except (OSError, ValueError) as exc:
-        raise Refused(f"{where} cannot be bound to {local}: {exc}",
-                      remedy="restore the artifact's manifest, or publish the artifact again") from None
-    if recorded is None or recorded.sha256 != sha256_bytes(data) or iteration != iteration_from_dir(artifact_dir):
-        raise Refused(f"{where} records another manifest than {local} (iteration {iteration}) at {prefix}: "
-                      "it was written for another artifact",
-                      remedy="publish this artifact to write its own receipt")
+    receipt_record.check_belongs(receipt, artifact_dir)
 
 
 @dataclass(frozen=True)

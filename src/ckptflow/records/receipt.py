@@ -65,14 +65,17 @@ refuse it by name (``LegacyRecord``); full-checkpoint retention accepts it by it
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidRecord
+from ..digest import sha256_bytes
+from ..errors import InvalidRecord, Refused
 from ..jsonio import decode_json_object
 from . import _record
+from . import manifest as manifest_record
 from .inventory import FileEntry, inventory_from_list, inventory_to_list, sorted_entries, validate_inventory
 
 FILENAME = ".uploaded"
@@ -330,3 +333,43 @@ def write_receipt(directory: Path | str, record: Receipt | CheckpointReceipt) ->
     """Write atomically; an artifact receipt only after the remote copy was verified against the
     declaration, a full-checkpoint receipt only after the checkpoint's upload finished."""
     return _record.write_record(KIND, path_in(directory), record)
+
+
+def check_belongs(receipt: Receipt, artifact_dir: Path | str, *, expected_prefix: str | None = None,
+                  manifest: tuple[bytes, manifest_record.Manifest] | None = None) -> None:
+    """Refuse (``Refused``) a receipt that was not written for the artifact in ``artifact_dir``: the one
+    check every reader of a receipt runs before it trusts one (verify, prune-verified, status, the
+    workflow's choice of a teacher's source). Reads only the small local manifest; no store, no payload.
+
+    The receipt belongs when its prefix ends in this directory's name (``iter_N``) and, where the caller's
+    layout derives the prefix (the workflow: ``<run>/checkpoint_artifacts/iter_N``), equals
+    ``expected_prefix``; it records the digest of this directory's manifest (``manifest``: its bytes and
+    record, when the caller has read them already); and that manifest is of iteration N. A copied ``.uploaded``
+    of another iteration or run fails the first or second test, whatever its mtime.
+    """
+    artifact_dir = Path(artifact_dir)
+    where = path_in(artifact_dir)
+    prefix = receipt.destination.prefix
+    remedy = ("publish this artifact (`ckptflow publish --artifact-dir DIR`) to write its own receipt, "
+              "or restore the receipt that publication wrote here")
+    if prefix.rstrip("/").rsplit("/", 1)[-1] != artifact_dir.name or (
+            expected_prefix is not None and prefix.strip("/") != expected_prefix.strip("/")):
+        wanted = expected_prefix.strip("/") if expected_prefix is not None else f".../{artifact_dir.name}"
+        raise Refused(f"{where} records the archive at {prefix}, not {wanted}: it was written for another artifact",
+                      path=str(where), remedy=remedy)
+    local = manifest_record.path_in(artifact_dir)
+    try:
+        data = local.read_bytes() if manifest is None else manifest[0]
+        iteration = (manifest_record.parse_manifest(data, what=str(local)) if manifest is None else manifest[1]).iteration
+    except (OSError, ValueError) as exc:
+        raise Refused(f"{where} cannot be bound to {local}: {exc}", path=str(where),
+                      remedy="restore the artifact's manifest, or publish the artifact again") from None
+    recorded = receipt.entry(manifest_record.FILENAME)
+    number = re.fullmatch(r"iter_(\d+)", artifact_dir.name)
+    if recorded is None or recorded.sha256 != sha256_bytes(data):
+        found = "no manifest" if recorded is None else f"manifest sha256 {recorded.sha256}"
+        raise Refused(f"{where} records {found} at {prefix}, not the sha256 {sha256_bytes(data)} of {local}: "
+                      "it was written for another artifact", path=str(where), remedy=remedy)
+    if number is None or int(number.group(1)) != iteration:
+        raise Refused(f"{local} is the manifest of iteration {iteration}, not of the directory {artifact_dir.name} "
+                      f"that {where} was written for", path=str(where), remedy=remedy)

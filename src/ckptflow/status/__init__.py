@@ -1,18 +1,22 @@
 """``ckptflow status``: one row per (run, iteration), read from the records alone.
 
 Where each column comes from (nothing is hashed; per artifact one directory listing, a stat of each
-payload file and a few small record reads)::
+payload file and a few small record reads; per stage and teacher a stat of each file its record names)::
 
     <root>/<run>/checkpoint_artifacts/iter_N/     run = <project>/<group>/<run>/<ts>
         .posttrain-checkpoint-artifact.json       local: committed (a directory without it: incomplete)
         .merge-complete.json                      merged: the request's mode and number of experts
         .merge-in-progress.json                   merged: in progress (without .merge-complete.json: local incomplete)
-        .uploaded                                 published: receipt, or a legacy plain-text marker
-        the manifest's payload files              pruned (gone while a receipt is kept); local size
+        .uploaded                                 published: receipt, foreign (written for another
+                                                  artifact: records.receipt.check_belongs), or legacy
+        the manifest's payload files              pruned (gone while a receipt is kept), partial; local
+                                                  damaged when one has another size; local size
     <reports_dir>/verify/<run>/iter_N.json        verified: the latest verify report and its time
     <reports_dir>/prune/<run>/iter_N.json         pruned: why a prune kept the payloads
-    <stage_dir>/<run>/iter_N/.staged.json         staged
-    <teachers_dir>/<run>/iter_N/.materialized     materialized: teacher path and source
+    <stage_dir>/<run>/iter_N/.staged.json         staged; partial / damaged when a file it names is
+                                                  gone / has another size
+    <teachers_dir>/<run>/iter_N/.materialized     materialized: teacher path and source; partial /
+                                                  damaged likewise for its shards
 
 ``root`` is a runs root (every directory below it that holds ``checkpoint_artifacts/`` is a run, named
 by its path relative to the root) or one run directory (named by its last four path components, the

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..archive.verify import describe_failures, verify_artifact
 from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE, find_runs
-from ..errors import CkptflowError, NotFound
+from ..errors import CkptflowError, NotFound, Refused
 from ..jsonio import decode_json_object, validate
 from ..records import (
     MANIFEST_FILENAME,
@@ -19,14 +19,15 @@ from ..records import (
     RECEIPT_FILENAME,
     LegacyRecord,
     merge_progress,
-    read_manifest,
     read_materialized,
     read_merge_record,
     read_receipt,
     read_staging,
     utc_timestamp,
 )
-from ..records.manifest import DcpComponent, Manifest
+from ..records.inventory import FileEntry
+from ..records.manifest import DcpComponent, Manifest, parse_manifest
+from ..records.receipt import check_belongs
 from .report import CORRUPT, NONE, Row, StatusReport, cell
 
 RUN_DEPTH = 4  # <project>/<group>/<run>/<ts>
@@ -79,6 +80,8 @@ def collect_status(
             for run, iteration, name, path in _find_iters(Path(base), scope, pattern, dirs=dirs):
                 reader(row(run, iteration, name.removesuffix(".json")), path)
     ordered = [rows[k] for k in sorted(rows)]
+    for r in ordered:
+        _check_teacher_source(r)
     if verify_with is not None:
         for r in ordered:
             if r.artifact_dir is not None and r.published["state"] != NONE:
@@ -131,19 +134,23 @@ def _read_artifact(row: Row, path: Path) -> None:
         return
     manifest = _read_manifest(row, path, entries)
     _read_merge(row, path, entries)
-    _read_receipt(row, path, entries)
+    _read_receipt(row, path, entries, manifest)
     if manifest is not None:
-        _read_payloads(row, path, manifest)
+        _read_payloads(row, path, manifest[1])
+        model = manifest[1].components.get("model")
+        row.model_sha256 = getattr(model, "sha256", None)
     elif row.local["state"] != CORRUPT:
         row.local_bytes = _tree_bytes(path)
 
 
-def _read_manifest(row: Row, path: Path, entries: dict[str, os.DirEntry]) -> Manifest | None:
+def _read_manifest(row: Row, path: Path, entries: dict[str, os.DirEntry]) -> tuple[bytes, Manifest] | None:
+    """The manifest's bytes (the receipt's binding hashes them) and its record."""
     if MANIFEST_FILENAME not in entries:
         row.local = cell("incomplete", f"{path} has no {MANIFEST_FILENAME}: an interrupted save or merge")
         return None
     try:
-        manifest = read_manifest(path)
+        data = (path / MANIFEST_FILENAME).read_bytes()
+        manifest = data, parse_manifest(data, what=f"`{MANIFEST_FILENAME}` in {path}")
     except LegacyRecord as exc:
         row.local = cell("legacy-manifest", str(exc))
         return None
@@ -172,7 +179,8 @@ def _read_merge(row: Row, path: Path, entries: dict[str, os.DirEntry]) -> None:
         row.merged = cell("in-progress", f"{path / merge_progress.FILENAME} exists: a merge is running or was interrupted")
 
 
-def _read_receipt(row: Row, path: Path, entries: dict[str, os.DirEntry]) -> None:
+def _read_receipt(row: Row, path: Path, entries: dict[str, os.DirEntry],
+                  manifest: tuple[bytes, Manifest] | None) -> None:
     if RECEIPT_FILENAME not in entries:
         return
     try:
@@ -183,6 +191,12 @@ def _read_receipt(row: Row, path: Path, entries: dict[str, os.DirEntry]) -> None
         return
     except (CkptflowError, OSError) as exc:
         row.published = cell(CORRUPT, str(exc))
+        return
+    try:
+        check_belongs(receipt, path, manifest=manifest)
+    except Refused as exc:  # e.g. a copy of another iteration's .uploaded: it proves nothing about this one
+        row.published = cell("foreign", str(exc), destination=receipt.destination.to_dict(),
+                             uploaded_at=receipt.uploaded_at)
         return
     row.published = cell("receipt", destination=receipt.destination.to_dict(), uploaded_at=receipt.uploaded_at)
     row.archived_bytes = sum(f.size for f in receipt.files)
@@ -212,7 +226,7 @@ def _read_payloads(row: Row, path: Path, manifest: Manifest) -> None:
             other_size.append(f"{rel} has {found} bytes, the manifest says {size}")
     row.local_bytes = present
     if other_size:
-        row.local["detail"] = "; ".join(other_size[:3]) + (f" (+{len(other_size) - 3} more)" if len(other_size) > 3 else "")
+        row.local = cell("damaged", _listed(other_size) + ": restore the artifact, or fetch it from the archive")
     receipt = row.published["state"] == "receipt"
     if missing == 0:
         return
@@ -224,6 +238,30 @@ def _read_payloads(row: Row, path: Path, manifest: Manifest) -> None:
     else:
         row.pruned = cell("missing", f"{missing} of {total} payload files are gone and no receipt proves an "
                           "archived copy: restore them or fetch the artifact", files=missing)
+
+
+def _listed(problems: list[str]) -> str:
+    return "; ".join(problems[:3]) + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else "")
+
+
+def _check_files(directory: Path, files: tuple[FileEntry, ...], what: str) -> tuple[str, str] | None:
+    """What a record's file list says is in ``directory``, checked by one stat per file (no hashing):
+    None when every file is there at its recorded size, else ``(state, detail)``: ``damaged`` when a file
+    has another size, ``partial`` when files are only missing."""
+    missing, other_size = [], []
+    for entry in files:
+        try:
+            found = os.stat(directory / entry.path).st_size
+        except OSError:
+            missing.append(entry.path)
+            continue
+        if found != entry.size:
+            other_size.append(f"{directory / entry.path} has {found} bytes, {what} says {entry.size}")
+    if other_size:
+        return "damaged", _listed(other_size)
+    if missing:
+        return "partial", f"{len(missing)} of {len(files)} files {what} names are gone ({_listed(missing)})"
+    return None
 
 
 def _tree_bytes(path: Path) -> int:
@@ -290,9 +328,13 @@ def _read_staged(row: Row, path: Path) -> None:
     except (CkptflowError, OSError) as exc:
         row.staged = cell(CORRUPT, str(exc), path=str(path))
     else:
-        row.staged = cell("staged" if record.complete else "incomplete",
-                          None if record.complete else "fetch has not finished: rerun it to complete or clean up",
-                          path=str(path), source_uri=record.source_uri, bytes=sum(f.size for f in record.files))
+        fields = {"path": str(path), "source_uri": record.source_uri, "bytes": sum(f.size for f in record.files)}
+        if not record.complete:
+            row.staged = cell("incomplete", "fetch has not finished: rerun it to complete or clean up", **fields)
+        elif problem := _check_files(path, record.files, ".staged.json"):
+            row.staged = cell(problem[0], problem[1] + ": fetch again to restore the stage", **fields)
+        else:
+            row.staged = cell("staged", **fields)
 
 
 def _read_teacher(row: Row, path: Path) -> None:
@@ -303,8 +345,24 @@ def _read_teacher(row: Row, path: Path) -> None:
     except (CkptflowError, OSError) as exc:
         row.materialized = cell(CORRUPT, str(exc), path=str(path))
     else:
-        row.materialized = cell("materialized", path=str(path), source_uri=record.source.uri,
-                                source="archive" if record.source.uri else "local", tensors=record.tensor_count)
+        fields = {"path": str(path), "source_uri": record.source.uri,
+                  "source": "archive" if record.source.uri else "local", "tensors": record.tensor_count}
+        row.teacher_sha256 = record.source.sha256
+        problem = _check_files(path, record.shards, ".materialized")
+        row.materialized = (cell(problem[0], problem[1] + ": materialize it again (the same request rebuilds a damaged teacher)", **fields)
+                            if problem else cell("materialized", **fields))
+
+
+def _check_teacher_source(row: Row) -> None:
+    """A teacher built from another model than the one this artifact's manifest records (e.g. from the
+    archive a copied receipt named) is not this iteration's teacher: ``foreign``."""
+    if row.model_sha256 is None or row.teacher_sha256 is None or row.model_sha256 == row.teacher_sha256:
+        return
+    if row.materialized["state"] in ("materialized", "partial", "damaged"):
+        fields = {k: v for k, v in row.materialized.items() if k not in ("state", "detail")}
+        row.materialized = cell("foreign", f"{row.materialized['path']} was built from a model.pt of sha256 "
+                                f"{row.teacher_sha256}; the manifest of {row.artifact_dir} records {row.model_sha256}: "
+                                "materialize this artifact again (with force) to replace it", **fields)
 
 
 def _verify_live(row: Row, verify_with: Callable[[Any], Any]) -> None:
