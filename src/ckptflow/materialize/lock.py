@@ -7,6 +7,9 @@ after ``--lock-wait-seconds`` names who holds it. The lock is an optimisation, n
 rename of a uniquely named tree (``output.py``), so two requests that both get the lock still never
 discard each other's published export. The file system should support flock (Lustre: the ``flock``
 mount option) for the skip/refuse decision to be taken by one request at a time.
+
+Fetch takes the same lock on its stage (``<stage>/iter_N.lock``, ``step="fetch"``): one fetch plans and
+writes a staging directory at a time.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from ..errors import Refused, UsageError
 log = logging.getLogger("ckptflow.materialize")
 
 DEFAULT_WAIT_SECONDS = 120.0
+_DOING = {"materialize": "materialized", "fetch": "fetched into"}
 POLL_SECONDS = 0.2
 
 
@@ -54,10 +58,12 @@ def _holder(fd: int) -> str:
 
 
 @contextlib.contextmanager
-def output_lock(out: Path, wait_seconds: float) -> Iterator[Path | None]:
+def output_lock(out: Path, wait_seconds: float, *, step: str = "materialize") -> Iterator[Path | None]:
     """Hold ``<out>.lock`` for the block; wait up to ``wait_seconds`` (polling) for another holder, then
-    raise ``Refused`` naming it (nothing touched). Yields the lock's path (None when a test disabled it)."""
-    if testhooks.disabled("materialize:lock"):
+    raise ``Refused`` naming it (nothing touched). Yields the lock's path (None when a test disabled it).
+    ``step`` names the holder's operation in messages and its test points (``<step>:lock-wait``, the
+    guard ``<step>:lock``)."""
+    if testhooks.disabled(f"{step}:lock"):
         yield None
         return
     path = lock_path(out)
@@ -69,7 +75,7 @@ def output_lock(out: Path, wait_seconds: float) -> Iterator[Path | None]:
         raise Refused(f"the lock file {path} {what}", path=str(path),
                       remedy="make it a regular file this user can write (or remove it), then rerun") from None
     try:
-        _acquire(fd, out, path, wait_seconds)
+        _acquire(fd, out, path, wait_seconds, step)
         started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": started}) + "\n"
         os.ftruncate(fd, 0)
@@ -79,7 +85,7 @@ def output_lock(out: Path, wait_seconds: float) -> Iterator[Path | None]:
         os.close(fd)  # releases the flock
 
 
-def _acquire(fd: int, out: Path, path: Path, wait_seconds: float) -> None:
+def _acquire(fd: int, out: Path, path: Path, wait_seconds: float, step: str) -> None:
     deadline = time.monotonic() + wait_seconds
     waiting = False
     while True:
@@ -91,10 +97,10 @@ def _acquire(fd: int, out: Path, path: Path, wait_seconds: float) -> None:
         if not waiting:
             waiting = True
             log.info("waiting up to %g s for %s, held by %s", wait_seconds, path, _holder(fd))
-            testhooks.reached("materialize:lock-wait")
+            testhooks.reached(f"{step}:lock-wait")
         left = deadline - time.monotonic()
         if left <= 0:
-            raise Refused(f"{out} is being materialized by another request ({_holder(fd)}): {path} was still "
+            raise Refused(f"{out} is being {_DOING.get(step, step)} by another request ({_holder(fd)}): {path} was still "
                           f"held after {wait_seconds:g} s (--lock-wait-seconds); nothing was changed",
                           path=str(path), remedy="let that request finish, then rerun (it skips once the same "
                           "build is published), or raise --lock-wait-seconds")

@@ -7,7 +7,7 @@ materialize then never removes anything from it. Otherwise the invocation fetche
 never share a stage by accident and one's cleanup cannot remove what the other is converting from.
 
 Cleanup of a private stage removes only what this tool wrote there (the files ``.staged.json`` names,
-their parts, the record), then each directory it created, and only while it is empty: a file another
+their parts, the record, fetch's ``iter_N.lock`` once that copy is gone), then each directory it created, and only while it is empty: a file another
 job put there meanwhile stays, with the directories holding it. A private stage whose writer is gone
 (this host, dead pid) is adopted by a rename to the new invocation's name, so a killed request's
 download resumes instead of starting over.
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ..archive import stage as fetch_stage
 from ..fsutil import dead_temporaries, tagged_name
+from .lock import lock_path
 
 log = logging.getLogger("ckptflow.materialize")
 
@@ -63,6 +64,10 @@ def release(stage: Stage) -> bool:
         for entry in sorted(os.scandir(stage.root), key=lambda e: e.name):
             if entry.is_dir(follow_symlinks=False):
                 left += [f"{entry.name}/{p}" for p in fetch_stage.remove_own_copy(Path(entry.path))]
+            elif entry.name == lock_path(stage.staged).name and entry.is_file(follow_symlinks=False) \
+                    and not os.path.lexists(stage.staged):
+                # fetch's lock of the copy just removed, in a root no other process picks; fetch has returned
+                os.unlink(entry.path)
             else:
                 left.append(entry.name)
     if left:
