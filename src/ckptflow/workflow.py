@@ -216,7 +216,7 @@ def bucket_uri(bucket: str | None) -> StoreURI:
 @dataclass(frozen=True)
 class TeacherSource:
     """Where the teacher of one artifact is built from: ``local`` (the artifact itself), ``merge`` (the
-    artifact the merge rule writes), or ``archive`` (the fetch rule's staging copy of ``uri``)."""
+    artifact the merge rule writes), or ``archive`` (``uri``, fetched into the stage only for a build)."""
 
     kind: str
     artifact_dir: Path
@@ -337,7 +337,8 @@ def materialize_step(base: str, out: str, ckpt_dir: str | None, artifact_uri: st
     """Build (or skip) the teacher ``out`` from the local artifact ``ckpt_dir`` used in place, or from
     ``artifact_uri`` through the fetch rule's stage ``stage_root/iter_N`` (kept; fetch re-hashes it), so
     the teacher records the archive's identity; the library refuses a completed teacher of another
-    identity unless ``options["force"]``."""
+    identity unless ``options["force"]``. The skip decision comes before any download: the archive is
+    fetched (by materialize, not by a fetch job before it) only when a build needs it."""
     from .materialize import materialize
 
     if not base:
