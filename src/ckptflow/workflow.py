@@ -241,9 +241,10 @@ def _model_present(artifact_dir: Path) -> tuple[bool, str]:
 
 
 def archive_uri_of(receipt: receipt_record.Receipt) -> str:
-    """The archived artifact's URI a JSON receipt names (``file``: the endpoint is the archive root)."""
-    dest = receipt.destination
-    return str(StoreURI(dest.scheme, dest.endpoint if dest.scheme == "file" else dest.bucket, dest.prefix))
+    """The archived artifact's URI a JSON receipt names (``archive.keys.receipt_archive_uri``)."""
+    from .archive.keys import receipt_archive_uri
+
+    return str(receipt_archive_uri(receipt))
 
 
 def teacher_source(artifact_dir: str | Path, run: str, *, bucket: str | None, has_recipe: bool) -> TeacherSource:
