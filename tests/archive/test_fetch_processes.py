@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import socket
 import time
 
 import pytest
@@ -13,6 +15,7 @@ from ckptflow.archive.fetch import fetch_artifact
 from ckptflow.archive.publish import publish_artifact
 from ckptflow.fsutil import walk_files
 from ckptflow.jsonio import validate
+from ckptflow.materialize.lock import output_lock
 from ckptflow.records import manifest as manifest_record
 from ckptflow.records import staging as staging_record
 from ckptflow.store.base import DEFAULT_CONCURRENCY
@@ -265,3 +268,16 @@ def test_cli_fetch_refusals_are_one_line_and_exit_1(artifact, sw_store, seaweedf
     usage = run_cli("fetch", "--artifact-uri", f"s3://{sw_store.bucket}/proj", "--dst", str(tmp_path / "x"),
                     "--credentials", str(seaweedfs_credentials_path))
     assert usage.returncode == 2 and usage.report["status"] == "usage-error"
+
+
+def test_a_fetch_refuses_by_its_holders_name_when_the_stage_stays_locked(artifact, sw_store, seaweedfs_credentials_path,
+                                                                         tmp_path):
+    publish_artifact(artifact, sw_store, UPLOAD_PREFIX, progress=False)
+    staged = tmp_path / "stage" / "iter_000300"
+    with output_lock(staged, 0, step="fetch"):
+        proc = run_cli(*fetch_args(sw_store, seaweedfs_credentials_path, tmp_path / "stage"),
+                       "--lock-wait-seconds", "0.5")
+    assert proc.returncode == 1 and proc.report["status"] == "refused", proc.stderr
+    assert f"pid {os.getpid()} on host {socket.gethostname()}" in proc.stderr and "--lock-wait-seconds" in proc.stderr
+    assert str(staged) in proc.stderr and proc.stderr.count("\n") == 1
+    assert not staged.exists()  # nothing was written
