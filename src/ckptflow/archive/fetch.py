@@ -50,9 +50,10 @@ listing cannot prove every shard is present), and so is a file with no digest an
 Modules: this one reads the archive and orders the steps; ``stage.py`` owns the local directory
 (ownership, leftover parts, removal of own files); ``download.py`` moves and verifies the bytes.
 
-Test points (``testhooks``): ``fetch:lock-wait`` (another fetch holds the stage's lock), ``fetch:after-record``, ``fetch:mid-file:<path>`` (after the first range of
-a file that has more), ``fetch:after-file`` and ``fetch:after-file:<path>``, ``fetch:before-manifest``,
-``fetch:before-complete``. A pause point pauses only the thread that reaches it.
+Test points (``testhooks``): ``fetch:lock-wait`` (another fetch holds the stage's lock; the guard
+``fetch:lock`` switches the lock off), ``fetch:after-record``, ``fetch:mid-file:<path>`` (after the first
+range of a file that has more), ``fetch:after-file`` and ``fetch:after-file:<path>``,
+``fetch:before-manifest``, ``fetch:before-complete``. A pause point pauses only the thread that reaches it.
 """
 
 from __future__ import annotations

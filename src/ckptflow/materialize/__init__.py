@@ -223,7 +223,7 @@ def materialize(
                        max_shard_bytes, progress, bool(unified_chat_template))
     with output_lock(out, wait), contextlib.ExitStack() as held:
         opened = None
-        resolved = resolve_under_lock(source, store, credentials)  # a prune may have run while this waited
+        resolved = resolve_under_lock(source, credentials)  # a prune may have run while this waited
         if resolved.kind != source.kind:
             log.info("%s was removed while this request waited for %s; building from the archive its receipt "
                      "names, %s", source.local_path, out.name + ".lock", resolved.location)

@@ -100,7 +100,8 @@ def _acquire(fd: int, out: Path, path: Path, wait_seconds: float, step: str) -> 
             testhooks.reached(f"{step}:lock-wait")
         left = deadline - time.monotonic()
         if left <= 0:
-            raise Refused(f"{out} is being {_DOING.get(step, step)} by another request ({_holder(fd)}): {path} was still "
+            doing = _DOING.get(step, step)
+            raise Refused(f"{out} is being {doing} by another request ({_holder(fd)}): {path} was still "
                           f"held after {wait_seconds:g} s (--lock-wait-seconds); nothing was changed",
                           path=str(path), remedy="let that request finish, then rerun (it skips once the same "
                           "build is published), or raise --lock-wait-seconds")

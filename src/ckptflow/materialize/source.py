@@ -111,34 +111,39 @@ def resolve_source(
     return _archive_source(artifact_uri, store, credentials)
 
 
-def resolve_under_lock(source: ModelSource, store: ObjectStore | None, credentials) -> ModelSource:
+def resolve_under_lock(source: ModelSource, credentials) -> ModelSource:
     """A local source resolved again once the output's lock is held: a prune may have removed model.pt
     while the request waited. Then the archive the artifact's receipt names is the source, when its model
     descriptor is the one the local manifest records (same sha256 and size); otherwise the local
-    artifact's own refusal stands. An archived source is returned as it is."""
+    artifact's own refusal stands. An archived source is returned as it is. ``credentials`` (None: the
+    default, ``$CKPTFLOW_CREDENTIALS``) open the archive."""
     if source.kind != "ckpt-dir":
         return source
     try:
         return _local_source(Path(source.location))
     except NotFound:
-        archived = _archived_instead(Path(source.location), store, credentials)
+        archived = _archived_instead(Path(source.location), credentials)
         if archived is None:
             raise
         return archived
 
 
-def _archived_instead(artifact_dir: Path, store: ObjectStore | None, credentials) -> ModelSource | None:
+def _archived_instead(artifact_dir: Path, credentials) -> ModelSource | None:
+    """The archive a receipt names, as the source of the model the local manifest records; None when
+    there is no readable receipt or the manifest records no digest to compare with."""
     try:
         receipt = receipt_record.read_receipt(artifact_dir)
         manifest = manifest_record.read_manifest(artifact_dir)
     except (CkptflowError, OSError):
         return None
     model = _model_component(manifest, str(artifact_dir))
+    if model.sha256 is None:
+        return None
     uri = receipt_archive_uri(receipt)
     if credentials is None:
         credentials = credentials_for(uri, None)
-    archived = _archive_source(str(uri), store, credentials)
-    if model.sha256 is None or (archived.identity.sha256, archived.identity.size) != (model.sha256, model.size):
+    archived = _archive_source(str(uri), None, credentials)
+    if (archived.identity.sha256, archived.identity.size) != (model.sha256, model.size):
         raise VerificationFailed(
             f"{artifact_dir / model.path} is gone and the archive its receipt names ({uri}) records model "
             f"{archived.identity.size} bytes sha256 {archived.identity.sha256}, not the {model.size} bytes sha256 "

@@ -7,8 +7,9 @@ materialize then never removes anything from it. Otherwise the invocation fetche
 never share a stage by accident and one's cleanup cannot remove what the other is converting from.
 
 Cleanup of a private stage removes only what this tool wrote there (the files ``.staged.json`` names,
-their parts, the record, fetch's ``iter_N.lock`` once that copy is gone), then each directory it created, and only while it is empty: a file another
-job put there meanwhile stays, with the directories holding it. A private stage whose writer is gone
+their parts, the record, fetch's ``iter_N.lock`` once that copy is gone), then each directory it
+created, and only while it is empty: a file another job put there meanwhile stays, with the directories
+holding it. A private stage whose writer is gone
 (this host, dead pid) is adopted by a rename to the new invocation's name, so a killed request's
 download resumes instead of starting over.
 """
