@@ -75,10 +75,11 @@ smk status
 TEACHER=$ROOT/teachers/$TEACHER_RUN/iter_000300
 REPORTS=$ROOT/reports
 say "the teacher: $TEACHER"
-$BIN/python - "$REPORTS/fetch/$TEACHER_RUN/iter_000300.json" "$REPORTS/materialize/$TEACHER_RUN/iter_000300.json" <<'PY'
+$BIN/python - "$REPORTS/materialize/$TEACHER_RUN/iter_000300.json" <<'PY'
 import json, os, sys
-fetch, built = (json.load(open(p)) for p in sys.argv[1:])
-print(f"  fetched:  {fetch['source_uri']} -> {os.path.relpath(fetch['path'])} ({fetch['downloaded_bytes']:,} bytes)", file=sys.stderr)
+built = json.load(open(sys.argv[1]))
+fetch = built["fetch"]  # materialize fetched the archive itself, once it knew it had to build
+print(f"  fetched:  {built['source']['location']} -> {os.path.relpath(fetch['path'])} ({fetch['downloaded_bytes']:,} bytes)", file=sys.stderr)
 print(f"  built:    {built['status']}, {built['tensor_count']} tensors in {len(built['shards'])} shard(s), "
       f"checks: {', '.join(built['verification']['checks'])}", file=sys.stderr)
 PY

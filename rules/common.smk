@@ -144,14 +144,15 @@ def teacher_source(run, iteration):
 
 def get_teacher_input(wildcards):
     """The local artifact when its model payload is present with its recorded size (or the merge that
-    writes it), else the fetch rule's staging copy of the archive its receipt (or the bucket) names.
+    writes it); nothing from the archive: materialize decides on the teacher first and fetches into
+    the stage only what a build reads (an intact teacher is skipped without a download).
     """
     source = teacher_source(wildcards.run, wildcards.iteration)
     if source.kind == "merge":
         return [f"{REPORTS}/merge/{wildcards.run}/{wildcards.iteration}.json"]
     if source.kind == "local":
         return [f"{source.artifact_dir}/{MANIFEST}"]
-    return [f"{REPORTS}/fetch/{wildcards.run}/{wildcards.iteration}.json"]
+    return []
 
 
 def get_teacher_ckpt_dir(wildcards):
@@ -161,8 +162,9 @@ def get_teacher_ckpt_dir(wildcards):
 
 
 def get_teacher_uri(wildcards):
-    """The archive materialize builds from (through the fetch rule's stage), so the teacher records the
-    archive's identity; None when the local artifact is used in place."""
+    """The archive materialize builds from (fetched into the fetch rule's stage when a build needs it), so
+    the teacher records the archive's identity; None when the local artifact is used in place.
+    """
     source = teacher_source(wildcards.run, wildcards.iteration)
     return source.uri if source.kind == "archive" else None
 

@@ -216,7 +216,7 @@ def bucket_uri(bucket: str | None) -> StoreURI:
 @dataclass(frozen=True)
 class TeacherSource:
     """Where the teacher of one artifact is built from: ``local`` (the artifact itself), ``merge`` (the
-    artifact the merge rule writes), or ``archive`` (the fetch rule's staging copy of ``uri``)."""
+    artifact the merge rule writes), or ``archive`` (``uri``, fetched into the stage only for a build)."""
 
     kind: str
     artifact_dir: Path
@@ -241,9 +241,10 @@ def _model_present(artifact_dir: Path) -> tuple[bool, str]:
 
 
 def archive_uri_of(receipt: receipt_record.Receipt) -> str:
-    """The archived artifact's URI a JSON receipt names (``file``: the endpoint is the archive root)."""
-    dest = receipt.destination
-    return str(StoreURI(dest.scheme, dest.endpoint if dest.scheme == "file" else dest.bucket, dest.prefix))
+    """The archived artifact's URI a JSON receipt names (``archive.keys.receipt_archive_uri``)."""
+    from .archive.keys import receipt_archive_uri
+
+    return str(receipt_archive_uri(receipt))
 
 
 def teacher_source(artifact_dir: str | Path, run: str, *, bucket: str | None, has_recipe: bool) -> TeacherSource:
@@ -348,7 +349,8 @@ def materialize_step(base: str, out: str, ckpt_dir: str | None, artifact_uri: st
     """Build (or skip) the teacher ``out`` from the local artifact ``ckpt_dir`` used in place, or from
     ``artifact_uri`` through the fetch rule's stage ``stage_root/iter_N`` (kept; fetch re-hashes it), so
     the teacher records the archive's identity; the library refuses a completed teacher of another
-    identity unless ``options["force"]``."""
+    identity unless ``options["force"]``. The skip decision comes before any download: the archive is
+    fetched (by materialize, not by a fetch job before it) only when a build needs it."""
     from .materialize import materialize
 
     if not base:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import socket
+import time
 
 import pytest
 from archive_helpers import CountingStore
 
 from ckptflow.archive.fetch import fetch_artifact
 from ckptflow.archive.publish import publish_artifact
+from ckptflow.archive.stage import stage_lock
 from ckptflow.fsutil import walk_files
 from ckptflow.jsonio import validate
 from ckptflow.records import manifest as manifest_record
@@ -147,19 +151,92 @@ def test_fetch_killed_before_completion_reruns_with_nothing_to_download(
 @pytest.mark.slow
 def test_two_fetchers_into_one_stage_both_succeed(artifact, sw_store, seaweedfs_credentials_path, tmp_path):
     publish_artifact(artifact, sw_store, UPLOAD_PREFIX, progress=False)
-    flag = tmp_path / "paused"
+    flag, waiting = tmp_path / "paused", tmp_path / "waiting"
     args = fetch_args(sw_store, seaweedfs_credentials_path, tmp_path / "stage")
     first = start_cli(*args, env={"CKPTFLOW_TEST_PAUSE_AT": "fetch:after-record", "CKPTFLOW_TEST_PAUSE_FILE": str(flag)})
     wait_for_file(flag, first)
-    second = run_cli(*args)
+    # The second waits for the stage's lock, naming its holder, then finds the first one's finished copy.
+    second = start_cli(*args, env={"CKPTFLOW_TEST_PAUSE_AT": "fetch:lock-wait", "CKPTFLOW_TEST_PAUSE_FILE": str(waiting)})
+    wait_for_file(waiting, second)
+    waiting.unlink()
     flag.unlink()
     out, err = first.communicate(timeout=120)
-    assert second.returncode == 0, second.stderr
+    out2, err2 = second.communicate(timeout=120)
     assert first.returncode == 0, err
-    assert json.loads(out)["status"] == "fetched" and second.report["status"] == "resumed"
+    assert second.returncode == 0, err2
+    assert json.loads(out)["status"] == "fetched"
+    assert json.loads(out2)["status"] == "already-staged" and json.loads(out2)["downloaded_bytes"] == 0
     staged = tmp_path / "stage" / "iter_000300"
     assert_identical(artifact, staged)
     assert parts(staged) == [] and staging_record.read_staging(staged).complete
+
+
+def paused_or_done(flag, proc, timeout: float = 120) -> bool:
+    """Wait until ``proc`` pauses at a point (True) or exits (False)."""
+    deadline = time.monotonic() + timeout
+    while not flag.exists():
+        if proc.poll() is not None:
+            return False
+        assert time.monotonic() < deadline, "the process neither paused nor exited"
+        time.sleep(0.05)
+    return True
+
+
+def assert_record_truthful(staged):
+    """A complete ``.staged.json`` never names a file that is not in place with its size."""
+    record = staging_record.read_staging(staged)
+    if record.complete:
+        missing = [e.path for e in record.files if not (staged / e.path).is_file()
+                   or (staged / e.path).stat().st_size != e.size]
+        assert missing == [], f"{staging_record.FILENAME} says complete while {missing} are not in place"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lock", ["held", "ineffective"])
+def test_a_fetch_racing_another_into_a_partial_stage_never_removes_its_verified_files(
+        lock, artifact, sw_store, seaweedfs_credentials_path, tmp_path):
+    """After a killed fetch, A plans; B completes the stage; A goes on. With the stage's lock B waits for A;
+    where flock does nothing (the guard switched off) A's removals re-check each file and keep B's."""
+    publish_artifact(artifact, sw_store, UPLOAD_PREFIX, progress=False)
+    args = fetch_args(sw_store, seaweedfs_credentials_path, tmp_path / "stage")
+    env = {} if lock == "held" else {"CKPTFLOW_TEST_DISABLE": "fetch:lock"}
+    killed = run_cli(*args, env={**env, "CKPTFLOW_TEST_KILL_AT": "fetch:after-record"})
+    assert killed.returncode == -signal.SIGKILL
+    staged = tmp_path / "stage" / "iter_000300"
+    flag_a, flag_b = tmp_path / "a-paused", tmp_path / "b-paused"
+    a = start_cli(*args, env={**env, "CKPTFLOW_TEST_PAUSE_AT": "fetch:after-record,fetch:after-file:model.pt",
+                              "CKPTFLOW_TEST_PAUSE_FILE": str(flag_a)})
+    wait_for_file(flag_a, a)
+    b = start_cli(*args, env={**env, "CKPTFLOW_TEST_PAUSE_AT": "fetch:lock-wait", "CKPTFLOW_TEST_PAUSE_FILE": str(flag_b)})
+    b_waits = paused_or_done(flag_b, b)
+    if b_waits:
+        flag_b.unlink()  # B goes on waiting for the lock A holds
+    else:  # B completed the stage while A was paused: its verified files must survive A
+        assert b.wait(timeout=120) == 0
+        assert_record_truthful(staged)
+        b_files = {rel: (staged / rel).stat().st_ino for rel in PAYLOADS}
+    flag_a.unlink()
+    if paused_or_done(flag_a, a):  # A stopped again once its model.pt is in place
+        assert_record_truthful(staged)
+        flag_a.unlink()
+    out_a, err_a = a.communicate(timeout=120)
+    out_b, err_b = b.communicate(timeout=120)
+    assert a.returncode == 0, err_a
+    assert b.returncode == 0, err_b
+    if not b_waits:
+        assert {rel: (staged / rel).stat().st_ino for rel in PAYLOADS} == b_files, "A removed B's verified files"
+    assert "does not match the archive" not in err_a + err_b
+    assert b_waits == (lock == "held")
+    assert_identical(artifact, staged)
+    assert parts(staged) == [] and staging_record.read_staging(staged).complete
+    report_a, report_b = json.loads(out_a), json.loads(out_b)
+    if lock == "held":
+        assert report_a["status"] == "resumed" and report_a["downloaded"] == PAYLOADS
+        assert report_b["status"] == "already-staged" and report_b["downloaded_bytes"] == 0
+    else:  # B completed the stage first; A hashed what appeared meanwhile and kept it
+        assert report_b["status"] == "resumed" and report_b["downloaded"] == PAYLOADS
+        assert report_a["status"] == "resumed" and report_a["downloaded_bytes"] == 0
+        assert report_a["reused"] == PAYLOADS
 
 
 def test_cli_fetch_report_matches_its_schema_with_progress_on_stderr(artifact, sw_store, seaweedfs_credentials_path, tmp_path):
@@ -191,3 +268,16 @@ def test_cli_fetch_refusals_are_one_line_and_exit_1(artifact, sw_store, seaweedf
     usage = run_cli("fetch", "--artifact-uri", f"s3://{sw_store.bucket}/proj", "--dst", str(tmp_path / "x"),
                     "--credentials", str(seaweedfs_credentials_path))
     assert usage.returncode == 2 and usage.report["status"] == "usage-error"
+
+
+def test_a_fetch_refuses_by_its_holders_name_when_the_stage_stays_locked(artifact, sw_store, seaweedfs_credentials_path,
+                                                                         tmp_path):
+    publish_artifact(artifact, sw_store, UPLOAD_PREFIX, progress=False)
+    staged = tmp_path / "stage" / "iter_000300"
+    with stage_lock(staged, 0):
+        proc = run_cli(*fetch_args(sw_store, seaweedfs_credentials_path, tmp_path / "stage"),
+                       "--lock-wait-seconds", "0.5")
+    assert proc.returncode == 1 and proc.report["status"] == "refused", proc.stderr
+    assert f"pid {os.getpid()} on host {socket.gethostname()}" in proc.stderr and "--lock-wait-seconds" in proc.stderr
+    assert str(staged) in proc.stderr and proc.stderr.count("\n") == 1
+    assert not staged.exists()  # nothing was written

@@ -236,3 +236,45 @@ def test_refusing_a_held_lock_does_not_open_model_pt(models, tmp_path, monkeypat
     with output_lock(out, 0), pytest.raises(Refused, match="still held"):
         build(models, out, lock_wait_seconds=0)
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_request_waiting_while_prune_removes_model_pt_builds_from_the_archive_its_receipt_names(models, tmp_path):
+    """A holds the lock; B waits; prune-verified removes the published model.pt meanwhile. B resolves its
+    source again under the lock: the archive the receipt names holds the same model, so B skips A's build
+    (no download: the decision comes first) instead of failing with "model.pt is missing"."""
+    art = own_artifact(models, tmp_path)
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    env = cli_env(CKPTFLOW_CACHE_DIR=str(tmp_path / "cache"))
+    published = run_cli("publish", "--artifact-dir", str(art), "--upload-prefix", "proj/g/run/ts/checkpoints",
+                        "--bucket", f"file://{archive}", env=env)
+    assert published.returncode == 0, published.stderr
+    out = tmp_path / "teacher"
+    flags = {name: tmp_path / f"paused-{name}" for name in ("first", "waiting")}
+    procs = {"first": start_cli(*cli_args(art, models.base(), out),
+                                env={**env, "CKPTFLOW_TEST_PAUSE_AT": "materialize:after-open",
+                                     "CKPTFLOW_TEST_PAUSE_FILE": str(flags["first"])})}
+    try:
+        wait_for_file(flags["first"], procs["first"])  # it holds the lock, model.pt opened
+        procs["waiting"] = start_cli(*cli_args(art, models.base(), out),
+                                     env={**env, "CKPTFLOW_TEST_PAUSE_AT": "materialize:lock-wait",
+                                          "CKPTFLOW_TEST_PAUSE_FILE": str(flags["waiting"])})
+        wait_for_file(flags["waiting"], procs["waiting"])  # its source was resolved with model.pt present
+        flags["waiting"].unlink()
+        pruned = run_cli("prune-verified", "--paths", str(art), env=env)
+        assert pruned.returncode == 0 and not (art / "model.pt").exists(), pruned.stdout + pruned.stderr
+        flags["first"].unlink()
+        outputs = {name: finish(proc) for name, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert procs["first"].returncode == 0 and json.loads(outputs["first"][0])["status"] == "built", outputs["first"][1]
+    assert procs["waiting"].returncode == 0, outputs["waiting"][1]
+    report = json.loads(outputs["waiting"][0])
+    assert report["status"] == "skipped" and report["source"]["kind"] == "artifact-uri", report
+    assert report["source"]["location"] == f"file://{archive}/proj/g/run/ts/checkpoint_artifacts/iter_000300"
+    assert report["fetch"] is None  # skipped before any download
+    assert siblings(out) == []

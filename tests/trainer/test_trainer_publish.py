@@ -15,8 +15,13 @@ from trainer_helpers import tiny_training
 import ckptflow.trainer.publish as trainer_publish_module
 from ckptflow.archive.publish import publish_artifact
 from ckptflow.records.receipt import read_receipt
+from ckptflow.store.base import DEFAULT_MULTIPART_THRESHOLD
+from ckptflow.store.open import open_bucket_arg
 from ckptflow.trainer import UploadSettings, artifact_dir_for, save_and_publish, wait_for_publications
+from ckptflow.trainer.publish import trainer_publish
+from helpers.artifacts import UPLOAD_PREFIX, make_artifact
 from helpers.cli import run_cli
+from helpers.paused import resume, start_paused
 from helpers.trees import tree_bytes
 
 PREFIX = "proj/group/run/ts/checkpoints"
@@ -119,3 +124,34 @@ def test_an_unexpected_publication_error_is_an_outcome_not_a_dead_thread(tmp_pat
         outcomes = wait_for_publications(tmp_path / "run", timeout=60)
     assert [o.ok for o in outcomes] == [False, False] and "RuntimeError: boom" in outcomes[0].error
     assert outcomes[1].retry in caplog.text
+
+
+def test_a_publication_racing_publish_and_prune_of_its_artifact_reports_it_archived(tmp_path, caplog, monkeypatch):
+    """The trainer's publication stops after its first payload; meanwhile the workflow's side publishes the
+    same artifact and prunes it (real processes). The trainer's publication then finds its next payload gone:
+    that is an archived artifact, not a failure with "the local artifact is kept"."""
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    bucket = f"file://{archive}"
+    monkeypatch.setenv("CKPTFLOW_CACHE_DIR", str(tmp_path / "cache"))
+    art = make_artifact(tmp_path / "run1", model_bytes=DEFAULT_MULTIPART_THRESHOLD + 1)  # model.pt streams first
+    (art / "optim.pt").unlink()  # a stale file the receipt would not cover: prune would keep the artifact
+    store = open_bucket_arg(bucket, None)
+    flag = tmp_path / "paused"
+    with caplog.at_level(logging.INFO, logger="ckptflow"):
+        worker, outcome = start_paused(lambda: trainer_publish(art, store, UPLOAD_PREFIX), "publish:after-payload",
+                                       flag, monkeypatch)
+        others = {"CKPTFLOW_TEST_PAUSE_AT": ""}
+        published = run_cli("publish", "--artifact-dir", str(art), "--upload-prefix", UPLOAD_PREFIX, "--bucket", bucket,
+                            env=others)
+        assert published.returncode == 0, published.stderr
+        pruned = run_cli("prune-verified", "--paths", str(art), env=others)
+        assert pruned.returncode == 0, pruned.stderr + pruned.stdout
+        assert not (art / "model.pt").exists() and not (art / "optim").exists(), pruned.stdout
+        resume(worker, flag, monkeypatch)
+    result = outcome["result"]
+    assert result.ok, result.error
+    assert result.result.status in ("skipped", "adopted")
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    assert "by another publisher while this one ran" in caplog.text
+    assert read_receipt(art) is not None

@@ -181,7 +181,7 @@ def test_materialize_teacher_under_slurm_builds_from_the_archive_and_the_teacher
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-5000:]
     ids = slurm_job_ids(out)
-    assert len(ids) >= 2, out[-5000:]  # fetch, then materialize: each its own Slurm job
+    assert len(ids) >= 1, out[-5000:]  # materialize (it fetches the archive itself for its build): a Slurm job
     rows = sacct(ids)
     assert rows and all(state == "COMPLETED" for _, _, state in rows), rows
 

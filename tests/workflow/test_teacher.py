@@ -44,13 +44,15 @@ def test_a_pruned_artifact_materializes_from_the_archive_its_receipt_names(
     flow.ok("prune_all")
     art = flow.artifact()
     assert "model.pt" not in list(walk_files(art))
-    assert flow.planned("materialize_teacher", iter=300) == ["fetch", "materialize", "materialize_teacher"]
+    # No fetch job first: materialize decides on the teacher, then fetches what a build needs.
+    assert flow.planned("materialize_teacher", iter=300) == ["materialize", "materialize_teacher"]
     flow.ok("materialize_teacher", iter=300)
-    fetched = json.loads(flow.report("fetch").read_text())
-    assert fetched["source_uri"] == f"s3://{seaweedfs_bucket}/{RUN}/checkpoint_artifacts/iter_000300"
-    assert fetched["status"] == "fetched" and (flow.staged() / ".staged.json").is_file()
     built = json.loads(flow.report("materialize").read_text())
-    uri = fetched["source_uri"]
+    uri = f"s3://{seaweedfs_bucket}/{RUN}/checkpoint_artifacts/iter_000300"
+    fetched = built["fetch"]
+    assert fetched["status"] == "fetched" and fetched["path"] == str(flow.staged())
+    assert (flow.staged() / ".staged.json").is_file()
+    assert json.loads((flow.staged() / ".staged.json").read_text())["source_uri"] == uri
     assert built["status"] == "built" and built["source"]["kind"] == "artifact-uri" and built["source"]["location"] == uri
     # The teacher records the archive's identity, although its bytes came through the fetch rule's stage.
     assert json.loads((flow.teacher() / ".materialized").read_text())["source"]["uri"] == uri
@@ -70,10 +72,28 @@ def test_without_a_local_directory_the_teacher_is_fetched_from_the_bucket(
                      f"{RUN}/checkpoints", progress=False)
     assert not flow.runs.exists()
     flow.ok("materialize_teacher", iter=300)
-    assert json.loads(flow.report("fetch").read_text())["source_uri"] == (
-        f"s3://{seaweedfs_bucket}/{RUN}/checkpoint_artifacts/iter_000300")
-    assert json.loads(flow.report("materialize").read_text())["status"] == "built"
+    built = json.loads(flow.report("materialize").read_text())
+    assert built["source"]["location"] == f"s3://{seaweedfs_bucket}/{RUN}/checkpoint_artifacts/iter_000300"
+    assert built["status"] == "built" and built["fetch"]["status"] == "fetched"
     assert not flow.runs.exists()  # nothing was written where the artifact would live
+
+
+@pytest.mark.slow
+def test_after_prune_all_an_intact_teacher_is_skipped_without_downloading_anything(
+        tmp_path, kit, seaweedfs_bucket, seaweedfs_credentials_path):
+    flow = _flow(tmp_path, kit, bucket=seaweedfs_bucket, credentials=str(seaweedfs_credentials_path))
+    flow.ok("materialize_teacher", iter=300)
+    assert json.loads(flow.report("materialize").read_text())["status"] == "built"
+    teacher = {p: (flow.teacher() / p).read_bytes() for p in walk_files(flow.teacher())}
+    flow.ok("prune_all")
+    assert "model.pt" not in list(walk_files(flow.artifact()))
+    assert flow.planned("materialize_teacher", iter=300) == ["materialize", "materialize_teacher"]
+    flow.ok("materialize_teacher", iter=300)
+    report = json.loads(flow.report("materialize").read_text())
+    assert report["status"] == "skipped" and report["source"]["kind"] == "artifact-uri"
+    assert report["fetch"] is None and report["staging"] is None
+    assert not flow.staged().exists() and not flow.report("fetch").exists()  # 0 bytes downloaded, nothing staged
+    assert {p: (flow.teacher() / p).read_bytes() for p in walk_files(flow.teacher())} == teacher
 
 
 def test_a_missing_iteration_or_an_ambiguous_run_is_a_clear_error(tmp_path):

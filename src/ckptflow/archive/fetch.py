@@ -24,9 +24,16 @@ as ``OutOfSpace`` naming the file being written; files verified by then stay, an
 A complete copy of the same source (same URI, declaration digest and inventory) is ``already-staged``
 only after every payload re-hashed to its declared sha256 (files in parallel, ``digest.hash_files``):
 the answer vouches for content, and a file changed in place with its size kept is downloaded again
-(``resumed``). Nothing is written for a copy that matches. Two
-fetches of one source into one stage are safe (same bytes, atomic renames, no shared temporaries);
-fetches of *different* sources into one stage at the same moment are not serialised (no lock).
+(``resumed``). Nothing is written for a copy that matches.
+
+Concurrent fetches into one stage are serialised by ``STAGE/iter_N.lock`` (``ckptflow.lock``: flock,
+naming its holder; waited for up to ``lock_wait_seconds``, then refused by name). The decision of step 2
+is taken once without the lock (so a refusal or an intact copy leaves nothing behind) and again under it,
+so a fetch that waited sees what the other one wrote (typically: ``already-staged``). Because ``flock``
+may be a no-op on a cluster file system, the lock is not the guarantee: every removal re-checks that the
+file is still the one judged (inode, size, mtime; ``stage.unlink_if_judged``), a file that appeared
+meanwhile is hashed and kept when it verifies, and ``complete: true`` is written only while every file
+of the inventory is in place with its size.
 
 Ranged resume: a ``.part`` left by a killed fetch (same host, dead pid) continues from the end of its
 contiguous data (``stage.resumable_prefix``). Per-range digests do not exist, so the prefix cannot be
@@ -43,9 +50,10 @@ listing cannot prove every shard is present), and so is a file with no digest an
 Modules: this one reads the archive and orders the steps; ``stage.py`` owns the local directory
 (ownership, leftover parts, removal of own files); ``download.py`` moves and verifies the bytes.
 
-Test points (``testhooks``): ``fetch:after-record``, ``fetch:mid-file:<path>`` (after the first range of
-a file that has more), ``fetch:after-file`` and ``fetch:after-file:<path>``, ``fetch:before-manifest``,
-``fetch:before-complete``. A pause point pauses only the thread that reaches it.
+Test points (``testhooks``): ``fetch:lock-wait`` (another fetch holds the stage's lock; the guard
+``fetch:lock`` switches the lock off), ``fetch:after-record``, ``fetch:mid-file:<path>`` (after the first
+range of a file that has more), ``fetch:after-file`` and ``fetch:after-file:<path>``,
+``fetch:before-manifest``, ``fetch:before-complete``. A pause point pauses only the thread that reaches it.
 """
 
 from __future__ import annotations
@@ -59,8 +67,17 @@ from pathlib import Path, PurePosixPath
 from .. import testhooks
 from ..artifact import ITER_DIR_RE
 from ..digest import FileDigest, hash_files, sha256_bytes
-from ..errors import InvalidRecord, NotFound, OutOfSpace, Refused, UnsafePath, VerificationFailed
+from ..errors import (
+    ConflictError,
+    InvalidRecord,
+    NotFound,
+    OutOfSpace,
+    Refused,
+    UnsafePath,
+    VerificationFailed,
+)
 from ..fsutil import name_max, restorable_name_problem
+from ..lock import DEFAULT_WAIT_SECONDS
 from ..records import declaration as declaration_record
 from ..records import manifest as manifest_record
 from ..records import staging as staging_record
@@ -264,6 +281,7 @@ def fetch_artifact(
     progress: bool | None = None,
     reserve: int = 0,
     reserve_for: str = "",
+    lock_wait_seconds: float = DEFAULT_WAIT_SECONDS,
 ) -> FetchResult:
     """Fetch the artifact at ``artifact_uri`` into ``dst/iter_N``; see the module docstring for the order.
 
@@ -271,17 +289,56 @@ def fetch_artifact(
     it); otherwise one is opened from the URI with ``credentials`` (None: the default chain; unused for file://).
     ``progress``: None shows bars when stderr is a terminal (or ``CKPTFLOW_PROGRESS=1``). ``reserve``
     bytes must stay free on the stage's file system after the fetch, for ``reserve_for`` (the caller's
-    next step there): the free-space check counts them.
+    next step there): the free-space check counts them. ``lock_wait_seconds``: how long to wait for
+    another fetch holding ``dst/iter_N.lock`` before refusing by its holder's name.
     """
     store, uri, prefix, name = _open_source(artifact_uri, store, credentials)
     staged = Path(os.path.abspath(dst)) / name
     plan = read_plan(store, prefix, uri, iteration=int(ITER_DIR_RE.match(name).group(1)))
-    inventory = plan.inventory
-    problem = restorable_name_problem([e.path for e in inventory], name_max(staged))
+    problem = restorable_name_problem([e.path for e in plan.inventory], name_max(staged))
     if problem is not None:
         raise Refused(f"{uri} cannot be written into {staged}: {problem}; nothing was written",
                       remedy="fetch into a case-sensitive file system whose names are long enough, or republish the "
                       "artifact with other names")
+    # Decided once without the lock (a refusal or an intact copy then leaves no lock file behind), and
+    # again under it: another fetch may have written the stage meanwhile. Files unchanged since the
+    # first pass (same inode, size, mtime) are not hashed twice.
+    decision = _decide(store, plan, staged, progress, reserve, reserve_for, {})
+    if decision.result.status == "already-staged":
+        return decision.result
+    with stage.stage_lock(staged, lock_wait_seconds):
+        decision = _decide(store, plan, staged, progress, reserve, reserve_for, decision.hashed)
+        if decision.result.status == "already-staged":
+            return decision.result
+        result, todo = decision.result, decision.todo
+        # First write. Everything above only read.
+        try:
+            _write(store, plan, staged, decision, progress=progress)
+        except OSError as exc:
+            if not space.is_full(exc) or isinstance(exc, OutOfSpace):
+                raise
+            rest = [e for e in todo if not os.path.lexists(staged / e.path)]
+            raise space.out_of_space(exc, staged, space.path_in(exc, staged), rest,
+                                     verified=len(todo) - len(rest)) from exc
+    return result
+
+
+@dataclass
+class _Decision:
+    """What one read-only look at the stage found, and the state of each file it judged."""
+
+    result: FetchResult
+    same: bool  # the stage holds this tool's copy of this very source
+    old: tuple[FileEntry, ...] | None  # the record's files of another source, to be removed (a replacement)
+    todo: list[FileEntry]
+    judged: dict[str, tuple | None]  # path -> stage.file_key when judged (None: absent)
+    hashed: dict[str, tuple[tuple, FileDigest]]  # path -> (file_key, digest) of every file hashed
+
+
+def _decide(store: ObjectStore, plan: FetchPlan, staged: Path, progress, reserve: int, reserve_for: str,
+            hashed: dict[str, tuple[tuple, FileDigest]]) -> _Decision:
+    """Read-only: what the stage is, which own files verify, what to download; refusals touch nothing."""
+    uri, inventory = plan.source, plan.inventory
     record = stage.read_own_record(staged)
     same = record is not None and (record.source_uri, record.declaration_sha256, record.files) == (
         str(uri), plan.declaration_sha256, inventory)
@@ -289,32 +346,29 @@ def fetch_artifact(
     old = record.files if record is not None and not same else ()
     stage.check_room(staged, [e.path for e in inventory], {e.path for e in (inventory if same else old)})
     stage.check_removable(staged, old)
+    # Each file is judged by its state (inode, size, mtime) before it is hashed; a removal later
+    # re-checks that state, so a file another fetch put in place meanwhile is never what is removed.
+    judged = {e.path: stage.file_key(staged / e.path) for e in (*plan.payloads, *old)}
     # An own copy of this source is re-hashed, complete or not: sizes alone do not vouch for content.
     present = [e.path for e in plan.payloads if same and stage.files_in_place(staged, [e])]
-    digests = hash_files(staged, present, progress=progress, desc="fetch re-verify") if present else {}
+    digests = {p: hashed[p][1] for p in present if p in hashed and hashed[p][0] == judged[p]}
+    fresh = [p for p in present if p not in digests]
+    if fresh:
+        digests.update(hash_files(staged, fresh, progress=progress, desc="fetch re-verify"))
     by_path = {e.path: e for e in plan.payloads}
     result.reused = [p for p in present if digests[p] == FileDigest(by_path[p].size, by_path[p].sha256)]
     todo = [e for e in plan.payloads if e.path not in result.reused]
+    decision = _Decision(result, same, old if record is not None and not same else None, todo, judged,
+                         {p: (judged[p], d) for p, d in digests.items()})
     if same and record.complete and not todo and \
             (staged / manifest_record.FILENAME).read_bytes() == plan.manifest_bytes:
         result.status = "already-staged"
         result.left_beside = stage.unowned_files(staged, {e.path for e in inventory})
-        return result
+        return decision
     _require_remote(store, plan, todo)
     space.check_space(staged, todo, source=str(uri), extra=len(plan.manifest_bytes),
                       freed=_freed(staged, todo, old, same), reserve=reserve, reserve_for=reserve_for)
-
-    # First write. Everything above only read.
-    try:
-        _write(store, plan, staged, result, todo, old=old if record is not None and not same else None, same=same,
-               progress=progress)
-    except OSError as exc:
-        if not space.is_full(exc) or isinstance(exc, OutOfSpace):
-            raise
-        rest = [e for e in todo if not os.path.lexists(staged / e.path)]
-        raise space.out_of_space(exc, staged, space.path_in(exc, staged), rest,
-                                 verified=len(todo) - len(rest)) from exc
-    return result
+    return decision
 
 
 def _freed(staged: Path, todo: list[FileEntry], old, same: bool) -> list[Path]:
@@ -330,29 +384,36 @@ def _freed(staged: Path, todo: list[FileEntry], old, same: bool) -> list[Path]:
     return paths
 
 
-def _write(store: ObjectStore, plan: FetchPlan, staged: Path, result: FetchResult, todo: list[FileEntry], *,
-           old: tuple[FileEntry, ...] | None, same: bool, progress: bool | None) -> None:
-    """Everything fetch writes, in order: removal of a replaced copy (``old``), the claim, payloads, manifest,
-    record."""
-    uri, inventory = plan.source, plan.inventory
-    if old is not None:
-        result.status, result.removed = "replaced", stage.remove_recorded_files(staged, old)
-    elif same:
+def _write(store: ObjectStore, plan: FetchPlan, staged: Path, decision: _Decision, *, progress: bool | None) -> None:
+    """Everything fetch writes, in order: removal of a replaced copy, the claim, payloads, manifest, record."""
+    uri, inventory, result = plan.source, plan.inventory, decision.result
+    if decision.old is not None:
+        result.status = "replaced"
+        result.removed = stage.remove_recorded_files(staged, decision.old, judged=decision.judged)
+    elif decision.same:
         result.status = "resumed"
     staged.mkdir(parents=True, exist_ok=True)
     claim = staging_record.StagingRecord(str(uri), plan.declaration_sha256, inventory, complete=False)
     staging_record.write_staging(staged, claim)
     testhooks.reached("fetch:after-record")
-    for entry in todo:
-        if same and os.path.lexists(staged / entry.path):
-            log.warning("%s does not match the archive; downloading it again", staged / entry.path)
-            os.unlink(staged / entry.path)  # owned: named in this tool's record for this very source
+    todo = list(decision.todo)
+    if decision.same:
+        for entry in decision.todo:
+            if stage.clear_unverified(staged, entry, decision.judged.get(entry.path)):
+                todo.remove(entry)
+                result.reused = sorted([*result.reused, entry.path])
+    decision.todo[:] = todo
     result.downloaded_bytes, result.resumed = download_files(
         store, plan.prefix, staged, todo, where=plan.where, progress=progress)
     result.downloaded = sorted(e.path for e in todo)
     testhooks.reached("fetch:before-manifest")
     stage.write_via_part(staged / manifest_record.FILENAME, plan.manifest_bytes)
     testhooks.reached("fetch:before-complete")
+    missing = [e.path for e in inventory if not stage.files_in_place(staged, [e])]
+    if missing:  # `complete` is never written while a file it names is not in place
+        raise ConflictError(f"{staged / missing[0]} was removed or changed while this fetch ran "
+                            f"({len(missing)} file(s)); {staging_record.FILENAME} stays incomplete",
+                            path=str(staged / missing[0]), remedy="let the other process finish, then rerun the fetch")
     staging_record.write_staging(
         staged, staging_record.StagingRecord(claim.source_uri, claim.declaration_sha256, inventory, complete=True))
     result.left_beside = stage.unowned_files(staged, {e.path for e in inventory})

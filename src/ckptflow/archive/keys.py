@@ -60,3 +60,10 @@ def parse_artifact_uri(artifact_uri: str | StoreURI, *, what: str = "artifact UR
         raise UsageError(f"{what} {uri} does not end in iter_<N>",
                          remedy="pass the artifact's own prefix, .../checkpoint_artifacts/iter_N")
     return ArtifactURI(uri, name, int(m.group(1)))
+
+
+def receipt_archive_uri(receipt) -> StoreURI:
+    """The archived artifact's URI a JSON receipt (``records.receipt.Receipt``) names (``file``: the
+    endpoint is the archive root). The workflow's source resolution and materialize read it alike."""
+    dest = receipt.destination
+    return StoreURI(dest.scheme, dest.endpoint if dest.scheme == "file" else dest.bucket, dest.prefix)

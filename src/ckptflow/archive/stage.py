@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import stat
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
 
-from ..digest import sha256_prefix
+from ..digest import FileDigest, sha256_file, sha256_prefix
 from ..errors import ConflictError, InvalidRecord, Refused, UnsafePath
 from ..fsutil import (
     dead_temporaries,
@@ -34,8 +35,23 @@ from ..fsutil import (
     temp_stem,
     unique_temp_path,
 )
+from ..lock import held_lock
 from ..records import staging as staging_record
 from ..records.inventory import FileEntry
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def stage_lock(staged: Path, wait_seconds: float) -> Iterator[Path | None]:
+    """Hold ``STAGE/iter_N.lock`` (``ckptflow.lock``) while one fetch plans and writes ``staged``; wait up to
+    ``wait_seconds`` for another fetch, then refuse naming it. Yields the lock's path (None when a test
+    disabled it: ``fetch:lock``)."""
+    with held_lock(staged.with_name(staged.name + ".lock"), wait_seconds, step="fetch",
+                   busy=f"{staged} is being fetched into by another request",
+                   remedy="let that fetch finish, then rerun (it answers already-staged once the copy is "
+                   "complete), or raise --lock-wait-seconds") as path:
+        yield path
 
 PART_SUFFIX = ".part"
 # A resumed part restarts at the end of its first hole rounded down to this, so a block that a killed
@@ -241,14 +257,69 @@ def check_removable(staged: Path, entries: Iterable[FileEntry]) -> None:
             )
 
 
-def remove_recorded_files(staged: Path, entries: Iterable[FileEntry]) -> list[str]:
-    """Remove the files ``entries`` name (and their leftover parts), then directories left empty."""
+def file_key(path: Path) -> tuple | None:
+    """The state a file is judged in: (device, inode, size, mtime) of the path itself; None when absent."""
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def unlink_if_judged(path: Path, judged: tuple | None) -> bool:
+    """Remove ``path`` only while it is still the file judged (``file_key``); True when removed.
+
+    Fetches into one stage hold its lock, but ``flock`` may be a no-op on a cluster file system: a
+    file another fetch renamed into place since the judgement is a new inode and is kept.
+    """
+    if judged is None or file_key(path) != judged:
+        return False
+    try:
+        os.unlink(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return True
+
+
+def clear_unverified(staged: Path, entry: FileEntry, judged: tuple | None) -> bool:
+    """Before downloading ``entry`` into an own copy of the same source: remove the file judged not to
+    match, unless it changed since; a file that appeared or changed meanwhile is judged again (hashed).
+    Returns True when what stands there now verifies (nothing to download)."""
+    target = staged / entry.path
+    now = file_key(target)
+    if now is None:
+        return False
+    if now == judged:
+        log.warning("%s does not match the archive; downloading it again", target)
+        unlink_if_judged(target, judged)  # owned: named in this tool's record for this very source
+        return False
+    if now[2] == entry.size and sha256_file(target) == FileDigest(entry.size, entry.sha256) \
+            and file_key(target) == now:
+        log.info("%s was completed by another fetch meanwhile and verifies; kept", target)
+        return True
+    if unlink_if_judged(target, now):
+        log.warning("%s changed since it was judged and does not match the archive; downloading it again", target)
+        return False
+    raise ConflictError(f"{target} keeps changing while this fetch runs", path=str(target),
+                        remedy="let the other writer finish, then rerun the fetch")
+
+
+def remove_recorded_files(staged: Path, entries: Iterable[FileEntry],
+                          judged: dict[str, tuple | None] | None = None) -> list[str]:
+    """Remove the files ``entries`` name (and their leftover parts), then directories left empty.
+
+    With ``judged`` (path -> ``file_key`` when the caller decided), a file is removed only while it is
+    still the one judged; one that changed meanwhile is kept."""
     removed: list[str] = []
     for entry in entries:
         target = resolve_inside(staged, entry.path, what=f"recorded file {entry.path}")
         for part in leftover_parts(target):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(part)
+        if judged is not None:
+            if unlink_if_judged(target, judged.get(entry.path)):
+                removed.append(entry.path)
+            continue
         try:
             os.unlink(target)
             removed.append(entry.path)

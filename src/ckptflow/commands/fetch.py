@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from .materialize import wait_seconds_arg
 from .summary import block, files_bytes, inventory_total, plural
 
 
@@ -17,6 +18,9 @@ def register(sub) -> None:
     )
     s.add_argument("--dst", required=True, help="staging directory; the artifact lands in DST/iter_N (printed as 'path')")
     s.add_argument("--credentials", help="credentials JSON; default $CKPTFLOW_CREDENTIALS (unused for file://)")
+    s.add_argument("--lock-wait-seconds", type=wait_seconds_arg, default=120.0, metavar="S",
+                   help="how long to wait for another fetch into the same DST/iter_N (DST/iter_N.lock) before "
+                   "refusing (default 120; a finite number >= 0)")
     s.set_defaults(func=run)
 
 
@@ -25,7 +29,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from ..store.open import credentials_for
 
     credentials = credentials_for(args.artifact_uri, args.credentials)
-    result = fetch_artifact(args.artifact_uri, Path(args.dst), credentials=credentials)
+    result = fetch_artifact(args.artifact_uri, Path(args.dst), credentials=credentials,
+                            lock_wait_seconds=args.lock_wait_seconds)
     return result.to_report()
 
 

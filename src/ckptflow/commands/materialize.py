@@ -44,13 +44,13 @@ def register(sub) -> None:
                    "rendered trimmed, as the chat_template of both tokenizer_config.json and chat_template.json "
                    "(every other key unchanged); refuses a base with a template a loader prefers (chat_template.jinja, "
                    "additional_chat_templates/, processor_config.json's chat_template); part of the identity")
-    s.add_argument("--lock-wait-seconds", type=_wait_seconds, default=120.0, metavar="S",
+    s.add_argument("--lock-wait-seconds", type=wait_seconds_arg, default=120.0, metavar="S",
                    help="how long to wait for another materialize of the same --out (<out>.lock) before refusing "
                    "(default 120; a finite number >= 0)")
     s.set_defaults(func=run)
 
 
-def _wait_seconds(text: str) -> float:
+def wait_seconds_arg(text: str) -> float:
     """A finite number >= 0; anything else is a usage error (exit 2)."""
     try:
         value = float(text)

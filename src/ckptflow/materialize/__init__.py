@@ -5,7 +5,9 @@ that step 4 renames back an output a killed swap left aside)::
 
     1. source identity   --ckpt-dir: the local native manifest's ``model`` file component (size, sha256);
                          --artifact-uri: the remote native manifest alone (one small GET), no payload
-    2. lock              ``<out>.lock`` (``lock.py``), waited for up to --lock-wait-seconds; held to the end
+    2. lock              ``<out>.lock`` (``lock.py``), waited for up to --lock-wait-seconds; held to the end;
+                         a local source is resolved again under it: a model.pt pruned meanwhile is read
+                         from the archive its receipt names (``source.resolve_under_lock``)
     3. bind the source   --ckpt-dir: model.pt opened ONCE (``source.OpenedModel``); a manifest without a
                          digest -> the identity is hashed from that descriptor
     4. preflight         the base is read and validated, the tensor floor / count checked
@@ -73,6 +75,7 @@ new one not yet in), ``materialize:after-swap`` (before the old tree is removed)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -102,7 +105,7 @@ from .output import (
     staged_tree,
     unregister_active,
 )
-from .source import ModelSource, OpenedModel, resolve_source
+from .source import ModelSource, OpenedModel, resolve_source, resolve_under_lock
 from .staging import Stage, open_stage, release
 
 if TYPE_CHECKING:
@@ -220,6 +223,12 @@ def materialize(
                        max_shard_bytes, progress, bool(unified_chat_template))
     with output_lock(out, wait), contextlib.ExitStack() as held:
         opened = None
+        resolved = resolve_under_lock(source, credentials)  # a prune may have run while this waited
+        if resolved.kind != source.kind:
+            log.info("%s was removed while this request waited for %s; building from the archive its receipt "
+                     "names, %s", source.local_path, out.name + ".lock", resolved.location)
+            request = dataclasses.replace(request, stage=out.with_name(out.name + ".stage"))
+        source = resolved
         if source.kind == "ckpt-dir":  # opened once, under the lock: every later read goes through it
             source, opened = held.enter_context(source.open_local(progress=progress))
             testhooks.reached("materialize:after-open")

@@ -11,6 +11,9 @@
   the remote native manifest is read (one small GET); a manifest without a digest for the model falls
   back to the object's ``sha256`` metadata (HEAD), as fetch does for legacy archives. The payload is
   fetched by ``archive.reader.fetch_artifact`` only when a build needs it.
+* A local source whose model.pt was removed while the request waited for the lock (pruned after its
+  publication) is resolved again under it (``resolve_under_lock``): the archive the receipt names, when
+  it holds the model the local manifest records, so the request converges without a rerun.
 """
 
 from __future__ import annotations
@@ -22,16 +25,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..archive.keys import parse_artifact_uri
+from ..archive.keys import parse_artifact_uri, receipt_archive_uri
 from ..digest import FileDigest, sha256_file
-from ..errors import InvalidRecord, NotFound, Refused, VerificationFailed
+from ..errors import CkptflowError, InvalidRecord, NotFound, Refused, VerificationFailed
 from ..fsutil import resolve_inside
 from ..progress import ByteProgress
 from ..records import manifest as manifest_record
+from ..records import receipt as receipt_record
 from ..records.materialized import SourceIdentity
 from ..store import Credentials, StoreURI
 from ..store.base import ObjectStore
-from ..store.open import open_uri
+from ..store.open import credentials_for, open_uri
 
 MODEL_COMPONENT = "model"
 
@@ -105,6 +109,47 @@ def resolve_source(
         return _local_source(Path(os.path.abspath(ckpt_dir)))
     assert artifact_uri is not None
     return _archive_source(artifact_uri, store, credentials)
+
+
+def resolve_under_lock(source: ModelSource, credentials) -> ModelSource:
+    """A local source resolved again once the output's lock is held: a prune may have removed model.pt
+    while the request waited. Then the archive the artifact's receipt names is the source, when its model
+    descriptor is the one the local manifest records (same sha256 and size); otherwise the local
+    artifact's own refusal stands. An archived source is returned as it is. ``credentials`` (None: the
+    default, ``$CKPTFLOW_CREDENTIALS``) open the archive."""
+    if source.kind != "ckpt-dir":
+        return source
+    try:
+        return _local_source(Path(source.location))
+    except NotFound:
+        archived = _archived_instead(Path(source.location), credentials)
+        if archived is None:
+            raise
+        return archived
+
+
+def _archived_instead(artifact_dir: Path, credentials) -> ModelSource | None:
+    """The archive a receipt names, as the source of the model the local manifest records; None when
+    there is no readable receipt or the manifest records no digest to compare with."""
+    try:
+        receipt = receipt_record.read_receipt(artifact_dir)
+        manifest = manifest_record.read_manifest(artifact_dir)
+    except (CkptflowError, OSError):
+        return None
+    model = _model_component(manifest, str(artifact_dir))
+    if model.sha256 is None:
+        return None
+    uri = receipt_archive_uri(receipt)
+    if credentials is None:
+        credentials = credentials_for(uri, None)
+    archived = _archive_source(str(uri), None, credentials)
+    if (archived.identity.sha256, archived.identity.size) != (model.sha256, model.size):
+        raise VerificationFailed(
+            f"{artifact_dir / model.path} is gone and the archive its receipt names ({uri}) records model "
+            f"{archived.identity.size} bytes sha256 {archived.identity.sha256}, not the {model.size} bytes sha256 "
+            f"{model.sha256} of the local manifest", path=str(artifact_dir),
+            remedy="restore the payload, or materialize from the right archive with --artifact-uri")
+    return archived
 
 
 def _model_component(manifest: manifest_record.Manifest, where: str) -> manifest_record.FileComponent:

@@ -4,7 +4,10 @@
 Archive failures (endpoint down, refused declaration, verification failure) are logged with their reason
 and the exact command that retries them, and returned, never raised: the local artifact stays untouched
 and can be published later with ``ckptflow publish`` (or the workflow's ``snakemake publish_all``). The
-command line reports the same failures as a failed command (exit 1) instead.
+command line reports the same failures as a failed command (exit 1) instead. A publication that fails
+while another publisher receipts the same artifact (the workflow's ``publish_all``, then perhaps a prune
+removing the payloads it was reading) is run once more: it adopts that archive and is reported as
+archived, not as a failure.
 
 ``save_and_publish`` writes an artifact (``write.write_artifact``) and hands it to the run's
 ``BackgroundPublisher``: one thread per run directory, at most one publication in flight, later saves queued
@@ -14,7 +17,9 @@ in order, so a training step is never blocked by an upload. ``wait_for_publicati
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import shlex
 import threading
 from collections.abc import Mapping
@@ -26,6 +31,7 @@ from .. import testhooks
 from ..archive.publish import PublishResult, publish_artifact
 from ..errors import CkptflowError
 from ..records import manifest as manifest_record
+from ..records import receipt as receipt_record
 from ..store.base import ObjectStore
 from .write import artifact_dir_for, write_artifact
 
@@ -73,14 +79,36 @@ def trainer_publish(
 ) -> TrainerPublishOutcome:
     """``publish_artifact`` for a training loop: failures are captured and logged, the artifact kept."""
     retry = retry or shlex.join(["ckptflow", "publish", "--artifact-dir", str(artifact_dir), "--upload-prefix", upload_prefix])
+    receipt = receipt_record.path_in(artifact_dir)
+    had_receipt = _state(receipt)
     try:
         result = publish_artifact(artifact_dir, store, upload_prefix, delete_local=delete_local, progress=False)
     except (CkptflowError, OSError) as exc:
+        if _state(receipt) not in (None, had_receipt):
+            # Another publisher (the workflow's publish_all, a `ckptflow publish`) committed and receipted the
+            # artifact meanwhile, and a prune may then have removed the payloads this one was reading. The
+            # same publication once more tells which: it adopts that archive (nothing uploaded) or fails.
+            with contextlib.suppress(CkptflowError, OSError):
+                result = publish_artifact(artifact_dir, store, upload_prefix, progress=False)
+                dest = result.destination
+                log.info("archived %s by another publisher while this one ran (%s at %s://%s/%s); this "
+                         "publication had stopped on: %s", artifact_dir, result.status, dest.scheme, dest.bucket,
+                         dest.prefix, exc)
+                return TrainerPublishOutcome(result=result, error=None, artifact_dir=Path(artifact_dir), retry=retry)
         line = f"archiving {artifact_dir} failed, the local artifact is kept: {exc}"
         log.error("%s; publish it later with `%s` or `snakemake publish_all`", line, retry)
         return TrainerPublishOutcome(result=None, error=line, artifact_dir=Path(artifact_dir), retry=retry)
     log.info("archived %s: %s", artifact_dir, result.status)
     return TrainerPublishOutcome(result=result, error=None, artifact_dir=Path(artifact_dir), retry=retry)
+
+
+def _state(path: Path) -> tuple | None:
+    """(inode, size, mtime) of a receipt, None when absent: tells whether one was written meanwhile."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 @dataclass
