@@ -65,6 +65,14 @@ def get_pending_publications(wildcards):
     ]
 
 
+def get_publish_all_input(wildcards):
+    """The pending publications, and the manifest of every committed artifact: a target rule without
+    inputs always runs, and `snakemake -n publish_all` says "Nothing to be done" when nothing is pending.
+    """
+    manifests = [f"{RUNS}/{run}/checkpoint_artifacts/{it}/{MANIFEST}" for run, it in committed_artifacts()]
+    return get_pending_publications(wildcards) + manifests
+
+
 def get_receipt_input(wildcards):
     """What verify and prune take for the receipt. The set of files must not change when a publication
     completes (a changed set of inputs reruns a job): the publish report once it exists or while the

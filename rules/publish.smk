@@ -27,7 +27,7 @@ rule publish:
 
 rule publish_all:
     input:
-        get_pending_publications,
+        get_publish_all_input,
 
 
 # A legacy plain-text .uploaded binds no destination nor digest: publication replaces it by a JSON
