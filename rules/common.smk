@@ -69,7 +69,10 @@ def get_publish_all_input(wildcards):
     """The pending publications, and the manifest of every committed artifact: a target rule without
     inputs always runs, and `snakemake -n publish_all` says "Nothing to be done" when nothing is pending.
     """
-    manifests = [f"{RUNS}/{run}/checkpoint_artifacts/{it}/{MANIFEST}" for run, it in committed_artifacts()]
+    manifests = [
+        f"{RUNS}/{run}/checkpoint_artifacts/{it}/{MANIFEST}"
+        for run, it in committed_artifacts()
+    ]
     return get_pending_publications(wildcards) + manifests
 
 
