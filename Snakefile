@@ -1,5 +1,6 @@
-# ckptflow workflow: marker files are rule targets; the library decides what is safe.
-#   snakemake -n publish_all          pending publications (every committed artifact without a receipt)
+# ckptflow workflow: step reports under reports_dir are the rule targets (never a record the library
+# keeps: Snakemake deletes a job's outputs before a rerun); the library decides what is safe.
+#   snakemake -n publish_all          pending publications (every committed artifact without its own receipt)
 #   snakemake publish_all             publish them
 #   snakemake verify_all / prune_all  verify every published artifact / free their local payloads
 #   snakemake merge_experts --config iter=300        the merge recipe of iteration 300

@@ -6,7 +6,7 @@ from snakemake.utils import validate
 
 from ckptflow import workflow as ckptflow_workflow
 from ckptflow.errors import UsageError
-from ckptflow.records.receipt import is_legacy_receipt
+from ckptflow.records.receipt import belonging_receipt, is_legacy_receipt
 
 # --config iter=300 arrives as an int, nested overrides as strings: type them before validating.
 config.update(ckptflow_workflow.normalise_config(config))
@@ -39,27 +39,66 @@ def is_legacy(run, iteration):
     return is_legacy_receipt(f"{RUNS}/{run}/checkpoint_artifacts/{iteration}")
 
 
-def get_all_receipts(wildcards):
-    """A receipt per committed artifact; a legacy marker is replaced by publication, not counted."""
+@cache
+def receipt_belongs(run, iteration):
+    """True when the artifact holds a receipt that is its own (read once per planning)."""
+    return (
+        belonging_receipt(f"{RUNS}/{run}/checkpoint_artifacts/{iteration}") is not None
+    )
+
+
+def publish_report(run, iteration):
+    return f"{REPORTS}/publish/{run}/{iteration}.json"
+
+
+def get_pending_publications(wildcards):
+    """The pending publications: a report per committed artifact without a receipt that belongs to it
+    (missing, legacy, full-checkpoint, another artifact's); a legacy marker is replaced by publication.
+    """
     return [
         (
             f"{REPORTS}/legacy-receipt/{run}/{it}.json"
             if is_legacy(run, it)
-            else f"{RUNS}/{run}/checkpoint_artifacts/{it}/.uploaded"
+            else publish_report(run, it)
         )
         for run, it in committed_artifacts()
+        if not receipt_belongs(run, it)
     ]
 
 
-def get_verify_input(wildcards):
-    """The receipt, and for a legacy marker (or one replaced before) the publication that replaces it."""
-    receipt = (
-        f"{RUNS}/{wildcards.run}/checkpoint_artifacts/{wildcards.iteration}/.uploaded"
-    )
-    replaced = f"{REPORTS}/legacy-receipt/{wildcards.run}/{wildcards.iteration}.json"
-    if is_legacy(wildcards.run, wildcards.iteration) or os.path.exists(replaced):
+def get_publish_all_input(wildcards):
+    """The pending publications, and the manifest of every committed artifact: a target rule without
+    inputs always runs, and `snakemake -n publish_all` says "Nothing to be done" when nothing is pending.
+    """
+    manifests = [
+        f"{RUNS}/{run}/checkpoint_artifacts/{it}/{MANIFEST}"
+        for run, it in committed_artifacts()
+    ]
+    return get_pending_publications(wildcards) + manifests
+
+
+def get_receipt_input(wildcards):
+    """What verify and prune take for the receipt. The set of files must not change when a publication
+    completes (a changed set of inputs reruns a job): the publish report once it exists or while the
+    receipt is pending, the receipt itself for an artifact published outside the workflow, and for a
+    legacy marker (or one replaced before) the marker with the publication that replaces it.
+    """
+    run, it = wildcards.run, wildcards.iteration
+    receipt = f"{RUNS}/{run}/checkpoint_artifacts/{it}/.uploaded"
+    replaced = f"{REPORTS}/legacy-receipt/{run}/{it}.json"
+    if is_legacy(run, it) or (os.path.exists(replaced) and receipt_belongs(run, it)):
         return [receipt, replaced]
+    if os.path.exists(publish_report(run, it)) or not receipt_belongs(run, it):
+        return [publish_report(run, it)]
     return [receipt]
+
+
+def get_publication(wildcards):
+    """The publish job's rerun trigger (see rules/publish.smk)."""
+    return ckptflow_workflow.publication_number(
+        get_artifact_dir(wildcards),
+        publish_report(wildcards.run, wildcards.iteration),
+    )
 
 
 def get_all_verify_reports(wildcards):

@@ -1,6 +1,6 @@
 rule prune:
     input:
-        receipt=f"{ARTIFACT}/.uploaded",
+        receipt=get_receipt_input,
         verified=f"{REPORTS}/verify/{{run}}/{{iteration}}.json",
     output:
         report=f"{REPORTS}/prune/{{run}}/{{iteration}}.json",

@@ -1,25 +1,33 @@
+# The output is the step report, not the receipt .uploaded: Snakemake deletes a job's declared outputs
+# before it reruns it (a code change, -F, -R, --forcerun), after a failure and on --delete-all-output,
+# and a receipt may be the only record of where a pruned artifact's archive lives. publish_all requests
+# this report only for committed artifacts without a receipt that belongs to them (the pending view);
+# verify and prune take it as their input once it exists. For an artifact whose receipt belongs, the job
+# publishes nothing and contacts no store (the report names the receipt's destination). An artifact
+# without one is re-derived at a destination its verify, publish or legacy-receipt report names when
+# the identical archive is there, else published to the configured bucket.
 rule publish:
     input:
         manifest=f"{ARTIFACT}/{MANIFEST}",
     output:
-        receipt=f"{ARTIFACT}/.uploaded",
+        report=f"{REPORTS}/publish/{{run}}/{{iteration}}.json",
     log:
         f"{LOGS}/publish/{{run}}/{{iteration}}.log",
     conda:
         "../environment.yml"
-    # No params: the script takes the artifact from its input and the destination (bucket, credentials)
-    # from the config. Params are rerun triggers, and a rerun makes Snakemake delete the receipt first.
-    # Re-spelling the bucket, or pointing new publications elsewhere, must not re-publish artifacts that
-    # already hold a receipt (their payloads may be pruned). Any rerun that does happen re-derives the
-    # receipt: publish adopts the identical committed archive from the local manifest's digests. (A
-    # params function would also be called for every pending job of a dry-run.)
+    # The destination (bucket, credentials) is read from the config by the script: re-spelling the
+    # bucket or pointing new publications elsewhere must not rerun jobs. The one param is the rerun
+    # trigger of a lost receipt: the publication number its report records, plus one while the
+    # artifact has no receipt that belongs to it (so the report alone cannot hide a lost receipt).
+    params:
+        publication=get_publication,
     script:
         "../scripts/publish.py"
 
 
 rule publish_all:
     input:
-        get_all_receipts,
+        get_publish_all_input,
 
 
 # A legacy plain-text .uploaded binds no destination nor digest: publication replaces it by a JSON

@@ -1,6 +1,6 @@
 rule verify:
     input:
-        get_verify_input,
+        get_receipt_input,
     output:
         report=f"{REPORTS}/verify/{{run}}/{{iteration}}.json",
     log:

@@ -1,10 +1,11 @@
 """Snakemake shim for rule replace_legacy_receipt: the rule's log file gets its logs and any traceback; calls ckptflow.workflow.replace_legacy_receipt_step."""
 
-from ckptflow.workflow import artifact_of, replace_legacy_receipt_step, step_log, upload_prefix
+from ckptflow.workflow import artifact_of, replace_legacy_receipt_step, step_log, step_reports, upload_prefix
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
 with step_log(snakemake.log[0]):
-    config = snakemake.config
+    config, w = snakemake.config, snakemake.wildcards
     # Not params, as for rule publish: where to publish is not part of the rerun identity.
-    replace_legacy_receipt_step(artifact_of(snakemake.input.manifest), upload_prefix(snakemake.wildcards.run),
-                                config.get("bucket"), config.get("credentials"), snakemake.output.report)
+    replace_legacy_receipt_step(artifact_of(snakemake.input.manifest), upload_prefix(w.run), config.get("bucket"),
+                                config.get("credentials"), snakemake.output.report,
+                                named_by=step_reports(config["reports_dir"], w.run, w.iteration))

@@ -1,12 +1,12 @@
 """The library side of the Snakemake steps: one function per rule, called by the ``scripts/`` shims.
 
-Snakemake decides what is pending (a rule's marker is missing or older than its input); these
+Snakemake decides what is pending (a rule's report is missing or older than its input); these
 functions decide what is safe, with exactly the guarantees of the CLI verbs. A step that cannot
-complete raises, so Snakemake marks the job failed and removes its declared output; the library's own
-records (manifest, receipt) are never declared outputs that a rerun could make it forget, except the
-receipt, which publication re-derives from the archive (an identical committed archive is adopted).
-Merge, fetch and materialize write a small JSON report under ``reports_dir`` as their rule output;
-their own records (``.merge-complete.json``, ``.staged.json``, ``.materialized``) are the real state.
+complete raises, so Snakemake marks the job failed and removes its declared output. Every step writes
+a small JSON report under ``reports_dir`` as its rule output, and only that: Snakemake deletes a job's
+outputs before a rerun, after a failure and on ``--delete-all-output``, so the library's own records
+(manifest, receipt, ``.merge-complete.json``, ``.staged.json``, ``.materialized``) are never outputs.
+A lost receipt is re-derived by publication from an archive a report or the configuration names.
 
 The planning helpers at the top (``normalise_config``, ``resolve_run``, ``teacher_source``,
 ``records_fingerprint``) are what the named input functions of ``rules/common.smk`` call: they read
@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import re
 import sys
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,16 @@ REPORT_KINDS = ("merge", "legacy-receipt", "verify", "prune", "fetch", "material
 def artifact_of(record: str) -> str:
     """The artifact directory a rule's input names: the directory holding its manifest or receipt."""
     return os.path.dirname(record)
+
+
+def artifact_path(runs_root: str, run: str, iteration: str) -> str:
+    """The artifact directory of a job's ``run`` and ``iteration`` wildcards."""
+    return f"{runs_root.rstrip('/')}/{run}/{ARTIFACTS_DIR}/{iteration}"
+
+
+def step_reports(reports_dir: str, run: str, iteration: str) -> list[str]:
+    """The reports of one artifact that name its archive's destination: publish, verify, legacy-receipt."""
+    return [f"{reports_dir.rstrip('/')}/{kind}/{run}/{iteration}.json" for kind in ("publish", "verify", "legacy-receipt")]
 
 
 def upload_prefix(run: str) -> str:
@@ -370,22 +381,91 @@ def materialize_step(base: str, out: str, ckpt_dir: str | None, artifact_uri: st
 
 
 def replace_legacy_receipt_step(artifact_dir: str, upload_prefix: str, bucket: str | None, credentials: str | None,
-                                report_path: str) -> dict[str, Any]:
+                                report_path: str, named_by: Sequence[str] = ()) -> dict[str, Any]:
     """Publish an artifact whose ``.uploaded`` is a legacy plain-text marker, so a JSON receipt replaces it
     (publication never counts the marker as done); the report is the rule's output."""
-    report = publish_step(artifact_dir, upload_prefix, bucket, credentials)
-    _write_report(report_path, report)
-    return report
+    return publish_step(artifact_dir, upload_prefix, bucket, credentials, report_path, named_by=named_by)
 
 
-def publish_step(artifact_dir: str, upload_prefix: str, bucket: str | None, credentials: str | None) -> dict[str, Any]:
-    """Publish one artifact; its ``.uploaded`` receipt is the rule's output."""
+def publication_number(artifact_dir: str | Path, report_path: str | Path) -> int:
+    """The publish job's rerun trigger: the publication number its report records (1 without one), plus
+    one while the artifact has no receipt that belongs to it. It equals the number the last job was given
+    (and wrote) until the receipt is lost again, so a lost receipt reruns the job however recent its report."""
+    try:
+        number = int(json.loads(Path(report_path).read_bytes()).get("publication", 1))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return 1
+    return number if receipt_record.belonging_receipt(artifact_dir) is not None else number + 1
+
+
+def recorded_destinations(report_paths: Sequence[str | Path]) -> list[receipt_record.ReceiptDestination]:
+    """The destinations the given step reports (publish, verify, legacy-receipt) name, in order, once each;
+    a missing or unreadable report names none."""
+    found: list[receipt_record.ReceiptDestination] = []
+    for path in report_paths:
+        try:
+            report = json.loads(Path(path).read_bytes())
+            dests = [report["destination"], *report.get("earlier_destinations", ())]
+            parsed = [receipt_record.ReceiptDestination(d["scheme"], d["endpoint"], d["bucket"], d["prefix"])
+                      for d in dests]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        found += [d for d in parsed if d not in found]
+    return found
+
+
+def publish_step(artifact_dir: str, upload_prefix: str, bucket: str | None, credentials: str | None,
+                 report_path: str | None = None, *, publication: int = 1,
+                 named_by: Sequence[str] = ()) -> dict[str, Any]:
+    """Publish one artifact for the workflow and write the step report (the rule's output).
+
+    A receipt that belongs to the artifact is left as it is and no store is contacted (status
+    ``recorded``: publishing elsewhere is ``ckptflow publish --add-destination``'s decision, and verify
+    checks the archive). Otherwise the receipt is re-derived at the first destination the reports
+    ``named_by`` name that holds this artifact's committed archive (``publish_artifact`` adopts it:
+    declaration and manifest byte-identical to the local ones, every object HEAD-verified), else the
+    artifact is published to the configured bucket (which adopts an identical archive as well)."""
+    from .archive.keys import object_key
     from .archive.publish import publish_artifact
 
-    store = open_bucket_arg(bucket, credentials)
-    result = publish_artifact(Path(artifact_dir), store, upload_prefix, progress=False)
-    log.info("publish %s: %s", artifact_dir, result.status)
-    return result.to_report()
+    artifact = Path(artifact_dir)
+    receipt = receipt_record.belonging_receipt(artifact)
+    if receipt is not None:
+        log.info("publish %s: its receipt names %s; nothing to publish", artifact_dir, archive_uri_of(receipt))
+        report = {"status": "recorded", "artifact_dir": artifact_dir, "destination": receipt.destination.to_dict(),
+                  "declaration_sha256": receipt.declaration_sha256, "inventory": [e.to_dict() for e in receipt.files],
+                  "uploaded": [], "uploaded_bytes": 0, "removed": [], "freed_bytes": 0}
+        if receipt.earlier_destinations:
+            report["earlier_destinations"] = [d.to_dict() for d in receipt.earlier_destinations]
+    else:
+        report = None
+        suffix = f"/{ARTIFACTS_DIR}/{artifact.name}"
+        for dest in recorded_destinations(named_by):
+            if not ("/" + dest.prefix).endswith(suffix):
+                continue
+            try:
+                store = store_factory(credentials)(dest)
+                if store.head(object_key(dest.prefix, manifest_record.FILENAME)) is None:
+                    continue
+                result = publish_artifact(artifact, store, ("/" + dest.prefix)[: -len(suffix)].lstrip("/")
+                                          + "/checkpoints", progress=False)
+            except CkptflowError as exc:
+                log.warning("publish %s: the archive a report names at %s is not adopted: %s", artifact_dir,
+                            dest.to_dict(), exc)
+                continue
+            log.info("publish %s: receipt re-derived from the archive a report names (%s)", artifact_dir,
+                     result.status)
+            report = result.to_report()
+            break
+        if report is None:
+            store = open_bucket_arg(bucket, credentials)
+            result = publish_artifact(artifact, store, upload_prefix, progress=False)
+            log.info("publish %s: %s", artifact_dir, result.status)
+            report = result.to_report()
+    report["publication"] = publication
+    if report_path is not None:
+        _write_report(report_path, report)
+    return report
 
 
 def verify_step(artifact_dir: str, credentials: str | None, report_path: str) -> dict[str, Any]:

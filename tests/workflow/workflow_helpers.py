@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -14,17 +15,30 @@ from helpers import REPO
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 RUN = "proj/grp/run1/20261129T000000Z"
 NOTHING = "Nothing to be done"
+WORKFLOW_FILES = ("Snakefile", "rules", "scripts", "config", "schemas", "profiles", "environment.yml")
 
 
+def copy_workflow(dest: Path) -> Path:
+    """A copy of the workflow (Snakefile, rules/, scripts/, config/, schemas/, profiles/), as an operator's
+    second checkout: a test may touch its scripts or run it beside the repository's own."""
+    for name in WORKFLOW_FILES:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, symlinks=False)
+        else:
+            dest.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    return dest
 
 
 def snakemake(workdir: Path, *args: str, config: dict[str, str], env: dict[str, str],
-              configfile: Path | None = None) -> subprocess.CompletedProcess:
-    """``snakemake ARGS`` on the repository's Snakefile in ``workdir``, with ``--config`` overrides."""
+              configfile: Path | None = None, workflow: Path = REPO) -> subprocess.CompletedProcess:
+    """``snakemake ARGS`` on the Snakefile of ``workflow`` (the repository's) in ``workdir``, with
+    ``--config`` overrides."""
     cfg = [f"{k}={v}" for k, v in config.items()]
-    files = [str(REPO / "config" / "config.yaml"), *([str(configfile)] if configfile else [])]
+    files = [str(workflow / "config" / "config.yaml"), *([str(configfile)] if configfile else [])]
     return subprocess.run(
-        [str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--configfile", *files,
+        [str(SNAKEMAKE), "-s", str(workflow / "Snakefile"), "-d", str(workdir), "--configfile", *files,
          "--cores", "2", *args, *(["--config", *cfg] if cfg else [])],
         capture_output=True, text=True, timeout=600, env={**os.environ, **env},
     )
@@ -37,6 +51,7 @@ class Flow:
     root: Path
     config: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
+    workflow: Path = REPO  # the checkout whose Snakefile runs (copy_workflow makes another)
 
     def __post_init__(self) -> None:
         r = self.root
@@ -68,7 +83,8 @@ class Flow:
         path = self.root / "test-config.yaml"
         path.write_text(json.dumps(self.config, indent=1), encoding="utf-8")  # YAML reads JSON
         env = {**self.env, **({"CKPTFLOW_TEST_KILL_AT": kill_at} if kill_at else {})}
-        return snakemake(self.root, *args, config={k: str(v) for k, v in overrides.items()}, env=env, configfile=path)
+        return snakemake(self.root, *args, config={k: str(v) for k, v in overrides.items()}, env=env, configfile=path,
+                         workflow=self.workflow)
 
     def ok(self, *args: str, **overrides) -> str:
         """Run and require success; the combined output."""

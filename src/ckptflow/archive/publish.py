@@ -27,6 +27,11 @@ bound to the artifact, payloads re-hashed by descriptor, the live remote copy pr
 or by reading it back, each file unlinked only if it is still the one hashed), and only on an endpoint
 with a passing probe record (``probe.require_qualified``). A ``file://`` archive root that overlaps the
 artifact is refused.
+
+An artifact whose receipt names another destination is refused before anything is read or written
+(the receipt may be the only record of where the archive lives), unless ``add_destination`` says the
+artifact is archived at this destination as well: the new receipt then keeps the earlier destinations
+(``earlier_destinations``). Any receipt this function rewrites keeps them.
 """
 
 from __future__ import annotations
@@ -83,8 +88,10 @@ class PublishResult:
     sent_bytes: int = 0
     resumed_uploads: list[dict] = field(default_factory=list)
     aborted_uploads: list[dict] = field(default_factory=list)
+    earlier_destinations: tuple[receipt_record.ReceiptDestination, ...] = ()
 
     def to_report(self) -> dict:
+        earlier = {"earlier_destinations": [d.to_dict() for d in self.earlier_destinations]} if self.earlier_destinations else {}
         return {
             "status": self.status,
             "artifact_dir": str(self.artifact_dir),
@@ -98,6 +105,7 @@ class PublishResult:
             "sent_bytes": self.sent_bytes,
             "resumed_uploads": self.resumed_uploads,
             "aborted_uploads": self.aborted_uploads,
+            **earlier,
         }
 
 
@@ -355,6 +363,7 @@ def publish_artifact(
     delete_local: bool = False,
     progress: bool | None = None,
     stale_upload_age: float = DEFAULT_STALE_UPLOAD_AGE,
+    add_destination: bool = False,
 ) -> PublishResult:
     """Publish one artifact; the one function the CLI, the workflow and trainers call.
 
@@ -369,6 +378,7 @@ def publish_artifact(
     prefix = artifact_prefix(upload_prefix, artifact_dir.name)
     dest = receipt_record.ReceiptDestination.at(store.destination, prefix)
     refuse_overlapping_archive(store, artifact_dir)
+    earlier = _earlier_destinations(artifact_dir, dest, add_destination)
     if delete_local:
         from .probe import require_qualified
 
@@ -380,7 +390,7 @@ def publish_artifact(
         artifact_dir, progress=progress, part_size_for=store.part_digest_size,
         md5_parts_for=(lambda rel, size: resumable(object_key(prefix, rel), size)) if resumable else None)
     decl_sha = sha256_bytes(inv.declaration_bytes)
-    result = PublishResult("published", artifact_dir, dest, inv.files, decl_sha)
+    result = PublishResult("published", artifact_dir, dest, inv.files, decl_sha, earlier_destinations=earlier)
 
     if _receipt_matches(artifact_dir, dest, decl_sha, inv):
         result.status = "skipped"
@@ -411,16 +421,38 @@ def publish_artifact(
     states = [check_declaration(store, prefix, decl_sha), *check_remote_inventory(store, prefix, inv.files)]
     require_all_ok(states, where)
     _clean_uploads(store, prefix, stale_upload_age, uploads, result)
-    if result.status != "skipped" or receipt_record.read_receipt(artifact_dir).server_checksums is None:
+    kept = receipt_record.read_receipt(artifact_dir) if result.status == "skipped" else None
+    if kept is None or kept.server_checksums is None or kept.earlier_destinations != earlier:
         testhooks.reached("publish:before-receipt")
         receipt = receipt_record.Receipt(
             destination=dest, declaration_sha256=decl_sha, files=inv.files,
             uploaded_at=utc_timestamp(), server_checksums=_proven_checksums(states[1:], inv),
+            earlier_destinations=earlier,
         )
         receipt_record.write_receipt(artifact_dir, receipt)
     if delete_local:
         result.removed, result.freed_bytes = delete_verified_payloads(artifact_dir, inv.manifest, store, progress)
     return result
+
+
+def _earlier_destinations(artifact_dir: Path, dest: receipt_record.ReceiptDestination,
+                          add_destination: bool) -> tuple[receipt_record.ReceiptDestination, ...]:
+    """The destinations the new receipt keeps besides ``dest``; refuses (before anything is read or
+    written) to let a publication elsewhere drop the record of where this artifact's archive lives."""
+    existing = receipt_record.belonging_receipt(artifact_dir)
+    if existing is None:
+        return ()
+    if existing.destination != dest and not add_destination:
+        def uri(d: receipt_record.ReceiptDestination) -> str:
+            return f"{d.scheme}://{d.endpoint}/{d.bucket}/{d.prefix}" if d.scheme != "file" else f"file://{d.endpoint}/{d.prefix}"
+        raise Refused(
+            f"{receipt_record.path_in(artifact_dir)} records this artifact's archive at {uri(existing.destination)}, "
+            f"not at {uri(dest)}: publishing here would replace the only record of that archive",
+            path=str(receipt_record.path_in(artifact_dir)),
+            remedy="publish to the destination the receipt names, or pass --add-destination to archive the artifact "
+            "here as well (the receipt keeps both destinations)",
+        )
+    return tuple(d for d in existing.destinations if d != dest)
 
 
 def _clean_uploads(store: ObjectStore, prefix: str, stale_age: float, uploads: UploadLog | None,

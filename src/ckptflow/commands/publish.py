@@ -27,6 +27,11 @@ def register(sub) -> None:
         help="abort unfinished uploads under the artifact's prefix started longer ago than this, even where this "
         "machine's journal does not name them (90s, 30m, 24h, 7d; default 24h)",
     )
+    s.add_argument(
+        "--add-destination", action="store_true",
+        help="the artifact's receipt names another destination: archive it here as well; the receipt then names "
+        "this destination and keeps the earlier ones (without it, such a publication is refused)",
+    )
     s.set_defaults(func=run)
 
 
@@ -38,7 +43,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     stale = parse_age(args.stale_upload_age)
     store = open_bucket_arg(args.bucket, args.credentials)
     result = publish_artifact(Path(args.artifact_dir), store, args.upload_prefix, delete_local=args.delete_local,
-                              stale_upload_age=stale)
+                              stale_upload_age=stale, add_destination=args.add_destination)
     return result.to_report()
 
 

@@ -18,7 +18,9 @@ Written in the artifact directory after every remote object matched the declarat
       "files": [{"path": "model.pt", "sha256": "<hex>", "size": 1234}, ...],
       "protocol": "posttrain.archive-marker.v1",
       "server_checksums": {"model.pt": "<base64>", "optim/__0_0.distcp": "<base64>-3", ...},
-      "uploaded_at": "2025-01-31T12:00:00Z"
+      "uploaded_at": "2025-01-31T12:00:00Z",
+      "earlier_destinations": [{"bucket": "old-ckpts", "endpoint": "s3.example.org:9000",
+                                "prefix": "run1/iter_0000300", "scheme": "s3"}]
     }
 
 ``server_checksums`` holds, per file, the checksum the endpoint itself computed and reported at
@@ -26,6 +28,13 @@ publication (S3 ``ChecksumSHA256``: whole-object, or ``-N`` composite of N parts
 be the checksum of the published bytes. A file without one (the endpoint computes none: GCS, file://,
 servers without checksums) can be proven only by reading its bytes. The field is optional on read:
 a receipt without it (written before it existed) proves no file by checksum.
+
+``earlier_destinations`` (optional; absent when the artifact was only ever published to one place) lists,
+newest first, the other destinations this artifact's receipt named before: publishing an artifact whose
+receipt names another destination is refused unless the publication says it adds a destination
+(``ckptflow publish --add-destination``), and then the receipt moves the old ``destination`` into this
+list, so no record of where the archive lives is ever dropped. ``destination`` is the archive that
+verify and prune-verified check; the earlier ones are where publication re-derives a lost receipt from.
 
 The endpoint is an authority (host[:port]; for ``file``, the archive root path) and never a secret:
 a value with ``@``, ``?``, ``#`` or whitespace is refused on write and on read.
@@ -86,12 +95,21 @@ _LEGACY_REMEDY = (
     f"{PROTOCOL} receipt"
 )
 
+def _check_destinations(obj: Mapping[str, Any], what: str) -> None:
+    """Every endpoint a receipt names (current and earlier) is checked before the schema could echo one."""
+    _record.check_destination(obj, what)
+    earlier = obj.get("earlier_destinations")
+    for dest in earlier if isinstance(earlier, list) else ():
+        if isinstance(dest, Mapping) and "endpoint" in dest:
+            _record.check_endpoint(dest["endpoint"], what, "earlier_destinations[].endpoint")
+
+
 KIND = _record.RecordKind(
     filename=FILENAME,
     schema="receipt",
     protocol=PROTOCOL,
     legacy_remedy=_LEGACY_REMEDY,
-    precheck=_record.check_destination,
+    precheck=_check_destinations,
 )
 
 
@@ -132,6 +150,8 @@ class Receipt:
     uploaded_at: str
     # path -> server checksum recorded at publication; None: an older receipt that records none.
     server_checksums: Mapping[str, str] | None = None
+    # Other destinations this artifact was published to before, newest first (see the module docstring).
+    earlier_destinations: tuple[ReceiptDestination, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", sorted_entries(self.files))
@@ -157,7 +177,13 @@ class Receipt:
             files=inventory_from_list(data["files"], what),
             uploaded_at=_record.require_utc_timestamp(data["uploaded_at"], what, "uploaded_at"),
             server_checksums=_checksums(data, what),
+            earlier_destinations=tuple(_destination(d) for d in data.get("earlier_destinations", ())),
         )
+
+    @property
+    def destinations(self) -> tuple[ReceiptDestination, ...]:
+        """Every destination this receipt records: the current one first, then the earlier ones."""
+        return (self.destination, *self.earlier_destinations)
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -169,6 +195,8 @@ class Receipt:
         }
         if self.server_checksums is not None:
             out["server_checksums"] = dict(self.server_checksums)
+        if self.earlier_destinations:
+            out["earlier_destinations"] = [d.to_dict() for d in self.earlier_destinations]
         return out
 
 
@@ -293,6 +321,30 @@ def is_legacy_receipt(source: Path | str) -> bool:
         return _looks_legacy(path.read_bytes())
     except (FileNotFoundError, IsADirectoryError):
         return False
+
+
+def belonging_receipt(artifact_dir: Path | str) -> Receipt | None:
+    """The artifact receipt in ``artifact_dir`` when it is this artifact's, else None.
+
+    It is when it reads as an artifact receipt (not legacy, not full-checkpoint), its prefix ends in the
+    directory's name, and the manifest it records is the local manifest byte for byte (size and sha256).
+    Anything else (missing, unreadable, another kind, another artifact's) leaves the artifact pending
+    publication. Reads two small files; never contacts a store."""
+    from ..digest import sha256_bytes
+    from ..errors import CkptflowError
+    from .manifest import FILENAME as MANIFEST
+
+    artifact_dir = Path(artifact_dir)
+    try:
+        receipt = read_receipt(artifact_dir)
+        manifest = (artifact_dir / MANIFEST).read_bytes()
+    except (CkptflowError, OSError):
+        return None
+    entry = receipt.entry(MANIFEST)
+    if (receipt.destination.prefix.rstrip("/").rpartition("/")[2] != artifact_dir.name or entry is None
+            or entry.size != len(manifest) or entry.sha256 != sha256_bytes(manifest)):
+        return None
+    return receipt
 
 
 def _decode(data: bytes, what: str) -> dict[str, Any]:
