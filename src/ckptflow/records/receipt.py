@@ -81,7 +81,7 @@ from pathlib import Path
 from typing import Any
 
 from ..digest import sha256_bytes
-from ..errors import InvalidRecord, Refused
+from ..errors import CkptflowError, InvalidRecord, Refused
 from ..jsonio import decode_json_object
 from . import _record
 from . import manifest as manifest_record
@@ -324,25 +324,13 @@ def is_legacy_receipt(source: Path | str) -> bool:
 
 
 def belonging_receipt(artifact_dir: Path | str) -> Receipt | None:
-    """The artifact receipt in ``artifact_dir`` when it is this artifact's, else None.
-
-    It is when it reads as an artifact receipt (not legacy, not full-checkpoint), its prefix ends in the
-    directory's name, and the manifest it records is the local manifest byte for byte (size and sha256).
-    Anything else (missing, unreadable, another kind, another artifact's) leaves the artifact pending
-    publication. Reads two small files; never contacts a store."""
-    from ..digest import sha256_bytes
-    from ..errors import CkptflowError
-    from .manifest import FILENAME as MANIFEST
-
-    artifact_dir = Path(artifact_dir)
+    """The artifact receipt in ``artifact_dir`` when it is this artifact's (``check_belongs``), else None:
+    missing, unreadable, legacy, a full-checkpoint receipt or another artifact's all leave the artifact
+    pending publication. Reads two small files; never contacts a store."""
     try:
         receipt = read_receipt(artifact_dir)
-        manifest = (artifact_dir / MANIFEST).read_bytes()
+        check_belongs(receipt, artifact_dir)
     except (CkptflowError, OSError):
-        return None
-    entry = receipt.entry(MANIFEST)
-    if (receipt.destination.prefix.rstrip("/").rpartition("/")[2] != artifact_dir.name or entry is None
-            or entry.size != len(manifest) or entry.sha256 != sha256_bytes(manifest)):
         return None
     return receipt
 
