@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import shutil
 from pathlib import Path
 
 from ckptflow.artifact import ComponentSpec, seal_artifact
@@ -24,4 +25,21 @@ def make_artifact(root: Path, *, iteration: int = 300, model_bytes: int = 300_00
         (art / "optim" / f"__{i}_0.distcp").write_bytes(rnd.randbytes(50_000 + i))
     (art / "optim.pt").write_bytes(b"stale, not selected by the manifest")
     seal_artifact(art, iteration, [ComponentSpec("model", "model.pt"), ComponentSpec("optim", "optim")], progress=False)
+    return art
+
+
+
+def make_trained_artifact(root: Path, model_pt: Path, *, iteration: int = 300, seed: int = 0) -> Path:
+    """``<root>/checkpoint_artifacts/iter_N`` as a trainer saves it: a copy of the real ``model_pt``, a DCP
+    ``optim/`` and a ``trainer.pt`` (what a conversion never reads), sealed as three components."""
+    art = root / "checkpoint_artifacts" / f"iter_{iteration:06d}"
+    (art / "optim").mkdir(parents=True)
+    shutil.copyfile(model_pt, art / "model.pt")
+    rnd = random.Random(seed)
+    (art / "optim" / ".metadata").write_bytes(rnd.randbytes(777))
+    for i in range(2):
+        (art / "optim" / f"__{i}_0.distcp").write_bytes(rnd.randbytes(80_000 + i))
+    (art / "trainer.pt").write_bytes(rnd.randbytes(30_000))
+    seal_artifact(art, iteration, [ComponentSpec("model", "model.pt"), ComponentSpec("optim", "optim"),
+                                   ComponentSpec("trainer", "trainer.pt")], progress=False)
     return art

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -11,11 +12,13 @@ from materialize_helpers import DEFAULTS, cli_args, copy_tree, siblings
 
 from ckptflow.archive.publish import publish_artifact
 from ckptflow.errors import NotFound, Refused
+from ckptflow.fsutil import walk_files
 from ckptflow.jsonio import validate
 from ckptflow.materialize import materialize
 from ckptflow.records import materialized as marker
 from ckptflow.store import LocalStore, load_credentials
 from ckptflow.store.s3 import S3Store
+from helpers.artifacts import make_trained_artifact
 from helpers.cli import run_cli
 from helpers.trees import tree_state
 
@@ -153,3 +156,41 @@ def test_archived_other_source_is_refused_without_fetching(models, tmp_path):
     assert tree_state(out) == before
     assert siblings(out) == []
 
+
+
+@pytest.mark.seaweedfs
+def test_a_build_from_the_archive_fetches_only_the_model_and_a_full_fetch_completes_the_stage(
+        models, tmp_path, sw, seaweedfs_bucket):
+    """The conversion reads model.pt alone: a build downloads that object and nothing of the optimizer or
+    trainer state; the kept stage says so, and a later full fetch into it downloads only the rest."""
+    art = make_trained_artifact(tmp_path / "local", models.artifact() / "model.pt")
+    publish_artifact(art, sw, UPLOAD_PREFIX, progress=False)
+    uri = f"s3://{seaweedfs_bucket}/{ARTIFACT_PREFIX}"
+    out, stage = tmp_path / "teacher", tmp_path / "stage"
+    gets = GetCounter(sw)
+
+    built = materialize(artifact_uri=uri, base=models.base(), out=out, store=sw, stage_dir=stage, keep_staged=True,
+                        **DEFAULTS)
+    assert built.status == "built"
+    model_size = (art / "model.pt").stat().st_size
+    assert built.fetch["downloaded"] == ["model.pt"] and built.fetch["downloaded_bytes"] == model_size
+    payload_gets = sorted({k.removeprefix(ARTIFACT_PREFIX + "/") for k in gets.keys} - {
+        ".posttrain-checkpoint-artifact.json", ".posttrain-archive.json"})
+    assert payload_gets == ["model.pt"]  # no GET of optim/ or trainer.pt
+    # The teacher is the one the local artifact's model.pt builds.
+    local = materialize(ckpt_dir=art, base=models.base(), out=tmp_path / "local-teacher", **DEFAULTS)
+    assert marker.read_materialized(out).shards == local.record.shards
+    staged = stage / "iter_000300"
+    record = json.loads((staged / ".staged.json").read_text())
+    assert record["components"] == ["model"] and record["complete"] is True
+    assert sorted(walk_files(staged)) == [".posttrain-checkpoint-artifact.json", ".staged.json", "model.pt"]
+
+    from ckptflow.archive.fetch import fetch_artifact
+
+    rest = ["optim/.metadata", "optim/__0_0.distcp", "optim/__1_0.distcp", "trainer.pt"]
+    full = fetch_artifact(uri, stage, store=sw, progress=False)
+    assert full.status == "resumed" and full.downloaded == rest and full.reused == ["model.pt"]
+    assert full.downloaded_bytes == sum((art / p).stat().st_size for p in rest)
+    assert "components" not in json.loads((staged / ".staged.json").read_text())
+    for rel in ["model.pt", *rest]:
+        assert (staged / rel).read_bytes() == (art / rel).read_bytes(), rel

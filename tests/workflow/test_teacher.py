@@ -11,7 +11,8 @@ from workflow_helpers import RUN, Flow
 from ckptflow.archive.publish import publish_artifact
 from ckptflow.fsutil import walk_files
 from ckptflow.store.open import open_bucket_arg
-from helpers.artifacts import make_artifact
+from helpers.artifacts import make_artifact, make_trained_artifact
+from helpers.cli import run_cli
 
 
 def _flow(tmp_path, kit, **config) -> Flow:
@@ -106,3 +107,25 @@ def test_a_missing_iteration_or_an_ambiguous_run_is_a_clear_error(tmp_path):
     assert "no recipe for iteration 300" in flow.fails("-n", "merge_experts", iter=300, run="p/g/a/ts")
     shutil.rmtree(flow.runs)
     assert "--config run=" in flow.fails("-n", "materialize_teacher", iter=300)
+
+
+@pytest.mark.slow
+def test_a_teacher_built_from_the_archive_downloads_only_the_model(
+        tmp_path, kit, seaweedfs_bucket, seaweedfs_credentials_path):
+    """A trainer's artifact (model, optimizer and trainer state) published and pruned: the teacher's build
+    downloads model.pt alone, the stage records that it holds the model only, and status says so."""
+    flow = _flow(tmp_path, kit, bucket=seaweedfs_bucket, credentials=str(seaweedfs_credentials_path), merge={})
+    art = make_trained_artifact(flow.runs / RUN, kit.experts[0])
+    sizes = {p: (art / p).stat().st_size for p in walk_files(art) if not p.startswith(".")}
+    flow.ok("prune_all")
+    assert "model.pt" not in list(walk_files(art))
+    flow.ok("materialize_teacher", iter=300)
+    built = json.loads(flow.report("materialize").read_text())
+    assert built["status"] == "built" and built["source"]["kind"] == "artifact-uri"
+    assert built["fetch"]["downloaded"] == ["model.pt"] and built["fetch"]["downloaded_bytes"] == sizes["model.pt"]
+    assert sorted(walk_files(flow.staged())) == [".posttrain-checkpoint-artifact.json", ".staged.json", "model.pt"]
+    assert json.loads((flow.staged() / ".staged.json").read_text())["components"] == ["model"]
+    status = run_cli("status", str(flow.runs), "--stage-dir", flow.config["stage_dir"], "--json")
+    [row] = status.report["rows"]
+    assert row["staged"]["state"] == "staged" and row["staged"]["components"] == ["model"]
+    assert flow.planned("materialize_teacher", iter=300) == []

@@ -35,6 +35,16 @@ file is still the one judged (inode, size, mtime; ``stage.unlink_if_judged``), a
 meanwhile is hashed and kept when it verifies, and ``complete: true`` is written only while every file
 of the inventory is in place with its size.
 
+Subsets: ``components`` (``ckptflow fetch --only model``; materialize asks for ``model``, all a teacher
+build reads) stages those components' files and the manifest only. The declaration and the manifest are
+read and checked whole, as for a full fetch; the record names the components (``.staged.json``
+``components``) and ``complete`` vouches for their files alone. A complete own copy that holds the
+requested scope (the whole artifact, or a subset naming every requested component) is ``already-staged``
+once the *requested* files re-hash, nothing written. Otherwise an own copy's scope only grows: the new
+scope is the union of the record's and the request's, so a full fetch into a subset stage downloads only
+the rest (verified files are re-hashed and kept), and a subset request into an unfinished whole copy
+finishes the whole copy (every file it claimed stays claimed and is verified before ``complete``).
+
 Ranged resume: a ``.part`` left by a killed fetch (same host, dead pid) continues from the end of its
 contiguous data (``stage.resumable_prefix``). Per-range digests do not exist, so the prefix cannot be
 proven on its own: its bytes are re-read into the hasher and the *whole-file* digest is checked at the
@@ -61,7 +71,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
 from .. import testhooks
@@ -97,21 +108,50 @@ STATUSES = ("fetched", "resumed", "already-staged", "replaced")
 
 @dataclass(frozen=True)
 class FetchPlan:
-    """What the remote records say to fetch, validated; nothing local was looked at yet."""
+    """What the remote records say to fetch, validated; nothing local was looked at yet.
+
+    ``parts`` holds every component's declared files; ``components`` is the scope this plan stages (None:
+    the whole artifact), and ``payloads``/``inventory`` are that scope's files."""
 
     source: StoreURI
     prefix: str
     iteration: int
     manifest_bytes: bytes
     declaration_sha256: str | None  # None: a legacy archive without a declaration
-    payloads: tuple[FileEntry, ...]
-    not_fetched: tuple[str, ...]
+    parts: Mapping[str, tuple[FileEntry, ...]]  # component name -> its files, as declared
+    records: tuple[str, ...]  # declared files that are no component (merge record, diagnostic)
+    components: tuple[str, ...] | None = None
+
+    @property
+    def payloads(self) -> tuple[FileEntry, ...]:
+        return self.payloads_of(self.components)
 
     @property
     def inventory(self) -> tuple[FileEntry, ...]:
-        """Every file the staged copy holds: the payloads and the manifest, sorted by path."""
+        """Every file the staged copy holds: the scope's payloads and the manifest, sorted by path."""
+        return self.inventory_of(self.components)
+
+    @property
+    def not_fetched(self) -> tuple[str, ...]:
+        """Declared files this plan leaves in the archive: records, and the components outside its scope."""
+        chosen = {e.path for e in self.payloads}
+        return tuple(sorted([*self.records, *(e.path for es in self.parts.values() for e in es if e.path not in chosen)]))
+
+    def payloads_of(self, components: Iterable[str] | None) -> tuple[FileEntry, ...]:
+        names = self.parts if components is None else components
+        return sorted_entries(e for name in names for e in self.parts[name])
+
+    def inventory_of(self, components: Iterable[str] | None) -> tuple[FileEntry, ...] | None:
+        """The files a copy of ``components`` (None: all) holds; None when one is not a component here."""
+        if components is not None and not set(components) <= set(self.parts):
+            return None
         manifest = FileEntry(manifest_record.FILENAME, len(self.manifest_bytes), sha256_bytes(self.manifest_bytes))
-        return sorted_entries((*self.payloads, manifest))
+        return sorted_entries((*self.payloads_of(components), manifest))
+
+    def scoped(self, components: Iterable[str] | None) -> FetchPlan:
+        """This plan staging ``components`` (None or every component: the whole artifact)."""
+        scope = None if components is None or set(components) >= set(self.parts) else tuple(sorted(set(components)))
+        return replace(self, components=scope)
 
     def where(self, rel: str) -> str:
         return str(self.source.child(rel)) if self.source.scheme != "file" else f"{self.source}/{rel}"
@@ -142,6 +182,7 @@ class FetchResult:
             "iteration": self.plan.iteration,
             "declaration_sha256": self.plan.declaration_sha256,
             "legacy": self.plan.declaration_sha256 is None,
+            "components": list(self.plan.components) if self.plan.components is not None else None,
             "inventory": [e.to_dict() for e in inventory],
             "total_bytes": sum(e.size for e in inventory),
             "downloaded": self.downloaded,
@@ -173,8 +214,13 @@ def _get_record(store: ObjectStore, prefix: str, filename: str) -> bytes | None:
         return None
 
 
-def read_plan(store: ObjectStore, prefix: str, source: StoreURI, *, iteration: int | None = None) -> FetchPlan:
-    """Read and validate the declaration and the manifest under ``prefix``; decide what to fetch."""
+def read_plan(store: ObjectStore, prefix: str, source: StoreURI, *, iteration: int | None = None,
+              components: Iterable[str] | None = None) -> FetchPlan:
+    """Read and validate the declaration and the manifest under ``prefix``; decide what to fetch.
+
+    ``components`` (None: all) is the scope: a name the manifest does not have is refused. The whole
+    declaration and manifest are checked whatever the scope (a legacy archive's objects are all HEAD-checked,
+    as the digests of every component come from there)."""
     decl_bytes = _get_record(store, prefix, declaration_record.FILENAME)
     declaration = None
     if decl_bytes is not None:
@@ -192,17 +238,31 @@ def read_plan(store: ObjectStore, prefix: str, source: StoreURI, *, iteration: i
     if iteration is not None and manifest.iteration != iteration:
         raise InvalidRecord(f"{manifest_record.FILENAME} at {source} records iteration {manifest.iteration}, "
                             f"not the {iteration} of its prefix", remedy="the archive is misplaced or corrupt; check the URI")
+    if components is not None:
+        components = sorted(set(components))
+        unknown = [c for c in components if c not in manifest.components]
+        if not components or unknown:
+            raise Refused(f"the manifest at {source} has no component {unknown[0] if unknown else '(none named)'!r} "
+                          f"(its components: {', '.join(sorted(manifest.components))})",
+                          remedy="name one of its components, or fetch the whole artifact")
     if declaration is not None:
-        payloads, not_fetched = _declared_payloads(declaration, manifest, manifest_bytes, source)
+        payloads, records = _declared_payloads(declaration, manifest, manifest_bytes, source)
         decl_sha = sha256_bytes(decl_bytes)
     else:
-        payloads, not_fetched, decl_sha = _legacy_payloads(store, prefix, manifest, source), (), None
+        payloads, records, decl_sha = _legacy_payloads(store, prefix, manifest, source), (), None
     for entry in payloads:
         name = PurePosixPath(entry.path).name
         if entry.path == staging_record.FILENAME or stage.is_part_name(name):
             raise UnsafePath(f"{manifest_record.FILENAME} at {source} names the file {entry.path!r}, which "
                              "collides with fetch's own record or temporaries", remedy="the archive is corrupt or hostile")
-    return FetchPlan(source, prefix, manifest.iteration, manifest_bytes, decl_sha, tuple(payloads), tuple(not_fetched))
+    parts = {name: sorted_entries(e for e in payloads if _in_component(e.path, comp.path))
+             for name, comp in manifest.components.items()}
+    plan = FetchPlan(source, prefix, manifest.iteration, manifest_bytes, decl_sha, parts, tuple(records))
+    return plan.scoped(components)
+
+
+def _in_component(path: str, component_path: str) -> bool:
+    return path == component_path or path.startswith(component_path + "/")
 
 
 def _declared_payloads(declaration, manifest, manifest_bytes: bytes, source: StoreURI):
@@ -282,8 +342,12 @@ def fetch_artifact(
     reserve: int = 0,
     reserve_for: str = "",
     lock_wait_seconds: float = DEFAULT_WAIT_SECONDS,
+    components: Iterable[str] | None = None,
 ) -> FetchResult:
     """Fetch the artifact at ``artifact_uri`` into ``dst/iter_N``; see the module docstring for the order.
+
+    ``components`` (None: the whole artifact) names the manifest components to stage, e.g. ``{"model"}``
+    for what a teacher build reads; see "Subsets" in the module docstring.
 
     ``store`` (optional) is an open store of the URI's bucket (for ``file://``: of a directory holding
     it); otherwise one is opened from the URI with ``credentials`` (None: the default chain; unused for file://).
@@ -294,7 +358,7 @@ def fetch_artifact(
     """
     store, uri, prefix, name = _open_source(artifact_uri, store, credentials)
     staged = Path(os.path.abspath(dst)) / name
-    plan = read_plan(store, prefix, uri, iteration=int(ITER_DIR_RE.match(name).group(1)))
+    plan = read_plan(store, prefix, uri, iteration=int(ITER_DIR_RE.match(name).group(1)), components=components)
     problem = restorable_name_problem([e.path for e in plan.inventory], name_max(staged))
     if problem is not None:
         raise Refused(f"{uri} cannot be written into {staged}: {problem}; nothing was written",
@@ -313,7 +377,7 @@ def fetch_artifact(
         result, todo = decision.result, decision.todo
         # First write. Everything above only read.
         try:
-            _write(store, plan, staged, decision, progress=progress)
+            _write(store, staged, decision, progress=progress)
         except OSError as exc:
             if not space.is_full(exc) or isinstance(exc, OutOfSpace):
                 raise
@@ -327,48 +391,74 @@ def fetch_artifact(
 class _Decision:
     """What one read-only look at the stage found, and the state of each file it judged."""
 
-    result: FetchResult
-    same: bool  # the stage holds this tool's copy of this very source
+    result: FetchResult  # its plan is the scope this fetch stages: the request's, widened to an own copy's
+    same: bool  # the stage holds this tool's copy (of any scope) of this very source
     old: tuple[FileEntry, ...] | None  # the record's files of another source, to be removed (a replacement)
     todo: list[FileEntry]
     judged: dict[str, tuple | None]  # path -> stage.file_key when judged (None: absent)
     hashed: dict[str, tuple[tuple, FileDigest]]  # path -> (file_key, digest) of every file hashed
 
 
+def _own_copy(plan: FetchPlan, record: staging_record.StagingRecord | None) -> bool:
+    """The record is this tool's copy of this very source: same URI and declaration, and exactly the files
+    its scope (whole, or the components it names) has in this archive."""
+    return record is not None and (record.source_uri, record.declaration_sha256) == (
+        str(plan.source), plan.declaration_sha256) and record.files == plan.inventory_of(record.components)
+
+
+def _covers(record: staging_record.StagingRecord, plan: FetchPlan) -> bool:
+    return record.whole or (plan.components is not None and set(plan.components) <= set(record.components))
+
+
 def _decide(store: ObjectStore, plan: FetchPlan, staged: Path, progress, reserve: int, reserve_for: str,
             hashed: dict[str, tuple[tuple, FileDigest]]) -> _Decision:
     """Read-only: what the stage is, which own files verify, what to download; refusals touch nothing."""
-    uri, inventory = plan.source, plan.inventory
     record = stage.read_own_record(staged)
-    same = record is not None and (record.source_uri, record.declaration_sha256, record.files) == (
-        str(uri), plan.declaration_sha256, inventory)
-    result = FetchResult("fetched", staged, plan)
+    same = _own_copy(plan, record)
+    if same and record.complete and _covers(record, plan):
+        # A complete copy holding the requested scope: only that scope is re-hashed (a teacher's build
+        # does not read the optimizer state to learn that model.pt is intact).
+        quick = _judge(store, plan, staged, record, progress, hashed)
+        if quick.todo == [] and (staged / manifest_record.FILENAME).read_bytes() == plan.manifest_bytes:
+            quick.result.status = "already-staged"
+            quick.result.left_beside = stage.unowned_files(staged, {e.path for e in record.files})
+            return quick
+        hashed = quick.hashed
+    if same:  # an own copy's scope never shrinks: its files stay claimed, and verified when complete
+        plan = plan.scoped(None if record.whole or plan.components is None
+                           else {*record.components, *plan.components})
+    decision = _judge(store, plan, staged, record, progress, hashed)
+    _require_remote(store, plan, decision.todo)
+    space.check_space(staged, decision.todo, source=str(plan.source), extra=len(plan.manifest_bytes),
+                      freed=_freed(staged, decision.todo, decision.old or (), same),
+                      reserve=reserve, reserve_for=reserve_for)
+    return decision
+
+
+def _judge(store: ObjectStore, plan: FetchPlan, staged: Path, record, progress,
+           hashed: dict[str, tuple[tuple, FileDigest]]) -> _Decision:
+    """The stage against ``plan``'s scope: which files are in the way (refused), which own files verify."""
+    inventory = plan.inventory
+    same = _own_copy(plan, record)
     old = record.files if record is not None and not same else ()
-    stage.check_room(staged, [e.path for e in inventory], {e.path for e in (inventory if same else old)})
+    owned = {e.path for e in record.files} if record is not None else set()
+    stage.check_room(staged, [e.path for e in inventory], owned)
     stage.check_removable(staged, old)
     # Each file is judged by its state (inode, size, mtime) before it is hashed; a removal later
     # re-checks that state, so a file another fetch put in place meanwhile is never what is removed.
     judged = {e.path: stage.file_key(staged / e.path) for e in (*plan.payloads, *old)}
     # An own copy of this source is re-hashed, complete or not: sizes alone do not vouch for content.
-    present = [e.path for e in plan.payloads if same and stage.files_in_place(staged, [e])]
+    present = [e.path for e in plan.payloads if same and e.path in owned and stage.files_in_place(staged, [e])]
     digests = {p: hashed[p][1] for p in present if p in hashed and hashed[p][0] == judged[p]}
     fresh = [p for p in present if p not in digests]
     if fresh:
         digests.update(hash_files(staged, fresh, progress=progress, desc="fetch re-verify"))
     by_path = {e.path: e for e in plan.payloads}
+    result = FetchResult("fetched", staged, plan)
     result.reused = [p for p in present if digests[p] == FileDigest(by_path[p].size, by_path[p].sha256)]
     todo = [e for e in plan.payloads if e.path not in result.reused]
-    decision = _Decision(result, same, old if record is not None and not same else None, todo, judged,
-                         {p: (judged[p], d) for p, d in digests.items()})
-    if same and record.complete and not todo and \
-            (staged / manifest_record.FILENAME).read_bytes() == plan.manifest_bytes:
-        result.status = "already-staged"
-        result.left_beside = stage.unowned_files(staged, {e.path for e in inventory})
-        return decision
-    _require_remote(store, plan, todo)
-    space.check_space(staged, todo, source=str(uri), extra=len(plan.manifest_bytes),
-                      freed=_freed(staged, todo, old, same), reserve=reserve, reserve_for=reserve_for)
-    return decision
+    return _Decision(result, same, old if record is not None and not same else None, todo, judged,
+                     {**hashed, **{p: (judged[p], d) for p, d in digests.items()}})
 
 
 def _freed(staged: Path, todo: list[FileEntry], old, same: bool) -> list[Path]:
@@ -384,16 +474,19 @@ def _freed(staged: Path, todo: list[FileEntry], old, same: bool) -> list[Path]:
     return paths
 
 
-def _write(store: ObjectStore, plan: FetchPlan, staged: Path, decision: _Decision, *, progress: bool | None) -> None:
+def _write(store: ObjectStore, staged: Path, decision: _Decision, *, progress: bool | None) -> None:
     """Everything fetch writes, in order: removal of a replaced copy, the claim, payloads, manifest, record."""
-    uri, inventory, result = plan.source, plan.inventory, decision.result
+    result = decision.result
+    plan = result.plan
+    uri, inventory = plan.source, plan.inventory
     if decision.old is not None:
         result.status = "replaced"
         result.removed = stage.remove_recorded_files(staged, decision.old, judged=decision.judged)
     elif decision.same:
         result.status = "resumed"
     staged.mkdir(parents=True, exist_ok=True)
-    claim = staging_record.StagingRecord(str(uri), plan.declaration_sha256, inventory, complete=False)
+    claim = staging_record.StagingRecord(str(uri), plan.declaration_sha256, inventory, complete=False,
+                                         components=plan.components)
     staging_record.write_staging(staged, claim)
     testhooks.reached("fetch:after-record")
     todo = list(decision.todo)
@@ -415,5 +508,5 @@ def _write(store: ObjectStore, plan: FetchPlan, staged: Path, decision: _Decisio
                             f"({len(missing)} file(s)); {staging_record.FILENAME} stays incomplete",
                             path=str(staged / missing[0]), remedy="let the other process finish, then rerun the fetch")
     staging_record.write_staging(
-        staged, staging_record.StagingRecord(claim.source_uri, claim.declaration_sha256, inventory, complete=True))
+        staged, replace(claim, complete=True))
     result.left_beside = stage.unowned_files(staged, {e.path for e in inventory})

@@ -21,6 +21,9 @@ def register(sub) -> None:
     s.add_argument("--lock-wait-seconds", type=wait_seconds_arg, default=120.0, metavar="S",
                    help="how long to wait for another fetch into the same DST/iter_N (DST/iter_N.lock) before "
                    "refusing (default 120; a finite number >= 0)")
+    s.add_argument("--only", action="append", metavar="COMPONENT",
+                   help="stage only this manifest component (repeatable; e.g. model, what materialize reads); "
+                   "the record names the components, and a later fetch without --only downloads only the rest")
     s.set_defaults(func=run)
 
 
@@ -30,7 +33,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     credentials = credentials_for(args.artifact_uri, args.credentials)
     result = fetch_artifact(args.artifact_uri, Path(args.dst), credentials=credentials,
-                            lock_wait_seconds=args.lock_wait_seconds)
+                            lock_wait_seconds=args.lock_wait_seconds, components=args.only)
     return result.to_report()
 
 
@@ -44,6 +47,8 @@ _HEADLINES = {
 
 def summarize(report: dict[str, Any], elapsed: float | None) -> str:
     what = files_bytes(*inventory_total(report["inventory"]))
+    if report["components"] is not None:
+        what += f" ({', '.join(report['components'])} only)"
     reused = f", reused {plural(len(report['reused']), 'verified file')}" if report["reused"] else ""
     resumed = f", resumed {plural(len(report['resumed']), 'partial file')}" if report["resumed"] else ""
     beside = report["left_beside"]

@@ -16,9 +16,10 @@ that step 4 renames back an output a killed swap left aside)::
     5. base identity     sha256 of config.json and of the weight index (or of a lone shard's header);
        decision          on <out> (see below); a crash-orphaned previous tree is renamed back first;
                          a build: free space for the staged export beside the existing one
-    6. payload           archive: ``archive.fetch.fetch_artifact`` into the stage (``staging.py``: the
-                         named <stage-dir>/iter_N when kept or already there, else a private one), every
-                         byte hashed by this fetch (downloaded, or re-hashed in an existing copy) against
+    6. payload           archive: ``archive.fetch.fetch_artifact`` of the ``model`` component alone (all
+                         the conversion reads: optimizer state stays in the archive) into the stage
+                         (``staging.py``: the named <stage-dir>/iter_N when kept or already there, else
+                         a private one), every byte hashed by this fetch (downloaded, or re-hashed in an existing copy) against
                          the source identity, then opened once and hashed again from that descriptor (a
                          copy changed after the fetch is refused); local: the opened model.pt hashed from
                          its descriptor against the manifest
@@ -105,7 +106,7 @@ from .output import (
     staged_tree,
     unregister_active,
 )
-from .source import ModelSource, OpenedModel, resolve_source, resolve_under_lock
+from .source import MODEL_COMPONENT, ModelSource, OpenedModel, resolve_source, resolve_under_lock
 from .staging import Stage, open_stage, release
 
 if TYPE_CHECKING:
@@ -342,7 +343,8 @@ def _fetch(source: ModelSource, where: Stage, progress, reserve: int) -> tuple[P
 
     try:
         result = fetch_artifact(source.uri, where.root, store=source.store, progress=progress, reserve=reserve,
-                                reserve_for="the staged export of the teacher beside --out")
+                                reserve_for="the staged export of the teacher beside --out",
+                                components={MODEL_COMPONENT})  # the conversion reads model.pt alone
     except OutOfSpace as exc:
         if where.private and not isinstance(exc, Refused):  # what it wrote goes with the private stage
             exc.message += f"; materialize then removes its private stage {where.root}"

@@ -10,7 +10,7 @@
 * ``--artifact-uri URI``: an archived artifact (``s3://``, ``gs://``, ``file://`` ending in ``iter_N``). Only
   the remote native manifest is read (one small GET); a manifest without a digest for the model falls
   back to the object's ``sha256`` metadata (HEAD), as fetch does for legacy archives. The payload is
-  fetched by ``archive.reader.fetch_artifact`` only when a build needs it.
+  fetched by ``archive.fetch.fetch_artifact`` only when a build needs it, and only the ``model`` component.
 * A local source whose model.pt was removed while the request waited for the lock (pruned after its
   publication) is resolved again under it (``resolve_under_lock``): the archive the receipt names, when
   it holds the model the local manifest records, so the request converges without a rerun.

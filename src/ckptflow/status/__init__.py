@@ -13,8 +13,8 @@ payload file and a few small record reads; per stage and teacher a stat of each 
                                                   damaged when one has another size; local size
     <reports_dir>/verify/<run>/iter_N.json        verified: the latest verify report and its time
     <reports_dir>/prune/<run>/iter_N.json         pruned: why a prune kept the payloads
-    <stage_dir>/<run>/iter_N/.staged.json         staged; partial / damaged when a file it names is
-                                                  gone / has another size
+    <stage_dir>/<run>/iter_N/.staged.json         staged (a subset: "staged (model only)"); partial /
+                                                  damaged when a file it names is gone / has another size
     <teachers_dir>/<run>/iter_N/.materialized     materialized: teacher path and source; partial /
                                                   damaged likewise for its shards
 

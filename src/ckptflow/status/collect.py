@@ -329,6 +329,8 @@ def _read_staged(row: Row, path: Path) -> None:
         row.staged = cell(CORRUPT, str(exc), path=str(path))
     else:
         fields = {"path": str(path), "source_uri": record.source_uri, "bytes": sum(f.size for f in record.files)}
+        if record.components is not None:  # a copy of named components: its files are all it vouches for
+            fields["components"] = list(record.components)
         if not record.complete:
             row.staged = cell("incomplete", "fetch has not finished: rerun it to complete or clean up", **fields)
         elif problem := _check_files(path, record.files, ".staged.json"):

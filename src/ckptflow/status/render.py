@@ -34,6 +34,8 @@ def _text(column: str, cell: dict[str, Any]) -> str:
         return f"{state}{mark} {cell['at']}"
     if column == "pruned" and state in ("partial", "missing"):
         return f"{state} ({cell['files']} files)"
+    if column == "staged" and "components" in cell:
+        return f"{state.replace('-', ' ')} ({', '.join(cell['components'])} only)"
     if column == "materialized" and state == "materialized":
         return f"{_short(cell['path'])} ({cell['source']})"
     return state.replace("-", " ")
