@@ -32,7 +32,7 @@ def test_seal_prints_one_json_report_matching_its_schema(artifact):
 
 def test_refusal_exits_1_with_one_line_naming_the_file(artifact):
     assert run_cli("seal", "--artifact-dir", str(artifact), "--iteration", "7", "model=model.pt").returncode == 0
-    proc = run_cli("seal", "--artifact-dir", str(artifact), "--iteration", "7", "model=model.pt")
+    proc = run_cli("seal", "--artifact-dir", str(artifact), "--iteration", "7", "model=model.pt", "optim=optim")
     assert proc.returncode == 1
     report = json.loads(proc.stdout)
     validate(report, "report_error", what="error report")

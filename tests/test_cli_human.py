@@ -124,7 +124,7 @@ def test_a_failed_verify_lists_what_failed_and_keeps_its_stderr_line(artifact, t
 
 def test_a_refusal_on_a_terminal_is_its_one_line(artifact, env):
     args = ("seal", "--artifact-dir", str(artifact), "--iteration", "7", "model=model.pt")
-    assert run_on_terminal(*args, env=env).returncode == 0
+    assert run_on_terminal(*args, "optim=optim", env=env).returncode == 0  # sealed with other components
     piped = run_cli(*args, env=env)
     shown = run_on_terminal(*args, env=env)
     assert shown.returncode == piped.returncode == 1

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from . import __version__
 from .digest import hash_files
-from .errors import NotFound, Refused, UnsafePath, UsageError
+from .errors import CkptflowError, NotFound, Refused, UnsafePath, UsageError
 from .fsutil import resolve_inside, restorable_name_problem, safe_relpath, walk_files
 from .records import manifest as manifest_record
 from .records import merge_progress, merge_record
@@ -114,9 +114,22 @@ def seal_artifact(
     *,
     progress: bool | None = None,
 ) -> manifest_record.Manifest:
-    """Hash the named components and commit the native manifest last.
+    """``seal_or_confirm`` without saying whether the manifest was already there."""
+    return seal_or_confirm(artifact_dir, iteration, components, progress=progress)[0]
 
-    Refuses (nothing written) when a manifest already exists, when the directory is not ``iter_*``
+
+def seal_or_confirm(
+    artifact_dir: Path | str,
+    iteration: int,
+    components: list[ComponentSpec],
+    *,
+    progress: bool | None = None,
+) -> tuple[manifest_record.Manifest, bool]:
+    """Hash the named components and commit the native manifest last; returns (manifest, already sealed).
+
+    A directory already sealed with exactly these components, files, sizes and digests is confirmed
+    (``True``, nothing written), as publish and fetch confirm what they already did. Refuses (nothing
+    written) when a manifest exists that records anything else, when the directory is not ``iter_*``
     matching ``iteration``, when a component is missing, escapes the directory or is/contains a symlink,
     or when two components overlap.
     """
@@ -132,11 +145,7 @@ def seal_artifact(
             remedy=f"pass --iteration {dir_iteration} or seal the right directory",
         )
     manifest_path = manifest_record.path_in(artifact_dir)
-    if manifest_path.exists() or manifest_path.is_symlink():
-        raise Refused(
-            f"{manifest_path} already exists: the artifact is already committed",
-            remedy="a committed manifest is never replaced; seal into a new iter_* directory",
-        )
+    already = manifest_path.exists() or manifest_path.is_symlink()
     if not components:
         raise UsageError("no components given", remedy="name at least one NAME=PATH")
     names = [c.name for c in components]
@@ -184,8 +193,34 @@ def seal_artifact(
             "producer": {"tool": "ckptflow seal", "version": __version__},
         }
     )
+    if already:
+        return _confirm_sealed(manifest_path, record), True
     manifest_record.write_manifest(artifact_dir, record)
-    return record
+    return record, False
+
+
+def _confirm_sealed(manifest_path: Path, record: manifest_record.Manifest) -> manifest_record.Manifest:
+    """The committed manifest when it records exactly ``record``'s components and bytes, else ``Refused``."""
+    try:
+        existing = manifest_record.read_manifest(manifest_path)
+    except CkptflowError as exc:
+        differs = f"it cannot be read ({exc})"
+    else:
+        def comps(m: manifest_record.Manifest) -> dict:
+            return {name: c.to_dict() for name, c in m.components.items()}
+
+        mine, theirs = comps(record), comps(existing)
+        if existing.iteration == record.iteration and mine == theirs:
+            return existing
+        if sorted(mine) != sorted(theirs):
+            differs = f"it records components {sorted(theirs)}, not {sorted(mine)}"
+        else:
+            changed = sorted(n for n in mine if mine[n] != theirs[n])
+            differs = f"component(s) {changed} differ from the files on disk (sizes or digests)"
+    raise Refused(
+        f"{manifest_path} already exists: the artifact is already committed and {differs}",
+        remedy="a committed manifest is never replaced; seal into a new iter_* directory",
+    )
 
 
 def refuse_unrestorable_names(artifact_dir: Path, paths: list[str]) -> None:

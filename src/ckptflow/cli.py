@@ -3,7 +3,8 @@
 When stdout is a terminal (and ``--json`` is not given) the report is replaced by a short human summary:
 the verb module's ``summarize(report, elapsed)``, or ``commands.summary.generic`` (see
 ``commands/summary.py``); a refusal is then its one stderr line, repeated on stdout only when stderr goes
-elsewhere. Exit codes: 0 done; 1 refused or failed (one line on stderr naming the file and the remedy, and a JSON
+elsewhere, and a failure with a full report (verify, resume-check, prune-verified) is its summary, with
+its stderr line left out when stderr is the same terminal (each message is shown once). Exit codes: 0 done; 1 refused or failed (one line on stderr naming the file and the remedy, and a JSON
 report with ``status`` ``refused``/``failed`` on stdout); 2 usage error, or a verb whose optional
 dependencies (``ckptflow[convert]``) are not installed. ``CKPTFLOW_DEBUG=1`` adds the
 traceback. Report keys are documented in ``schemas/report_<verb>.schema.json``; each verb lives in
@@ -43,19 +44,22 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ckptflow", description="Safe life-cycle management for post-training checkpoint artifacts.")
     p.add_argument("--version", action="version", version=f"ckptflow {__version__}")
-    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level on stderr")
+    p.add_argument("-v", "--verbose", action="store_true", help=_VERBOSE_HELP)
     p.add_argument("--json", dest="json_global", action="store_true", help=_JSON_HELP)
     sub = p.add_subparsers(dest="verb", required=True, parser_class=_Parser)
     for verb in VERBS:
         importlib.import_module(f"ckptflow.commands.{verb.replace('-', '_')}").register(sub)
-    for verb in VERBS:
-        try:  # after the verb too; a verb that declares its own --json keeps it
-            sub.choices[verb].add_argument("--json", action="store_true", help=_JSON_HELP)
-        except argparse.ArgumentError:
-            pass
+    for verb in VERBS:  # after the verb too; a verb that declares its own --json or -v keeps it
+        for flags, kwargs in ((("--json",), {"help": _JSON_HELP}),
+                              (("-v", "--verbose"), {"dest": "verbose_verb", "help": _VERBOSE_HELP})):
+            try:
+                sub.choices[verb].add_argument(*flags, action="store_true", **kwargs)
+            except argparse.ArgumentError:
+                pass
     return p
 
 
+_VERBOSE_HELP = "log the step at INFO level on stderr (endpoints, checksum modes, retries)"
 _JSON_HELP = "print the JSON report on a terminal too (when stdout is not a terminal it always is JSON)"
 
 
@@ -115,7 +119,7 @@ def _error_report(status: str, exc: BaseException) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
+        level=logging.INFO if args.verbose or getattr(args, "verbose_verb", False) else logging.WARNING,
         format="ckptflow: %(levelname)s: %(message)s",
         stream=sys.stderr,
     )
@@ -135,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         report = args.func(args)
     except ReportedFailure as exc:
         out.report(exc.report, time.monotonic() - started)
-        sys.stderr.write(f"ckptflow {args.verb}: {exc.line}\n")
+        if as_json or not _same_file(sys.stdout, sys.stderr):  # on one terminal the summary already said it
+            sys.stderr.write(f"ckptflow {args.verb}: {exc.line}\n")
         return EXIT_FAILED
     except MissingExtra as exc:
         fail("usage-error", exc, "missing extra")

@@ -234,6 +234,18 @@ def resolve_inside(root: Path, relpath: str, *, what: str = "path") -> Path:
     return current
 
 
+def require_directory(path: Path | str, what: str, remedy: str) -> Path:
+    """``path`` as a Path when it is a directory, else ``NotFound`` naming it: "``what`` ``path`` does not
+    exist" (or "is not a directory") and ``remedy``. The one wording every verb uses for a path that
+    was mistyped, so a typo is never reported as a missing receipt or a fresh start."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        raise NotFound(f"{what} {path} does not exist", remedy=remedy, path=str(path))
+    if not path.is_dir():
+        raise NotFound(f"{what} {path} is not a directory", remedy=remedy, path=str(path))
+    return path
+
+
 def walk_files(root: Path) -> Iterator[str]:
     """Yield every regular file under ``root`` as a sorted relative POSIX path; refuse symlinks.
 

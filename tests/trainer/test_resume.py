@@ -141,6 +141,7 @@ def test_resume_off_mints_a_fresh_attempt_beside_the_original(tmp_path, model):
 
 def test_command_exit_codes_reports_and_summaries(tmp_path, model):
     attempt = tmp_path / "ts"
+    attempt.mkdir()  # an attempt directory that does not exist is an error (tests/test_cli_errors.py)
     proc = run_cli("resume-check", "--attempt-dir", str(attempt))
     assert proc.returncode == 0 and proc.report["decision"] == "fresh"
     validate(proc.report, "report_resume_check", what="resume-check report")

@@ -17,13 +17,17 @@ Each file is then unlinked only while it is still the file that was hashed (``re
 A dry run writes nothing anywhere: where the real run would first probe the endpoint (no cached probe
 record), it runs every other check and says so in the entry's ``needs`` instead of probing.
 Anything else keeps the copy with a reason; a failure on one path (an unsafe file, an unreachable
-endpoint) is a kept entry too, so the report always lists everything already removed. A remote object
-that claims the expected digest with another size, or any unexpected failure, is reported as an error.
+endpoint) is a kept entry too, so the report always lists everything already removed. A kept entry is
+an error (the command exits 1) when the path does not exist, when the archive no longer matches the
+receipt (an object missing or changed, or a local payload that no longer hashes to it), when a remote
+object claims the expected digest with another size, or on any unexpected failure; a proof that is only
+missing (no receipt yet, no server checksum without ``--read-data``) keeps the copy without an error.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,10 +82,12 @@ def artifact_dir_of(path: Path) -> Path:
 
 
 def _check_location(artifact_dir: Path) -> None:
+    if not os.path.lexists(artifact_dir):
+        raise _Keep(f"{artifact_dir} does not exist; check the path", error=True)
     if not ITER_DIR_RE.match(artifact_dir.name) or artifact_dir.parent.name != ARTIFACTS_DIR:
         raise _Keep(f"not under {ARTIFACTS_DIR}/iter_*: prune-verified only releases artifact payloads")
     if not artifact_dir.is_dir():
-        raise _Keep("directory does not exist")
+        raise _Keep(f"{artifact_dir} is not a directory; pass a {ARTIFACTS_DIR}/iter_N directory", error=True)
 
 
 def _plan_one(artifact_dir: Path, store_for, read: str, progress: bool | None,
@@ -122,18 +128,11 @@ def _plan_one(artifact_dir: Path, store_for, read: str, progress: bool | None,
     try:
         return prove_release(artifact_dir, store, receipt, manifest, read=read, progress=progress), needs
     except NotProven as exc:
-        # Same digest, other size: the store is inconsistent, not merely incomplete.
-        lying = any(s.state == "changed" and s.detail.startswith("size") and _claims_digest(store, s, receipt)
-                    for s in exc.states)
-        raise _Keep(str(exc), error=lying) from None
+        # An object missing or changed (remote, or a local payload rewritten since publish): the archive no
+        # longer matches the receipt. Only "unverifiable" (no proof without reading) is a mere missing proof.
+        raise _Keep(str(exc), error=any(s.state in ("missing", "changed") for s in exc.states)) from None
     except CkptflowError as exc:
         raise _Keep(str(exc)) from None
-
-
-def _claims_digest(store, state, receipt) -> bool:
-    info = store.head(state.key)
-    entry = receipt.entry(state.path)
-    return info is not None and entry is not None and info.sha256 == entry.sha256
 
 
 def _is_temp(relpath: str) -> bool:

@@ -16,6 +16,7 @@ differs, or the recorded server checksum is gone: the object was replaced), or `
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,12 +24,15 @@ from pathlib import Path
 
 from ..digest import sha256_bytes
 from ..errors import NotFound, Refused, VerificationFailed
+from ..fsutil import require_directory
 from ..records import declaration as declaration_record
 from ..records import receipt as receipt_record
 from ..records.inventory import FileEntry
 from ..store.base import ObjectStore
 from ..store.open import check_destination as open_check_destination
 from .keys import object_key
+
+log = logging.getLogger(__name__)
 
 HEAD_WORKERS = 16
 
@@ -213,7 +217,8 @@ def verify_artifact(artifact_dir: Path | str, store_for, *, read_data: bool = Fa
     ``store_for(receipt_destination)`` returns the store for the receipt's scheme and bucket, opened
     with the caller's credentials; its endpoint must equal the receipt's.
     """
-    artifact_dir = Path(artifact_dir)
+    artifact_dir = require_directory(artifact_dir, "artifact directory",
+                                     "pass the published checkpoint_artifacts/iter_N directory")
     path = receipt_record.path_in(artifact_dir)
     if not path.exists():
         raise NotFound(f"{path} does not exist: the artifact has no upload receipt", remedy="run `ckptflow publish` first")
@@ -221,5 +226,9 @@ def verify_artifact(artifact_dir: Path | str, store_for, *, read_data: bool = Fa
     store = store_for(receipt.destination)
     check_binding(store, receipt, artifact_dir)
     read = effective_read(store, READ_ALL if read_data else READ_NONE)
+    dest = receipt.destination
+    log.info("verifying %s against %s://%s/%s at %s: %s", artifact_dir, dest.scheme, dest.bucket, dest.prefix,
+             dest.endpoint, "reading and hashing every object" if read == READ_ALL
+             else "HEAD: sizes and server checksums (sha256 metadata alone proves nothing)")
     states = check_receipt(store, receipt, read=read)
     return VerifyResult(artifact_dir=artifact_dir, receipt=receipt, objects=states, read_data=read == READ_ALL)

@@ -13,7 +13,9 @@ from .summary import block, capped, files_bytes, human_bytes, plural
 
 def register(sub) -> None:
     s = sub.add_parser("prune-verified", help="free local payloads of artifacts whose remote copy is proven")
-    s.add_argument("--paths", required=True, help="comma-separated artifact directories or model.pt files inside them")
+    s.add_argument("--paths", required=True, nargs="+", metavar="PATH",
+                   help="artifact directories or model.pt files inside them, as separate arguments (shell globs "
+                   "work) or comma-separated")
     s.add_argument("--credentials", help="credentials JSON; default $CKPTFLOW_CREDENTIALS")
     s.add_argument("--dry-run", action="store_true", help="check everything, write and delete nothing anywhere (an endpoint without a cached probe "
                    "record is not probed: the report says the real run would probe it), report what would go")
@@ -27,14 +29,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from ..archive.prune import prune_verified
     from ..store.open import store_factory
 
-    paths = [Path(p) for p in args.paths.split(",") if p.strip()]
+    paths = [Path(p) for arg in args.paths for p in arg.split(",") if p.strip()]
     if not paths:
         raise UsageError("--paths is empty", remedy="name at least one artifact directory")
     report = prune_verified(paths, store_factory(args.credentials), dry_run=args.dry_run, read_data=args.read_data)
     out = report.to_report()
     if report.has_errors:
-        bad = [k["path"] for k in report.kept if k.get("error")]
-        raise ReportedFailure(out, f"inconsistent remote objects or failed checks for {bad}; those artifacts were kept")
+        bad = [k for k in report.kept if k.get("error")]
+        raise ReportedFailure(out, f"kept {plural(len(bad), 'path')} that cannot be released: "
+                              + "; ".join(f"{k['path']}: {k['reason']}" for k in bad[:3])
+                              + (f"; … {len(bad) - 3} more (see the report)" if len(bad) > 3 else ""))
     return out
 
 

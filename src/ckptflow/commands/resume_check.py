@@ -1,4 +1,6 @@
-"""``ckptflow resume-check``: the trainer's resume guard as a command (exit 0 may start, 1 refused)."""
+"""``ckptflow resume-check``: the trainer's resume guard as a command (exit 0 may start, 1 refused or the
+attempt directory does not exist). It only checks: under ``--resume off`` it names the fresh attempt the
+trainer would mint and creates nothing."""
 
 from __future__ import annotations
 
@@ -14,14 +16,15 @@ def register(sub) -> None:
     s.add_argument("--attempt-dir", required=True, help="the run's attempt directory <run>/<ts>")
     s.add_argument("--resume-path", help="an explicit checkpoint to resume from (directory or single file)")
     s.add_argument("--resume", choices=("auto", "off"), default="auto",
-                   help="auto: resume from the newest resumable checkpoint (default); off: mint a fresh attempt")
+                   help="auto: resume from the newest resumable checkpoint (default); off: name the fresh attempt the "
+                   "trainer would mint beside a non-empty one (nothing is created)")
     s.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from ..trainer.resume import check_run_attempt
 
-    decision = check_run_attempt(args.attempt_dir, args.resume, args.resume_path)
+    decision = check_run_attempt(args.attempt_dir, args.resume, args.resume_path, must_exist=True)
     report = decision.to_report()
     if not decision.may_start:
         raise ReportedFailure(report, decision.message())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .summary import block, human_bytes, plural
+from .summary import block, capped, human_bytes, plural
 
 
 def register(sub) -> None:
@@ -23,10 +23,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def summarize(report: dict[str, Any], elapsed: float | None) -> str:
+    """What was removed (path and size) first, then what was kept and why."""
     verb = "would remove" if report["dry_run"] else "removed"
+    sizes = report.get("removed_bytes", {})
+    gone = [(verb, f"{p} ({human_bytes(sizes[p])})" if p in sizes else p) for p in report["removed"]]
     return block(
         f"{verb} {plural(len(report['removed']), 'checkpoint')} ({human_bytes(report['freed_bytes'])}), "
         f"kept {len(report['kept'])}",
-        [("run", report["run_dir"]), ("latest", report["latest"])]
-        + [(k["reason"], k["path"]) for k in report["kept"]], elapsed,
+        [("run", report["run_dir"]), ("latest", report["latest"]), *capped(gone, verb),
+         *capped([("kept", f"{k['path']}: {k['reason']}") for k in report["kept"]], "kept")], elapsed,
     )

@@ -1,4 +1,5 @@
-"""``ckptflow seal``: commit a native manifest for components already written."""
+"""``ckptflow seal``: commit a native manifest for components already written (``already-sealed``, exit 0,
+when the directory's manifest records exactly these components and bytes)."""
 
 from __future__ import annotations
 
@@ -18,13 +19,13 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from ..artifact import parse_component_spec, seal_artifact
+    from ..artifact import parse_component_spec, seal_or_confirm
 
     specs = [parse_component_spec(c) for c in args.components]
-    record = seal_artifact(Path(args.artifact_dir), args.iteration, specs)
+    record, already = seal_or_confirm(Path(args.artifact_dir), args.iteration, specs)
     files = record.physical_files()
     return {
-        "status": "sealed",
+        "status": "already-sealed" if already else "sealed",
         "artifact_dir": str(Path(args.artifact_dir).resolve()),
         "iteration": record.iteration,
         "components": sorted(record.components),
@@ -36,7 +37,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def summarize(report: dict[str, Any], elapsed: float | None) -> str:
     comps = report["components"]
     return block(
-        f"sealed iteration {report['iteration']}: {plural(len(comps), 'component')} ({', '.join(comps)}), "
+        f"{report['status'].replace('-', ' ')} iteration {report['iteration']}: {plural(len(comps), 'component')} ({', '.join(comps)}), "
         f"{files_bytes(report['files'], report['total_bytes'])}",
         [("artifact", report["artifact_dir"])], elapsed,
     )

@@ -12,6 +12,7 @@ from typing import Any
 from ..archive.verify import describe_failures, verify_artifact
 from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE, find_runs
 from ..errors import CkptflowError, NotFound, Refused
+from ..fsutil import require_directory
 from ..jsonio import decode_json_object, validate
 from ..records import (
     MANIFEST_FILENAME,
@@ -51,10 +52,8 @@ def collect_status(
     ``verify_with`` is a ``store_for(destination)`` callable (``store.open.store_factory``); with it,
     every ``.uploaded`` is verified live against the store instead of read from a verify report.
     """
-    root = Path(root)
-    if not root.is_dir():
-        raise NotFound(f"{root} is not a directory",
-                       remedy="pass a runs root or one run directory <project>/<group>/<run>/<ts>")
+    root = require_directory(root, "runs root or run directory",
+                             "pass a runs root or one run directory <project>/<group>/<run>/<ts>")
     rows: dict[tuple[str, int], Row] = {}
 
     def row(run: str, iteration: int, name: str) -> Row:

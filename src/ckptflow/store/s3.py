@@ -50,6 +50,7 @@ from .s3_errors import (
     http_status,
     translate,
 )
+from .s3_retries import announce_retries
 from .transfer import (
     DEFAULT_RANGE_SIZE,
     MIN_PART_SIZE,
@@ -201,11 +202,12 @@ class S3Store(s3_uploads.UnfinishedUploads):
         else:  # the default AWS chain (environment, ~/.aws, instance role)
             self._client_args = {"region_name": session.get_config_variable("region") or "us-east-1"}
             authority = None
-        self._session, self._config = session, config
+        self._session, self._config, self._max_attempts = session, config, max_attempts
         self._client = session.create_client("s3", config=config, **self._client_args)
         if authority is None:
             authority = self._client.meta.endpoint_url.split("://", 1)[-1].split("/", 1)[0]
         self.destination = base.Destination(scheme, authority, bucket)
+        announce_retries(self._client, f"{scheme}://{bucket} at {authority}", max_attempts)
 
     def __repr__(self) -> str:
         return f"S3Store({self.scheme}://{self.bucket} at {self.destination.endpoint})"
@@ -488,6 +490,8 @@ class S3Store(s3_uploads.UnfinishedUploads):
                 s3 = dict(self._config.s3 or {}, payload_signing_enabled=False)
                 self._unsigned_client = self._session.create_client(
                     "s3", config=self._config.merge(Config(s3=s3)), **self._client_args)
+                announce_retries(self._unsigned_client, f"{self.scheme}://{self.bucket} at "
+                                 f"{self.destination.endpoint}", self._max_attempts)
             return self._unsigned_client
 
     def put_bytes_wrong_checksum(self, key: str, data: bytes) -> bool:

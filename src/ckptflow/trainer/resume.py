@@ -21,6 +21,10 @@ whether it may start in the attempt directory ``<run>/<ts>`` and from where:
 - a fresh attempt, and an interrupted artifact directory without its manifest, are unaffected;
 - ``resume="off"`` starts in the attempt directory when it holds nothing, else mints a fresh attempt beside it.
 
+``check_run_attempt`` only looks: it never creates a directory (``ckptflow resume-check`` under
+``--resume off`` names the fresh attempt it would mint, and running it twice names the same one);
+``pin_run_attempt`` is the one that creates the minted attempt, exclusively.
+
 A refusal names the attempt directory and three remedies, each an operator decision (``REMEDIES``).
 """
 
@@ -34,6 +38,7 @@ from typing import Any
 
 from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE
 from ..errors import InvalidRecord, Refused, UsageError
+from ..fsutil import require_directory
 from ..records import manifest as manifest_record
 from .checkpoints import CHECKPOINTS_DIR, is_complete_checkpoint, iteration_of_name
 from .write import IN_PROGRESS, TRAINER_FILE
@@ -181,11 +186,17 @@ def _iteration_from_trainer_state(source: Path) -> tuple[int | None, str]:
     return it, f"the trainer state in {source} ({', '.join(f'{k}={v}' for k, v in sorted(values.items()))})"
 
 
-def check_run_attempt(attempt_dir: Path | str, resume: str = "auto", resume_path: Path | str | None = None) -> ResumeDecision:
-    """The decision, without raising on a refusal (``pin_run_attempt`` raises)."""
+def check_run_attempt(attempt_dir: Path | str, resume: str = "auto", resume_path: Path | str | None = None, *,
+                      must_exist: bool = False) -> ResumeDecision:
+    """The decision, without raising on a refusal (``pin_run_attempt`` raises) and without creating
+    anything. ``must_exist`` (the command line): an attempt directory that does not exist is a mistyped
+    path (``NotFound``), not a fresh attempt; the trainer passes a new attempt's directory before it exists."""
     if resume not in ("auto", "off"):
         raise UsageError(f"resume={resume!r} is not auto or off")
     attempt = Path(attempt_dir).absolute()
+    if must_exist:
+        require_directory(attempt, "attempt directory", f"pass an existing <run>/<ts> directory, or create it "
+                          f"(mkdir -p {attempt}) to start a new attempt there")
     artifacts = committed_artifacts(attempt)
     newest_it, newest = (next(reversed(artifacts.items())) if artifacts else (None, None))
     base = {"attempt_dir": str(attempt), "original_attempt_dir": str(attempt), "resume": resume,
@@ -223,21 +234,40 @@ def check_run_attempt(attempt_dir: Path | str, resume: str = "auto", resume_path
 def _mint_fresh(attempt: Path, base: dict[str, Any]) -> ResumeDecision:
     if not attempt.exists() or not any(attempt.iterdir()):
         return ResumeDecision("fresh", "resume=off in an empty attempt directory", **base)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    sibling = _free_sibling(attempt)
+    return ResumeDecision("fresh", _minted_reason(sibling, attempt, created=False), **{**base, "attempt_dir": str(sibling)})
+
+
+def _minted_reason(sibling: Path, attempt: Path, *, created: bool) -> str:
+    what = "a fresh attempt" if created else "a fresh attempt to be created when the trainer pins it:"
+    return f"resume=off: {what} {sibling} beside {attempt}, which is left as it is"
+
+
+def _free_sibling(attempt: Path, stamp: str | None = None) -> Path:
+    """The first ``<ts>-fresh-<stamp>[-n]`` name beside ``attempt`` that does not exist (nothing is created)."""
+    stamp = stamp or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     for n in range(1000):
         sibling = attempt.parent / (f"{attempt.name}-fresh-{stamp}" + (f"-{n}" if n else ""))
-        try:
-            sibling.mkdir()
-        except FileExistsError:
-            continue
-        return ResumeDecision("fresh", f"resume=off: a fresh attempt {sibling} beside {attempt}, which is left as it is",
-                              **{**base, "attempt_dir": str(sibling)})
+        if not os.path.lexists(sibling):
+            return sibling
     raise Refused(f"no fresh attempt name is free beside {attempt}", remedy="remove stale *-fresh-* attempts")
 
 
 def pin_run_attempt(attempt_dir: Path | str, resume: str = "auto", resume_path: Path | str | None = None) -> ResumeDecision:
-    """``check_run_attempt``, raising ``Refused`` (the full message with its remedies) when refused."""
+    """``check_run_attempt``, raising ``Refused`` (the full message with its remedies) when refused; a
+    fresh attempt minted beside the original (``resume="off"``) is created here, exclusively: a name
+    another job took between the check and the ``mkdir`` moves on to the next free one."""
     decision = check_run_attempt(attempt_dir, resume, resume_path)
     if not decision.may_start:
         raise Refused(decision.message())
+    if decision.attempt_dir != decision.original_attempt_dir:
+        minted = Path(decision.attempt_dir)
+        while True:
+            try:
+                minted.mkdir()
+                break
+            except FileExistsError:
+                minted = _free_sibling(Path(decision.original_attempt_dir))
+        decision.attempt_dir = str(minted)
+        decision.reason = _minted_reason(minted, Path(decision.original_attempt_dir), created=True)
     return decision

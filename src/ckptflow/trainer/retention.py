@@ -46,7 +46,7 @@ from typing import Any
 
 from ..digest import sha256_file
 from ..errors import CkptflowError, NotFound, Refused, UnsafePath, UsageError
-from ..fsutil import parse_tagged_name, temp_stem, unique_temp_path
+from ..fsutil import parse_tagged_name, require_directory, temp_stem, unique_temp_path
 from ..records import receipt as receipt_record
 from ..records import utc_timestamp
 from ..records.inventory import FileEntry, damaged_entry
@@ -235,20 +235,22 @@ class RetentionReport:
     dry_run: bool
     latest: str | None = None
     removed: list[str] = field(default_factory=list)
+    removed_bytes: dict[str, int] = field(default_factory=dict)  # each removed path's size
     kept: list[dict[str, str]] = field(default_factory=list)
     freed_bytes: int = 0
 
     def to_report(self) -> dict[str, Any]:
         return {"status": "dry-run" if self.dry_run else "retained", "run_dir": self.run_dir,
                 "keep_last": self.keep_last, "dry_run": self.dry_run, "latest": self.latest,
-                "removed": self.removed, "kept": self.kept, "freed_bytes": self.freed_bytes}
+                "removed": self.removed, "removed_bytes": self.removed_bytes, "kept": self.kept,
+                "freed_bytes": self.freed_bytes}
 
 
 def retain_checkpoints(run_dir: Path | str, keep_last: int, *, dry_run: bool = False) -> RetentionReport:
     """Delete uploaded complete checkpoints older than the last ``keep_last`` (``latest`` always kept)."""
     if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0:
         raise UsageError(f"--keep-last {keep_last!r} is not an integer >= 0")
-    run = Path(run_dir).absolute()
+    run = require_directory(Path(run_dir).absolute(), "run directory", "pass the attempt directory <run>/<ts>")
     checkpoints = run / CHECKPOINTS_DIR
     if not checkpoints.is_dir():
         raise NotFound(f"{checkpoints} does not exist", remedy="pass the attempt directory <run>/<ts> holding checkpoints/")
@@ -275,5 +277,6 @@ def retain_checkpoints(run_dir: Path | str, keep_last: int, *, dry_run: bool = F
                 shutil.rmtree(d)
                 log.info("removed %s (%d bytes)", d, size)
             report.removed.append(str(d))
+            report.removed_bytes[str(d)] = size
             report.freed_bytes += size
     return report

@@ -1,0 +1,158 @@
+"""Errors that name the real problem and exit codes scripts can trust: a mistyped path is said not to
+exist, prune-verified fails when a requested artifact cannot be released, seal confirms what it already
+sealed, resume-check creates nothing, retries against an unreachable endpoint are announced, and
+``-v`` works after the verb. Every case runs the real CLI in a subprocess, piped (JSON on stdout)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from ckptflow.jsonio import validate
+from ckptflow.records import manifest as manifest_record
+from helpers.cli import finish, run_cli, start_cli
+from helpers.trees import tree_bytes
+
+PREFIX = "proj/group/run1/20261129T000000Z/checkpoints"
+
+
+@pytest.fixture
+def env(tmp_path):
+    return {"CKPTFLOW_CACHE_DIR": str(tmp_path / "cache")}
+
+
+def _artifact(root, it: int, size: int = 1000):
+    art = root / "checkpoint_artifacts" / f"iter_{it:06d}"
+    art.mkdir(parents=True)
+    (art / "model.pt").write_bytes(bytes([it % 256]) * size)
+    return art
+
+
+def _seal_and_publish(art, archive, env):
+    it = int(art.name.split("_")[1])
+    assert run_cli("seal", "--artifact-dir", str(art), "--iteration", str(it), "model=model.pt", env=env).returncode == 0
+    proc = run_cli("publish", "--artifact-dir", str(art), "--upload-prefix", PREFIX, "--bucket", f"file://{archive}",
+                   env=env)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.fixture
+def archive(tmp_path, env):
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    proc = run_cli("probe", "--bucket", f"file://{archive}", "--prefix", PREFIX, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return archive
+
+
+@pytest.mark.parametrize("verb", ["verify", "prune-verified", "resume-check", "retain-checkpoints", "status"])
+def test_a_path_that_does_not_exist_is_named_not_taken_for_a_fresh_or_unpublished_one(tmp_path, env, verb):
+    typo = tmp_path / "runs" / "proj" / "grp" / "run1" / "2026120T000000Z"
+    art = typo / "checkpoint_artifacts" / "iter_000007"
+    args = {"verify": ("--artifact-dir", str(art)), "prune-verified": ("--paths", str(art)),
+            "resume-check": ("--attempt-dir", str(typo)), "retain-checkpoints": ("--run-dir", str(typo), "--keep-last", "1"),
+            "status": (str(typo),)}[verb]
+    before = tree_bytes(tmp_path)
+    proc = run_cli(verb, *args, env=env)
+    assert proc.returncode == 1, proc.stdout
+    line = proc.stderr
+    assert line.count("\n") == 1 and line.startswith(f"ckptflow {verb}: ") and "does not exist" in line, line
+    assert (str(art) if verb in ("verify", "prune-verified") else str(typo)) in line
+    assert "run `ckptflow publish`" not in line and "fresh attempt" not in line and "Traceback" not in line
+    assert tree_bytes(tmp_path) == before and not typo.exists()
+
+
+def test_prune_verified_fails_when_a_requested_path_is_missing_or_no_longer_matches(tmp_path, archive, env):
+    runs = tmp_path / "run"
+    a, b, c = (_artifact(runs, it) for it in (1, 2, 3))
+    for art in (a, b, c):
+        _seal_and_publish(art, archive, env)
+    missing = runs / "checkpoint_artifacts" / "iter_000009"
+    remote_b = archive / PREFIX.rsplit("/", 1)[0] / "checkpoint_artifacts" / b.name / "model.pt"
+    remote_b.write_bytes(b"z" * 1000)  # the archive no longer matches b's receipt
+
+    # several arguments (as a shell glob expands them) and the comma form together
+    proc = run_cli("prune-verified", "--paths", str(a), str(missing), f"{b},{c}", env=env)
+    assert proc.returncode == 1, proc.stderr
+    report = proc.report
+    validate(report, "report_prune_verified", what="prune-verified report")
+    assert report["status"] == "failed"
+    assert [r["path"] for r in report["removed"]] == [str(a), str(c)]  # what went is still listed
+    kept = {k["path"]: k for k in report["kept"]}
+    assert set(kept) == {str(missing), str(b)} and all(k["error"] for k in kept.values())
+    assert "does not exist" in kept[str(missing)]["reason"]
+    assert not (a / "model.pt").exists() and not (c / "model.pt").exists() and (b / "model.pt").exists()
+    assert proc.stderr.count("\n") == 1 and str(missing) in proc.stderr and str(b) in proc.stderr
+
+    again = run_cli("prune-verified", "--paths", str(a), str(c), env=env)  # already released: nothing wrong
+    assert again.returncode == 0 and again.report["status"] == "done", again.stderr
+
+
+def test_seal_of_an_already_sealed_directory_with_the_same_bytes_is_already_sealed(tmp_path, env):
+    art = _artifact(tmp_path / "run", 7)
+    args = ("seal", "--artifact-dir", str(art), "--iteration", "7", "model=model.pt")
+    assert run_cli(*args, env=env).report["status"] == "sealed"
+    manifest = manifest_record.path_in(art).read_bytes()
+    again = run_cli(*args, env=env)
+    assert again.returncode == 0 and again.stderr == "", again.stderr
+    assert again.report["status"] == "already-sealed" and again.report["files"] == 1
+    validate(again.report, "report_seal", what="seal report")
+
+    (art / "model.pt").write_bytes(b"other" * 200)  # same size, other bytes: refused, manifest untouched
+    changed = run_cli(*args, env=env)
+    assert changed.returncode == 1 and changed.report["status"] == "refused"
+    assert "already exists" in changed.stderr and "['model']" in changed.stderr
+    assert manifest_record.path_in(art).read_bytes() == manifest
+
+
+def test_resume_check_off_names_the_fresh_attempt_and_creates_nothing(tmp_path, env):
+    run = tmp_path / "runs" / "run1"
+    attempt = run / "20261129T000000Z"
+    (attempt / "checkpoints").mkdir(parents=True)
+    (attempt / "notes.txt").write_text("not empty")
+    before = tree_bytes(tmp_path)
+    first = run_cli("resume-check", "--attempt-dir", str(attempt), "--resume", "off", env=env)
+    second = run_cli("resume-check", "--attempt-dir", str(attempt), "--resume", "off", env=env)
+    assert first.returncode == second.returncode == 0, first.stderr
+    validate(first.report, "report_resume_check", what="resume-check report")
+    minted = first.report["attempt_dir"]
+    assert minted != str(attempt) and minted.startswith(f"{attempt}-fresh-") and not (run / minted).exists()
+    assert tree_bytes(tmp_path) == before and sorted(p.name for p in run.iterdir()) == [attempt.name]
+
+    from ckptflow.trainer.resume import pin_run_attempt  # the trainer is the one that creates it
+
+    pinned = pin_run_attempt(attempt, "off")
+    assert pinned.attempt_dir.startswith(f"{attempt}-fresh-") and (run / pinned.attempt_dir).is_dir()
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_retries_against_an_unreachable_endpoint_are_announced_while_they_run(tmp_path, env):
+    creds = tmp_path / "creds.json"
+    creds.write_text('{"aws_access_key_id": "k", "aws_secret_access_key": "s", '
+                     f'"endpoint_url": "http://127.0.0.1:{_closed_port()}"}}')
+    proc = start_cli("probe", "--bucket", "s3://bkt", "--prefix", PREFIX, "--credentials", str(creds), env=env)
+    try:
+        first = proc.stderr.readline()  # blocks until the first line: it must come while retries remain
+        running = proc.poll() is None
+    finally:
+        _out, err = finish(proc)
+    assert "retrying up to 7 more times" in first and "PutObject" in first and "s3://bkt at 127.0.0.1:" in first
+    assert "at most" in first and "EndpointConnectionError" in first
+    assert running, "the retry line came only after the command had given up"
+    assert proc.returncode == 1 and "cannot reach the endpoint" in err
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_verbose_is_accepted_before_and_after_the_verb(tmp_path, archive, env, where):
+    art = _artifact(tmp_path / "run", 4)
+    _seal_and_publish(art, archive, env)
+    args = ("verify", "--artifact-dir", str(art))
+    proc = run_cli("-v", *args, env=env) if where == "before" else run_cli(*args, "--verbose", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "ckptflow: INFO: " in proc.stderr, proc.stderr
