@@ -206,3 +206,42 @@ def test_a_summary_that_breaks_falls_back_without_changing_the_outcome(artifact,
     captured = capsys.readouterr()
     assert captured.out.startswith("sealed\n") and "  files         1\n" in captured.out
     assert "no summary for this report (KeyError" in caplog.text
+
+
+def test_a_failed_verify_or_resume_check_on_one_terminal_says_it_once(artifact, tmp_path, env):
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    assert _seal(artifact, env).returncode == 0
+    assert run_cli(*_publish_args(artifact, archive), env=env).returncode == 0
+    (archive / PREFIX / "checkpoint_artifacts" / "iter_000007" / "model.pt").unlink()
+    both = run_on_terminal("verify", "--artifact-dir", str(artifact), env=env, stderr_terminal=True)
+    assert both.returncode == 1 and both.stdout.startswith("failed: 1 of 5 objects not ok"), both.stdout
+    assert "ckptflow verify:" not in both.stdout and both.stdout.count("model.pt") == 1, both.stdout
+
+    attempt = artifact.parent.parent  # holds the committed model-only artifact: a step-0 restart is refused
+    both = run_on_terminal("resume-check", "--attempt-dir", str(attempt), env=env, stderr_terminal=True)
+    assert both.returncode == 1 and both.stdout.startswith("refused: "), both.stdout
+    assert both.stdout.count("step-0 restart") == 1 and both.stdout.count("remedy 1") == 1, both.stdout
+
+
+def test_retain_and_prune_summaries_list_what_was_removed_before_what_was_kept(tmp_path, env):
+    run = tmp_path / "ts"
+    for it in (1, 2, 3):
+        d = run / "checkpoints" / f"iter_{it:07d}"
+        d.mkdir(parents=True)
+        (d / "model.pt").write_bytes(b"m" * 2048)
+        (d / "trainer.pt").write_bytes(b"t" * 10)
+        (d / ".uploaded").write_text("uploaded to s3://old-tool\n")
+    out = _summary(run_on_terminal("retain-checkpoints", "--run-dir", str(run), "--keep-last", "1", env=env),
+                   "removed 2 checkpoints (4.07 KiB), kept 1")
+    lines = out.splitlines()[1:]  # the rows after the headline
+    removed = [i for i, line in enumerate(lines) if line.lstrip().startswith("removed ")]
+    kept = [i for i, line in enumerate(lines) if line.lstrip().startswith("kept ")]
+    assert len(removed) == 2 and len(kept) == 1 and max(removed) < min(kept), out
+    assert f"{run / 'checkpoints' / 'iter_0000001'} (2.04 KiB)" in out
+    assert f"kept     {run / 'checkpoints' / 'iter_0000003'}: one of the last 1" in out
+
+    missing = tmp_path / "run" / "checkpoint_artifacts" / "iter_000001"
+    shown = run_on_terminal("prune-verified", "--paths", str(missing), env=env)
+    assert shown.returncode == 1 and shown.stdout.startswith("failed: nothing freed, 1 artifact kept"), shown.stdout
+    assert f"kept  {missing}: {missing} does not exist" in shown.stdout
