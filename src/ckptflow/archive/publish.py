@@ -170,7 +170,7 @@ def _check_against_manifest(
     return filled
 
 
-def _refuse_merge_in_progress(artifact_dir: Path) -> None:
+def refuse_merge_in_progress(artifact_dir: Path) -> None:
     """Before any read or write of the archive: a merge in progress (or killed) is not committed."""
     if merge_in_progress(artifact_dir):
         raise Refused(
@@ -323,7 +323,7 @@ def _commit_manifest(store: ObjectStore, prefix: str, inv: LocalInventory) -> No
         )
 
 
-def _adopt_pruned(store: ObjectStore, prefix: str, artifact_dir: Path, inv: LocalInventory) -> None:
+def adopt_pruned(store: ObjectStore, prefix: str, artifact_dir: Path, inv: LocalInventory) -> None:
     """Adopt the committed archive of an artifact whose payloads were pruned here; write nothing remote.
 
     The missing files cannot be uploaded, so the destination must already hold this very artifact: a
@@ -349,7 +349,7 @@ def _adopt_pruned(store: ObjectStore, prefix: str, artifact_dir: Path, inv: Loca
     log.info("%s: payloads pruned locally; adopting the identical committed archive at %s", artifact_dir, where)
 
 
-def _receipt_matches(artifact_dir: Path, dest: receipt_record.ReceiptDestination, decl_sha: str, inv: LocalInventory) -> bool:
+def receipt_matches(artifact_dir: Path, dest: receipt_record.ReceiptDestination, decl_sha: str, inv: LocalInventory) -> bool:
     path = receipt_record.path_in(artifact_dir)
     if not path.exists() or receipt_record.is_legacy_receipt(artifact_dir):
         return False
@@ -381,11 +381,11 @@ def publish_artifact(
     artifact_dir = Path(artifact_dir)
     if not artifact_dir.is_dir():
         raise NotFound(f"artifact directory {artifact_dir} does not exist", remedy="check --artifact-dir")
-    _refuse_merge_in_progress(artifact_dir)
+    refuse_merge_in_progress(artifact_dir)
     prefix = artifact_prefix(upload_prefix_for(artifact_dir, upload_prefix), artifact_dir.name)
     dest = receipt_record.ReceiptDestination.at(store.destination, prefix)
     refuse_overlapping_archive(store, artifact_dir)
-    earlier = _earlier_destinations(artifact_dir, dest, add_destination)
+    earlier = earlier_destinations(artifact_dir, dest, add_destination)
     if delete_local:
         from .probe import require_qualified
 
@@ -399,11 +399,11 @@ def publish_artifact(
     decl_sha = sha256_bytes(inv.declaration_bytes)
     result = PublishResult("published", artifact_dir, dest, inv.files, decl_sha, earlier_destinations=earlier)
 
-    if _receipt_matches(artifact_dir, dest, decl_sha, inv):
+    if receipt_matches(artifact_dir, dest, decl_sha, inv):
         result.status = "skipped"
     elif inv.pruned:
         result.status = "adopted"
-        _adopt_pruned(store, prefix, artifact_dir, inv)
+        adopt_pruned(store, prefix, artifact_dir, inv)
     elif store.head(object_key(prefix, manifest_record.FILENAME)) is not None:
         result.status = "adopted"
         # A committed archive: compare before writing anything, so a conflicting prefix is refused
@@ -442,7 +442,7 @@ def publish_artifact(
     return result
 
 
-def _earlier_destinations(artifact_dir: Path, dest: receipt_record.ReceiptDestination,
+def earlier_destinations(artifact_dir: Path, dest: receipt_record.ReceiptDestination,
                           add_destination: bool) -> tuple[receipt_record.ReceiptDestination, ...]:
     """The destinations the new receipt keeps besides ``dest``; refuses (before anything is read or
     written) to let a publication elsewhere drop the record of where this artifact's archive lives."""

@@ -22,11 +22,11 @@ from ..records import receipt as receipt_record
 from ..store.base import ObjectStore
 from .keys import artifact_prefix, object_key, upload_prefix_for
 from .publish import (
-    _adopt_pruned,
-    _earlier_destinations,
-    _receipt_matches,
-    _refuse_merge_in_progress,
+    adopt_pruned,
     build_local_inventory,
+    earlier_destinations,
+    receipt_matches,
+    refuse_merge_in_progress,
 )
 from .verify import check_remote_inventory, refuse_overlapping_archive
 
@@ -72,22 +72,22 @@ def plan_publication(artifact_dir: Path | str, store: ObjectStore, upload_prefix
     artifact_dir = Path(artifact_dir)
     if not artifact_dir.is_dir():
         raise NotFound(f"artifact directory {artifact_dir} does not exist", remedy="check --artifact-dir")
-    _refuse_merge_in_progress(artifact_dir)
+    refuse_merge_in_progress(artifact_dir)
     prefix = artifact_prefix(upload_prefix_for(artifact_dir, upload_prefix), artifact_dir.name)
     dest = receipt_record.ReceiptDestination.at(store.destination, prefix)
     refuse_overlapping_archive(store, artifact_dir)
-    earlier = _earlier_destinations(artifact_dir, dest, add_destination)
+    earlier = earlier_destinations(artifact_dir, dest, add_destination)
     _refuse_legacy(artifact_dir)
     inv = build_local_inventory(artifact_dir, progress=False, write=False)
     decl_sha = sha256_bytes(inv.declaration_bytes)
     records = {declaration_record.FILENAME: inv.declaration_bytes, manifest_record.FILENAME: inv.manifest_bytes}
 
     actions: dict[str, str] = {}
-    if _receipt_matches(artifact_dir, dest, decl_sha, inv):
+    if receipt_matches(artifact_dir, dest, decl_sha, inv):
         would = "skipped"
         actions = {e.path: "skip" for e in inv.files}
     elif inv.pruned:
-        _adopt_pruned(store, prefix, artifact_dir, inv)  # reads only: refuses unless the archive is this one
+        adopt_pruned(store, prefix, artifact_dir, inv)  # reads only: refuses unless the archive is this one
         would = "adopted"
     elif store.head(object_key(prefix, manifest_record.FILENAME)) is not None:
         for name, expected in records.items():
