@@ -92,8 +92,11 @@ def step_reports(reports_dir: str, run: str, iteration: str) -> list[str]:
 
 
 def upload_prefix(run: str) -> str:
-    """Where a run's artifacts are published under the bucket: ``<run>/checkpoints``."""
-    return f"{run}/checkpoints"
+    """Where a run's artifacts are published under the bucket: ``<run>/checkpoints`` (``keys.run_upload_prefix``;
+    ``publish_artifact`` checks it against the artifact's path like any explicit prefix)."""
+    from .archive.keys import run_upload_prefix
+
+    return run_upload_prefix(run)
 
 
 def iteration_name(iteration: int) -> str:
@@ -425,7 +428,7 @@ def publish_step(artifact_dir: str, upload_prefix: str, bucket: str | None, cred
     ``named_by`` name that holds this artifact's committed archive (``publish_artifact`` adopts it:
     declaration and manifest byte-identical to the local ones, every object HEAD-verified), else the
     artifact is published to the configured bucket (which adopts an identical archive as well)."""
-    from .archive.keys import object_key
+    from .archive.keys import object_key, run_upload_prefix
     from .archive.publish import publish_artifact
 
     artifact = Path(artifact_dir)
@@ -447,8 +450,8 @@ def publish_step(artifact_dir: str, upload_prefix: str, bucket: str | None, cred
                 store = store_factory(credentials)(dest)
                 if store.head(object_key(dest.prefix, manifest_record.FILENAME)) is None:
                     continue
-                result = publish_artifact(artifact, store, ("/" + dest.prefix)[: -len(suffix)].lstrip("/")
-                                          + "/checkpoints", progress=False)
+                result = publish_artifact(artifact, store, run_upload_prefix(("/" + dest.prefix)[: -len(suffix)]),
+                                          progress=False)
             except CkptflowError as exc:
                 log.warning("publish %s: the archive a report names at %s is not adopted: %s", artifact_dir,
                             dest.to_dict(), exc)

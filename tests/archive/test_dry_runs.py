@@ -8,7 +8,7 @@ from test_publish_processes import publish_args
 
 from ckptflow.jsonio import validate
 from helpers import servers
-from helpers.artifacts import make_artifact
+from helpers.artifacts import ARTIFACT_PREFIX, make_artifact
 from helpers.cli import run_cli
 from helpers.trees import tree_state
 
@@ -57,11 +57,34 @@ def test_prune_verified_dry_run_does_not_probe_and_says_the_real_run_would(
 
 
 @pytest.mark.seaweedfs
-def test_publish_has_no_dry_run_and_asking_for_one_writes_nothing(
-        published, probe_cache, seaweedfs_bucket, seaweedfs_credentials_path):
+def test_publish_dry_run_names_every_destination_and_writes_nothing(
+        tmp_path, probe_cache, seaweedfs_bucket, seaweedfs_credentials_path):
     creds = seaweedfs_credentials_path
-    before = _everything(published, probe_cache, creds, seaweedfs_bucket)
-    proc = run_cli(*publish_args(published, seaweedfs_bucket, creds, "--delete-local", "--dry-run"),
-                   json_report=False)
-    assert proc.returncode == 2 and "--dry-run" in proc.stderr
-    assert _everything(published, probe_cache, creds, seaweedfs_bucket) == before
+    art = make_artifact(tmp_path / "run1")
+    probe_cache.mkdir(parents=True, exist_ok=True)
+    before = _everything(art, probe_cache, creds, seaweedfs_bucket)
+    dry = run_cli(*publish_args(art, seaweedfs_bucket, creds, "--delete-local", "--dry-run"))
+    assert dry.returncode == 0, dry.stderr
+    validate(dry.report, "report_publish", what="publish report")
+    assert dry.report["status"] == "dry-run" and dry.report["would"] == "published"
+    files = {f["path"]: f for f in dry.report["files"]}
+    assert set(files) == {e["path"] for e in dry.report["inventory"]} | {".posttrain-archive.json"}
+    for path, f in files.items():
+        assert f["uri"] == f"s3://{seaweedfs_bucket}/{ARTIFACT_PREFIX}/{path}" and f["action"] == "send"
+    assert dry.report["bytes_to_send"] == sum(f["size"] for f in files.values())
+    assert files["model.pt"]["size"] == (art / "model.pt").stat().st_size
+    assert "model.pt" in dry.report["would_remove"]
+    assert _everything(art, probe_cache, creds, seaweedfs_bucket) == before
+    # Published, then its receipt lost: the dry run says the archive there would be adopted, and a dry
+    # run over a matching receipt that it would be skipped; neither writes anything.
+    real = run_cli(*publish_args(art, seaweedfs_bucket, creds))
+    assert real.returncode == 0, real.stderr
+    (art / ".uploaded").unlink()
+    for would, action in (("adopted", "adopt"), ("skipped", "skip")):
+        if would == "skipped":
+            assert run_cli(*publish_args(art, seaweedfs_bucket, creds)).returncode == 0
+        state = _everything(art, probe_cache, creds, seaweedfs_bucket)
+        again = run_cli(*publish_args(art, seaweedfs_bucket, creds, "--dry-run"))
+        assert again.returncode == 0 and again.report["would"] == would, again.stderr
+        assert {f["action"] for f in again.report["files"]} == {action} and again.report["bytes_to_send"] == 0
+        assert _everything(art, probe_cache, creds, seaweedfs_bucket) == state

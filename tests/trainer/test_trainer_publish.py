@@ -155,3 +155,25 @@ def test_a_publication_racing_publish_and_prune_of_its_artifact_reports_it_archi
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
     assert "by another publisher while this one ran" in caplog.text
     assert read_receipt(art) is not None
+
+
+def test_the_trainer_derives_the_prefix_and_refuses_a_contradicting_one_like_the_cli(tmp_path, caplog):
+    """No prefix: the run's own (the artifact's path in the runs layout). A prefix of another attempt:
+    refused by name with the derived prefix as the remedy, nothing archived, the artifact kept."""
+    run = tmp_path / "runs" / "proj" / "grp" / "run1" / "20261201T000000Z"
+    (tmp_path / "store").mkdir()
+    bucket = f"file://{tmp_path / 'store'}"
+    model, _ = tiny_training()
+    wrong = UploadSettings(enabled=True, bucket=bucket, prefix="proj/grp/run1/20261130T000000Z/checkpoints")
+    with caplog.at_level(logging.ERROR, logger="ckptflow"):
+        save_and_publish(run, 10, {"model": model}, wrong)
+    assert wait_for_publications(run, timeout=60) == [] and list((tmp_path / "store").iterdir()) == []
+    assert "--upload-prefix proj/grp/run1/20261201T000000Z/checkpoints" in caplog.text
+    assert not (artifact_dir_for(run, 10) / ".uploaded").exists()
+    derived = UploadSettings(enabled=True, bucket=bucket)
+    save_and_publish(run, 20, {"model": model}, derived)
+    [outcome] = wait_for_publications(run, timeout=120)
+    assert outcome.ok, outcome.error
+    assert outcome.result.destination.prefix == "proj/grp/run1/20261201T000000Z/checkpoint_artifacts/iter_000020"
+    assert outcome.retry == shlex.join(["ckptflow", "publish", "--artifact-dir", str(artifact_dir_for(run, 20)),
+                                        "--bucket", bucket])

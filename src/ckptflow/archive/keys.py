@@ -3,12 +3,21 @@
 The trainer's upload prefix is ``<project>/<group>/<run>/<ts>/checkpoints`` (full checkpoints); an
 artifact ``iter_NNNNNN`` goes to the sibling ``<project>/<group>/<run>/<ts>/checkpoint_artifacts/iter_NNNNNN``.
 An archived artifact is named by its URI (``parse_artifact_uri``), which fetch and materialize read alike.
+
+``upload_prefix_for`` is the one place that decides a publication's upload prefix, for the CLI, the
+trainer and the workflow alike: an artifact in the runs layout
+``<runs_root>/<project>/<group>/<run>/<ts>/checkpoint_artifacts/iter_N`` (``<ts>`` the attempt's UTC start,
+``YYYYMMDDTHHMMSSZ``) derives ``<project>/<group>/<run>/<ts>/checkpoints`` from its own path. An explicit
+prefix must end in ``checkpoints`` and, in the runs layout, name the artifact's own run and attempt: archives
+are create-once, so a prefix that would put one anywhere else is refused before anything is written.
 """
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE
 from ..errors import InvalidRecord, UsageError
@@ -25,6 +34,53 @@ def artifact_prefix(upload_prefix: str, artifact_name: str) -> str:
     safe_relpath(artifact_name, what="artifact directory name")
     parent = cleaned.rpartition("/")[0]
     return f"{parent}/{ARTIFACTS_DIR}/{artifact_name}" if parent else f"{ARTIFACTS_DIR}/{artifact_name}"
+
+
+CHECKPOINTS_DIR = "checkpoints"  # the last segment of every upload prefix
+ATTEMPT_RE = re.compile(r"^\d{8}T\d{6}Z")  # an attempt directory <ts>, perhaps with a -fresh-... suffix
+
+
+def run_upload_prefix(run: str) -> str:
+    """The upload prefix of a run ``<project>/<group>/<run>/<ts>`` (relative to the runs root)."""
+    return f"{run.strip('/')}/{CHECKPOINTS_DIR}"
+
+
+def derived_upload_prefix(artifact_dir: Path | str) -> str | None:
+    """``<project>/<group>/<run>/<ts>/checkpoints`` of an artifact in the runs layout, None outside it."""
+    parts = Path(os.path.abspath(artifact_dir)).parts
+    if len(parts) < 7 or parts[-2] != ARTIFACTS_DIR or not ITER_DIR_RE.match(parts[-1]) \
+            or not ATTEMPT_RE.match(parts[-3]):
+        return None
+    return run_upload_prefix("/".join(parts[-6:-2]))
+
+
+def upload_prefix_for(artifact_dir: Path | str, explicit: str | None) -> str:
+    """The upload prefix to publish ``artifact_dir`` under: ``explicit`` when given and consistent with
+    the artifact's path, else the one derived from it; anything else is refused by name, remedy included."""
+    derived = derived_upload_prefix(artifact_dir)
+    if explicit is None:
+        if derived is None:
+            raise UsageError(
+                f"{artifact_dir} is not in the runs layout <runs_root>/<project>/<group>/<run>/<ts>/"
+                f"{ARTIFACTS_DIR}/iter_N (<ts> as YYYYMMDDTHHMMSSZ), so no upload prefix can be derived from it",
+                remedy="pass --upload-prefix <project>/<group>/<run>/<ts>/checkpoints")
+        return derived
+    cleaned = explicit.strip("/")
+    segments = cleaned.split("/")
+    remedy = (f"pass --upload-prefix {derived}, or leave it out: it is derived from the artifact's path" if derived
+              else "pass the run's <project>/<group>/<run>/<ts>/checkpoints")
+    if segments[-1] != CHECKPOINTS_DIR:
+        raise UsageError(
+            f"--upload-prefix {explicit!r} does not end in /{CHECKPOINTS_DIR}: {artifact_dir} would be archived at "
+            f"{artifact_prefix(cleaned, Path(artifact_dir).name) if cleaned else 'an empty prefix'}, "
+            "not beside the run's checkpoints; nothing was written", remedy=remedy)
+    if derived is not None:
+        ours = derived.split("/")[-3:-1]
+        if segments[-3:-1] != ours:
+            raise UsageError(
+                f"--upload-prefix {explicit!r} names run/attempt {'/'.join(segments[-3:-1]) or '(none)'}, but "
+                f"{artifact_dir} belongs to {'/'.join(ours)}; nothing was written", remedy=remedy)
+    return cleaned
 
 
 def object_key(prefix: str, relpath: str) -> str:

@@ -56,7 +56,7 @@ from ..records import manifest as manifest_record
 from ..records import receipt as receipt_record
 from ..records.inventory import FileEntry
 from ..store.base import DEFAULT_MULTIPART_THRESHOLD, ObjectStore, UploadLog, server_checksums_of
-from .keys import artifact_prefix, object_key
+from .keys import artifact_prefix, object_key, upload_prefix_for
 from .verify import (
     READ_UNPROVEN,
     ObjectState,
@@ -139,9 +139,10 @@ def _selected_paths(artifact_dir: Path, manifest: manifest_record.Manifest) -> t
 
 
 def _check_against_manifest(
-    artifact_dir: Path, manifest: manifest_record.Manifest, digests: dict[str, FileDigest]
+    artifact_dir: Path, manifest: manifest_record.Manifest, digests: dict[str, FileDigest], write: bool = True,
 ) -> manifest_record.Manifest:
-    """Refuse payloads that contradict the manifest; return it with missing file digests filled in."""
+    """Refuse payloads that contradict the manifest; return it with missing file digests filled in
+    (written to the local manifest unless ``write`` is False: a dry run)."""
     for entry in manifest.physical_files():
         got = digests.get(entry.path)
         if got is None:  # pruned: the manifest's own digest stands for it
@@ -162,12 +163,14 @@ def _check_against_manifest(
     if not changed:
         return manifest
     filled = manifest_record.Manifest(iteration=manifest.iteration, components=components, producer=manifest.producer)
+    if not write:
+        return filled
     manifest_record.write_manifest(artifact_dir, filled)
     log.info("added missing component digests to %s", manifest_record.path_in(artifact_dir))
     return filled
 
 
-def _refuse_merge_in_progress(artifact_dir: Path) -> None:
+def refuse_merge_in_progress(artifact_dir: Path) -> None:
     """Before any read or write of the archive: a merge in progress (or killed) is not committed."""
     if merge_in_progress(artifact_dir):
         raise Refused(
@@ -209,13 +212,14 @@ class LocalInventory:
 
 def build_local_inventory(artifact_dir: Path, *, progress: bool | None = None,
                           part_size_for: Callable[[int], int | None] | None = None,
-                          md5_parts_for: Callable[[str, int], int | None] | None = None) -> LocalInventory:
+                          md5_parts_for: Callable[[str, int], int | None] | None = None,
+                          write: bool = True) -> LocalInventory:
     """Steps 1–2: select, hash once, check against the manifest, and build the declaration.
 
     ``part_size_for`` is the store's ``part_digest_size``: the same pass also takes the per-part digests
     that let the server refuse any part whose bytes differ from those hashed here. ``md5_parts_for(path,
     size)`` names the files (and part size) whose per-part MD5s the pass also takes, to prove the parts
-    of an unfinished upload a killed run left."""
+    of an unfinished upload a killed run left. ``write`` False (a dry run): nothing local is written."""
     manifest = _read_native_manifest(artifact_dir)
     if iteration_from_dir(artifact_dir) != manifest.iteration:
         raise Refused(
@@ -227,8 +231,10 @@ def build_local_inventory(artifact_dir: Path, *, progress: bool | None = None,
     selected, pruned = _selected_paths(artifact_dir, manifest)
     digests = hash_files(artifact_dir, selected, progress=progress, desc="publish sha256", part_size_for=part_size_for,
                          md5_parts_for=md5_parts_for)
-    manifest = _check_against_manifest(artifact_dir, manifest, digests)
-    manifest_bytes = manifest_record.path_in(artifact_dir).read_bytes()
+    checked = _check_against_manifest(artifact_dir, manifest, digests, write)
+    manifest_bytes = (manifest_record.path_in(artifact_dir).read_bytes() if write or checked is manifest
+                      else manifest_record.encode_manifest(checked))
+    manifest = checked
     manifest_sha = sha256_bytes(manifest_bytes)
     entries = [FileEntry(p, d.size, d.sha256) for p, d in digests.items()] + pruned
     entries.append(FileEntry(manifest_record.FILENAME, len(manifest_bytes), manifest_sha))
@@ -317,7 +323,7 @@ def _commit_manifest(store: ObjectStore, prefix: str, inv: LocalInventory) -> No
         )
 
 
-def _adopt_pruned(store: ObjectStore, prefix: str, artifact_dir: Path, inv: LocalInventory) -> None:
+def adopt_pruned(store: ObjectStore, prefix: str, artifact_dir: Path, inv: LocalInventory) -> None:
     """Adopt the committed archive of an artifact whose payloads were pruned here; write nothing remote.
 
     The missing files cannot be uploaded, so the destination must already hold this very artifact: a
@@ -343,7 +349,7 @@ def _adopt_pruned(store: ObjectStore, prefix: str, artifact_dir: Path, inv: Loca
     log.info("%s: payloads pruned locally; adopting the identical committed archive at %s", artifact_dir, where)
 
 
-def _receipt_matches(artifact_dir: Path, dest: receipt_record.ReceiptDestination, decl_sha: str, inv: LocalInventory) -> bool:
+def receipt_matches(artifact_dir: Path, dest: receipt_record.ReceiptDestination, decl_sha: str, inv: LocalInventory) -> bool:
     path = receipt_record.path_in(artifact_dir)
     if not path.exists() or receipt_record.is_legacy_receipt(artifact_dir):
         return False
@@ -358,7 +364,7 @@ def _receipt_matches(artifact_dir: Path, dest: receipt_record.ReceiptDestination
 def publish_artifact(
     artifact_dir: Path | str,
     store: ObjectStore,
-    upload_prefix: str,
+    upload_prefix: str | None,
     *,
     delete_local: bool = False,
     progress: bool | None = None,
@@ -370,15 +376,16 @@ def publish_artifact(
     On a store that journals its multipart uploads (S3), an unfinished upload a killed run left for the
     same bytes is resumed, and once the archive is verified the unfinished uploads under its prefix that
     no live process uses are aborted: those this machine's journal names, and any other older than
-    ``stale_upload_age`` seconds (``_clean_uploads``)."""
+    ``stale_upload_age`` seconds (``_clean_uploads``). ``upload_prefix`` None: derived from the artifact's
+    path; an explicit one that would archive it elsewhere is refused (``keys.upload_prefix_for``)."""
     artifact_dir = Path(artifact_dir)
     if not artifact_dir.is_dir():
         raise NotFound(f"artifact directory {artifact_dir} does not exist", remedy="check --artifact-dir")
-    _refuse_merge_in_progress(artifact_dir)
-    prefix = artifact_prefix(upload_prefix, artifact_dir.name)
+    refuse_merge_in_progress(artifact_dir)
+    prefix = artifact_prefix(upload_prefix_for(artifact_dir, upload_prefix), artifact_dir.name)
     dest = receipt_record.ReceiptDestination.at(store.destination, prefix)
     refuse_overlapping_archive(store, artifact_dir)
-    earlier = _earlier_destinations(artifact_dir, dest, add_destination)
+    earlier = earlier_destinations(artifact_dir, dest, add_destination)
     if delete_local:
         from .probe import require_qualified
 
@@ -392,11 +399,11 @@ def publish_artifact(
     decl_sha = sha256_bytes(inv.declaration_bytes)
     result = PublishResult("published", artifact_dir, dest, inv.files, decl_sha, earlier_destinations=earlier)
 
-    if _receipt_matches(artifact_dir, dest, decl_sha, inv):
+    if receipt_matches(artifact_dir, dest, decl_sha, inv):
         result.status = "skipped"
     elif inv.pruned:
         result.status = "adopted"
-        _adopt_pruned(store, prefix, artifact_dir, inv)
+        adopt_pruned(store, prefix, artifact_dir, inv)
     elif store.head(object_key(prefix, manifest_record.FILENAME)) is not None:
         result.status = "adopted"
         # A committed archive: compare before writing anything, so a conflicting prefix is refused
@@ -435,7 +442,7 @@ def publish_artifact(
     return result
 
 
-def _earlier_destinations(artifact_dir: Path, dest: receipt_record.ReceiptDestination,
+def earlier_destinations(artifact_dir: Path, dest: receipt_record.ReceiptDestination,
                           add_destination: bool) -> tuple[receipt_record.ReceiptDestination, ...]:
     """The destinations the new receipt keeps besides ``dest``; refuses (before anything is read or
     written) to let a publication elsewhere drop the record of where this artifact's archive lives."""

@@ -13,8 +13,10 @@ def register(sub) -> None:
     s = sub.add_parser("publish", help="archive an artifact under an immutable, digest-bound inventory")
     s.add_argument("--artifact-dir", required=True, help="checkpoint_artifacts/iter_N directory with a committed manifest")
     s.add_argument(
-        "--upload-prefix", required=True,
-        help="the run's <project>/<group>/<run>/<ts>/checkpoints; the artifact goes to the sibling checkpoint_artifacts/iter_N",
+        "--upload-prefix",
+        help="the run's <project>/<group>/<run>/<ts>/checkpoints (the artifact goes to the sibling "
+        "checkpoint_artifacts/iter_N); default: derived from the artifact's path in the runs layout, which an "
+        "explicit prefix must agree with",
     )
     s.add_argument("--bucket", help="bucket name (S3) or s3://B, gs://B, file:///DIR; default $CKPTFLOW_BUCKET")
     s.add_argument("--credentials", help="credentials JSON; default $CKPTFLOW_CREDENTIALS")
@@ -32,6 +34,11 @@ def register(sub) -> None:
         help="the artifact's receipt names another destination: archive it here as well; the receipt then names "
         "this destination and keeps the earlier ones (without it, such a publication is refused)",
     )
+    s.add_argument(
+        "--dry-run", action="store_true",
+        help="print the destination URI of every file, the bytes to send and what would be adopted or skipped; "
+        "write nothing anywhere",
+    )
     s.set_defaults(func=run)
 
 
@@ -42,6 +49,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     stale = parse_age(args.stale_upload_age)
     store = open_bucket_arg(args.bucket, args.credentials)
+    if args.dry_run:
+        from ..archive.publish_plan import plan_publication
+
+        return plan_publication(Path(args.artifact_dir), store, args.upload_prefix, delete_local=args.delete_local,
+                                add_destination=args.add_destination)
     result = publish_artifact(Path(args.artifact_dir), store, args.upload_prefix, delete_local=args.delete_local,
                               stale_upload_age=stale, add_destination=args.add_destination)
     return result.to_report()
@@ -54,7 +66,21 @@ _HEADLINES = {
 }
 
 
+def _summarize_plan(report: dict[str, Any], elapsed: float | None) -> str:
+    verb = {"published": "publish", "adopted": "adopt", "skipped": "skip"}[report["would"]]
+    sends = [f for f in report["files"] if f["action"] == "send"]
+    head = (f"dry run: would {verb} {files_bytes(*inventory_total(report['inventory']))}, sending "
+            f"{files_bytes(len(sends), report['bytes_to_send'])}; nothing was written")
+    rows = [(f["action"], f"{f['uri']} ({human_bytes(f['size'])})") for f in report["files"]]
+    if report.get("would_remove"):
+        rows.append(("would remove", ", ".join(report["would_remove"])))
+    return block(head, [("artifact", report["artifact_dir"]), ("archive", destination_uri(report["destination"])),
+                        *rows], elapsed)
+
+
 def summarize(report: dict[str, Any], elapsed: float | None) -> str:
+    if report["status"] == "dry-run":
+        return _summarize_plan(report, elapsed)
     what = files_bytes(*inventory_total(report["inventory"]))
     freed = f"{files_bytes(len(report['removed']), report['freed_bytes'])} of local payload" if report["removed"] else None
     resumed = report.get("resumed_uploads") or []

@@ -94,6 +94,10 @@ class ObjectStore(Protocol):
     #: True when single-part puts carry a server-verified SHA-256 (S3 ``ChecksumSHA256``).
     supports_checksum_sha256: bool
 
+    def require_bucket(self) -> None:
+        """Raise ``NotFound`` naming the bucket (or ``file://`` root) when it does not exist."""
+        ...
+
     def head(self, key: str) -> ObjectInfo | None:
         """Size, sha256 metadata and etag of ``key``; None when it does not exist."""
 

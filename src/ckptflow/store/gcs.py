@@ -186,6 +186,9 @@ class GCSStore:
                     self._s3_obj = s3
         return self._s3_obj
 
+    def require_bucket(self) -> None:
+        self._s3.require_bucket()
+
     def head(self, key: str) -> ObjectInfo | None:
         return self._s3.head(key)
 

@@ -81,6 +81,10 @@ class LocalStore:
         obj = resolve_inside(self.root, rel, what=f"object key {key!r}")
         return obj, obj.parent / META_DIR / f"{obj.name}.json"
 
+    def require_bucket(self) -> None:
+        """The archive root must exist: it is never created by a write (a typo would start a new archive)."""
+        self._require_root()
+
     def _require_root(self) -> None:
         if not self.root.is_dir():
             raise NotFound(f"archive root {self.root} does not exist",

@@ -12,7 +12,8 @@ AWS chain for ``s3``) and opens with ``open_store``, ``open_uri`` or ``open_dest
   caller's prefix); ``open_store("s3", creds, bucket="b")`` the same from a scheme and a bucket;
   ``file:///dir`` makes ``dir`` the ``LocalStore`` root; ``gs://`` loads the GCS backend lazily.
 * ``open_bucket_arg(bucket, credentials_arg)``: ``--bucket`` (a bare name means S3, or an ``s3://``,
-  ``gs://``, ``file://`` URI), else ``$CKPTFLOW_BUCKET``.
+  ``gs://``, ``file://`` URI), else ``$CKPTFLOW_BUCKET``; the bucket (or ``file://`` root) must exist
+  (``require_bucket``), so publish, probe and gc-uploads refuse a missing one before any write.
 * ``open_uri(uri, store, creds)``: the store holding a URI and the URI's key prefix in it, either a
   store the caller opened (refused when it does not hold the URI) or one opened from the URI.
 * ``open_destination(destination, creds)``: reopen the store a receipt or probe record names, and
@@ -91,7 +92,8 @@ def open_store(
 
 def open_bucket_arg(bucket: str | None, credentials_arg: CredentialsArg, **options: Any) -> ObjectStore:
     """The store for ``--bucket`` (a name → S3, or an ``s3://``, ``gs://``, ``file://`` URI), else
-    ``$CKPTFLOW_BUCKET``, with ``--credentials`` (else ``$CKPTFLOW_CREDENTIALS``) where the scheme uses them."""
+    ``$CKPTFLOW_BUCKET``, with ``--credentials`` (else ``$CKPTFLOW_CREDENTIALS``) where the scheme uses them;
+    refused (``NotFound``, naming it) when the bucket or ``file://`` root does not exist."""
     bucket = bucket or os.environ.get(BUCKET_ENV) or None
     if not bucket:
         raise UsageError("no bucket given",
@@ -100,7 +102,9 @@ def open_bucket_arg(bucket: str | None, credentials_arg: CredentialsArg, **optio
     if uri.key:
         raise UsageError(f"--bucket {bucket!r} names a key inside the bucket",
                          remedy="pass the bucket alone; keys come from --prefix")
-    return open_store(uri, credentials_for(uri, credentials_arg), **options)
+    store = open_store(uri, credentials_for(uri, credentials_arg), **options)
+    store.require_bucket()  # before any write: a server may create a missing bucket at the first PUT
+    return store
 
 
 def prefix_in(store: ObjectStore, uri: StoreURI) -> str:

@@ -42,6 +42,7 @@ from . import base, s3_uploads
 from .credentials import Credentials, endpoint_authority
 from .s3_errors import (
     BAD_DIGEST,
+    NO_BUCKET,
     NOT_FOUND,
     STREAM_ERRORS,
     BodyReader,
@@ -227,6 +228,20 @@ class S3Store(s3_uploads.UnfinishedUploads):
             raise self._error(exc, op, key) from None
 
     # ------------------------------------------------------------------ protocol
+
+    def require_bucket(self) -> None:
+        """HeadBucket: refuse a bucket that does not exist before anything is written, also on servers
+        (SeaweedFS) that would create it at the first PUT."""
+        try:
+            self._client.head_bucket(Bucket=self.bucket)
+        except ClientError as exc:
+            if error_code(exc) in NOT_FOUND | NO_BUCKET:
+                raise NotFound(f"bucket {self.bucket!r} does not exist at {self.destination.endpoint} "
+                               "(HeadBucket: 404); nothing was written",
+                               remedy="create the bucket first, or pass the right --bucket") from None
+            raise self._error(exc, "HeadBucket", "") from None
+        except BotoCoreError as exc:
+            raise self._error(exc, "HeadBucket", "") from None
 
     def head(self, key: str) -> base.ObjectInfo | None:
         validate_key(key)

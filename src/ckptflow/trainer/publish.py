@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import testhooks
+from ..archive.keys import upload_prefix_for
 from ..archive.publish import PublishResult, publish_artifact
 from ..errors import CkptflowError
 from ..records import manifest as manifest_record
@@ -57,10 +58,16 @@ class UploadSettings:
     enabled: bool = False
     bucket: str | None = None  # a bucket name (S3) or s3://B, gs://B, file:///DIR
     credentials: str | None = None  # path of the credentials JSON (never its content)
-    prefix: str | None = None  # <project>/<group>/<run>/<ts>/checkpoints
+    prefix: str | None = None  # <project>/<group>/<run>/<ts>/checkpoints; None: derived from the artifact's path
+
+    def prefix_for(self, artifact_dir: Path | str) -> str:
+        """The upload prefix of ``artifact_dir``: the CLI's derivation and refusal (``keys.upload_prefix_for``)."""
+        return upload_prefix_for(artifact_dir, self.prefix)
 
     def retry_command(self, artifact_dir: Path | str) -> str:
-        words = ["ckptflow", "publish", "--artifact-dir", str(artifact_dir), "--upload-prefix", self.prefix or "PREFIX"]
+        words = ["ckptflow", "publish", "--artifact-dir", str(artifact_dir)]
+        if self.prefix:
+            words += ["--upload-prefix", self.prefix]
         if self.bucket:
             words += ["--bucket", self.bucket]
         if self.credentials:
@@ -74,11 +81,13 @@ class UploadSettings:
 
 
 def trainer_publish(
-    artifact_dir: Path | str, store: ObjectStore, upload_prefix: str, *, delete_local: bool = False,
+    artifact_dir: Path | str, store: ObjectStore, upload_prefix: str | None, *, delete_local: bool = False,
     retry: str | None = None,
 ) -> TrainerPublishOutcome:
-    """``publish_artifact`` for a training loop: failures are captured and logged, the artifact kept."""
-    retry = retry or shlex.join(["ckptflow", "publish", "--artifact-dir", str(artifact_dir), "--upload-prefix", upload_prefix])
+    """``publish_artifact`` for a training loop: failures are captured and logged, the artifact kept.
+    ``upload_prefix`` None: derived from the artifact's path, as the CLI does."""
+    retry = retry or shlex.join(["ckptflow", "publish", "--artifact-dir", str(artifact_dir),
+                                 *(["--upload-prefix", upload_prefix] if upload_prefix else [])])
     receipt = receipt_record.path_in(artifact_dir)
     had_receipt = _state(receipt)
     try:
@@ -171,7 +180,7 @@ class BackgroundPublisher:
             line = f"archiving {art} failed, the local artifact is kept: {exc}"
             log.error("%s; publish it later with `%s` or `snakemake publish_all`", line, retry)
             return TrainerPublishOutcome(result=None, error=line, artifact_dir=art, retry=retry)
-        return trainer_publish(art, store, self.upload.prefix or "", retry=retry)
+        return trainer_publish(art, store, self.upload.prefix or None, retry=retry)
 
 
 _PUBLISHERS: dict[Path, BackgroundPublisher] = {}
@@ -199,11 +208,13 @@ def save_and_publish(
     manifest = write_artifact(run_dir, iteration, components)
     testhooks.reached("trainer:after-save")
     if upload.enabled:
-        if not upload.prefix:
-            log.error("upload is enabled without a prefix; %s is kept locally: publish it with `%s`",
-                      artifact_dir_for(run_dir, iteration), upload.retry_command(artifact_dir_for(run_dir, iteration)))
+        art = artifact_dir_for(run_dir, iteration)
+        try:
+            upload.prefix_for(art)  # the CLI's refusal, before anything is queued
+        except CkptflowError as exc:
+            log.error("%s is kept locally, not archived: %s; publish it with `%s`", art, exc, upload.retry_command(art))
         else:
-            publisher_for(run_dir, upload).submit(artifact_dir_for(run_dir, iteration))
+            publisher_for(run_dir, upload).submit(art)
     return manifest
 
 
