@@ -383,3 +383,23 @@ def test_a_plain_body_is_read_straight_from_its_socket_and_the_connection_is_reu
         pools = store._client._endpoint.http_session._manager.pools
         [pool] = [pools[key] for key in pools.keys()]
         assert pool.num_connections == 1  # the second GET reused the first one's connection
+
+
+def test_a_bucket_the_caller_may_not_list_is_taken_as_existing_and_a_missing_one_is_refused(moto_s3) -> None:
+    """HeadBucket answers 403 for an existing bucket to credentials allowed to write under a prefix but not
+    to list the bucket (a common IAM shape): that is no reason to refuse; 404 is."""
+    from botocore.stub import Stubber
+
+    from ckptflow.errors import NotFound
+
+    store = S3Store(moto_s3.bucket, moto_s3.credentials)
+    with Stubber(store._client) as stub:
+        stub.add_client_error("head_bucket", service_error_code="403", http_status_code=403)
+        store.require_bucket()
+        stub.add_client_error("head_bucket", service_error_code="404", http_status_code=404)
+        with pytest.raises(NotFound, match=f"bucket '{moto_s3.bucket}' does not exist"):
+            store.require_bucket()
+        stub.add_client_error("head_bucket", service_error_code="InternalError", http_status_code=500)
+        with pytest.raises(StoreError):
+            store.require_bucket()
+        stub.assert_no_pending_responses()

@@ -239,6 +239,13 @@ class S3Store(s3_uploads.UnfinishedUploads):
                 raise NotFound(f"bucket {self.bucket!r} does not exist at {self.destination.endpoint} "
                                "(HeadBucket: 404); nothing was written",
                                remedy="create the bucket first, or pass the right --bucket") from None
+            if error_code(exc) in ("403", "AccessDenied"):
+                # Only an existing bucket answers 403 to a caller allowed to write under a prefix but not
+                # to list the bucket (a common IAM shape); bad credentials fail at the first request that
+                # needs them, as they did before this check.
+                log.info("bucket %r at %s: HeadBucket is not allowed (403); taken as existing",
+                         self.bucket, self.destination.endpoint)
+                return
             raise self._error(exc, "HeadBucket", "") from None
         except BotoCoreError as exc:
             raise self._error(exc, "HeadBucket", "") from None
