@@ -41,7 +41,7 @@ lint: setup
 # tests go, one after another, to one worker; tests/conftest.py). The core legs run meanwhile, in the
 # background, on the same servers; their summary (and the whole log of a leg that failed) is printed
 # after pytest's. `make test` exits non-zero when pytest or a core leg failed.
-PYTEST_WORKERS ?= 3
+PYTEST_WORKERS ?= 4
 CORE_LEGS_RUN ?= yes
 test: setup lint
 	@set -u; \
