@@ -37,29 +37,41 @@ lint: setup
 # the whole suite, and stops Slurm's daemons and both servers by PID whatever pytest's outcome; exits with
 # pytest's status. Where Slurm cannot run (not root, no apt-get) the slurm tests skip, except under CI
 # (the variable CI set), where they must run: there a Slurm that does not come up fails `make test`.
-# Then the core legs run on the same servers; `make test` exits non-zero when pytest or a core leg failed.
+# The suite runs on PYTEST_WORKERS pytest-xdist workers (`--dist loadgroup`: the `alone` and `slurm`
+# tests go, one after another, to one worker; tests/conftest.py). The core legs run meanwhile, in the
+# background, on the same servers; their summary (and the whole log of a leg that failed) is printed
+# after pytest's. `make test` exits non-zero when pytest or a core leg failed.
+PYTEST_WORKERS ?= 4
+CORE_LEGS_RUN ?= yes
 test: setup lint
 	@set -u; \
 	trap '$(BIN)/python tests/helpers/slurm.py down --root $(SLURM_ROOT) >/dev/null; \
 	      $(BIN)/python tests/helpers/servers.py down --root $(SERVERS_ROOT)' EXIT; \
 	$(BIN)/python tests/helpers/servers.py up --root $(SERVERS_ROOT) || exit $$?; \
+	legs=; if [ "$(CORE_LEGS_RUN)" = yes ]; then \
+	  mkdir -p .ckptflow/core-legs; $(CORE_LEGS) >.ckptflow/core-legs/summary.log 2>&1 & legs=$$!; \
+	fi; \
 	if [ "$(SLURM_UP)" = yes ]; then \
 	  $(BIN)/python tests/helpers/slurm.py up --root $(SLURM_ROOT) >/dev/null; rc=$$?; \
 	  if [ $$rc -eq 3 ] && [ -z "$${CI:-}" ]; then echo "make test: Slurm cannot run here; the slurm tests skip" >&2; \
-	  elif [ $$rc -ne 0 ]; then exit $$rc; fi; \
+	  elif [ $$rc -ne 0 ]; then [ -z "$$legs" ] || wait $$legs; exit $$rc; fi; \
 	fi; \
-	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
-	$(CORE_LEGS) || rc=$$((rc ? rc : 1)); \
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
+	if [ -n "$$legs" ]; then \
+	  wait $$legs || rc=$$((rc ? rc : 1)); cat .ckptflow/core-legs/summary.log >&2; \
+	fi; \
 	exit $$rc
 
-# The suite without slow tests (the Slurm tests are slow), for quick iteration.
+# The inner loop: the suite without slow tests (the Slurm tests are slow), no Slurm, no core legs.
 test-fast: PYTEST_ARGS = -m "not slow"
 test-fast: SLURM_UP = no
+test-fast: CORE_LEGS_RUN = no
 test-fast: test
 
 # The torch-free core on Python 3.10, 3.12 and 3.13 (pyenv), each in a core-only venv under
-# .ckptflow/core-legs/, against the running test servers (tests/helpers/core_legs.py); a missing
-# interpreter skips its leg, except under CI. `make test` runs them after the 3.11 suite.
+# .ckptflow/core-legs/, against the running test servers (tests/helpers/core_legs.py), all at once, each
+# leg's output in .ckptflow/core-legs/py<X.Y>.log; a missing interpreter skips its leg, except under CI.
+# `make test` runs them alongside the 3.11 suite.
 CORE_LEGS = CKPTFLOW_TEST_SERVERS=$(SERVERS_ROOT) $(BIN)/python tests/helpers/core_legs.py
 
 test-core-legs: setup

@@ -3,6 +3,13 @@
 Server state comes from ``<repo>/.ckptflow/test-servers/state.json`` or ``$CKPTFLOW_TEST_SERVERS`` (that
 file, or the directory holding it). A test that needs a server fails, never skips, when it is not
 running: a silently skipped store test would hide exactly the guarantees it exists to check.
+
+The suite runs in parallel (``pytest -n N --dist loadgroup``, pytest-xdist). What keeps the workers apart:
+every SeaweedFS test has its own bucket, every pytest process (each worker, each core leg) its own
+``CKPTFLOW_CACHE_DIR`` (probe records, upload journals) under its own base temporary directory, and the
+tests that must not share the machine's time with each other (Slurm jobs, memory ceilings, crashes whose
+outcome depends on how fast a server settles) carry the ``alone`` marker (or ``slurm``) and are sent, in
+order, to one worker (``xdist_group``). A test still never sees another test's objects or files.
 """
 
 from __future__ import annotations
@@ -36,6 +43,28 @@ def _state_file() -> Path:
         path = Path(env)
         return path / "state.json" if path.is_dir() else path
     return servers.state_path(servers.PROFILES["test"].default_root())
+
+
+ALONE_GROUP = "alone"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The ``alone`` and ``slurm`` tests share one xdist group, so they run one after another on one worker."""
+    if not config.pluginmanager.hasplugin("xdist"):  # the core legs run without pytest-xdist
+        return
+    for item in items:
+        if item.get_closest_marker("alone") or item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group(ALONE_GROUP))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _process_cache(tmp_path_factory: pytest.TempPathFactory):
+    """This pytest process's own ``CKPTFLOW_CACHE_DIR``, never the user's ~/.cache, never another worker's
+    (a test that wants a cache of its own still sets one; session and module fixtures see this one)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("CKPTFLOW_CACHE_DIR", str(tmp_path_factory.mktemp("ckptflow-cache")))
+    yield
+    mp.undo()
 
 
 @pytest.fixture(scope="session")

@@ -17,18 +17,16 @@ from helpers import servers
 from helpers.artifacts import UPLOAD_PREFIX, make_artifact
 from helpers.paused import resume, start_paused
 
-# A private SeaweedFS on its own fixed loopback ports: stopping it must not disturb the shared one.
-FAULT_PROFILE = servers.Profile("fault", 18533, 19533, 19540, 19088, 18534, 19546,
-                                "ckptflow-fault", "ckptflow-fault-secret", "ckptflow-fault")
-
 
 @pytest.mark.slow
 def test_server_stopped_mid_publish_fails_cleanly_and_rerun_publishes(tmp_path, monkeypatch):
+    # A private SeaweedFS on ports of its own: stopping it must not disturb the shared one.
+    profile = servers.free_profile("fault")  # the same ports for both starts
     root = tmp_path / "server"
-    entry = servers.start_seaweedfs(root, FAULT_PROFILE)
+    entry = servers.start_seaweedfs(root, profile)
     try:
         creds = load_credentials(entry["credentials"])
-        store = S3Store(FAULT_PROFILE.bucket, creds, max_attempts=2)
+        store = S3Store(profile.bucket, creds, max_attempts=2)
         art = make_artifact(tmp_path / "run", shards=6)
         before = {p: (art / p).read_bytes() for p in walk_files(art)}
 
@@ -42,12 +40,12 @@ def test_server_stopped_mid_publish_fails_cleanly_and_rerun_publishes(tmp_path, 
         resume(worker, flag, monkeypatch, timeout=300)
         err = outcome.get("error")
         assert isinstance(err, StoreError), outcome
-        assert "127.0.0.1:18533" in str(err) and "server is up" in str(err)
+        assert f"127.0.0.1:{profile.s3}" in str(err) and "server is up" in str(err)
         assert {p: (art / p).read_bytes() for p in walk_files(art)} == before
         assert not receipt_record.path_in(art).exists()
 
-        entry = servers.start_seaweedfs(root, FAULT_PROFILE)
-        result = publish_artifact(art, S3Store(FAULT_PROFILE.bucket, creds), UPLOAD_PREFIX, progress=False)
+        entry = servers.start_seaweedfs(root, profile)
+        result = publish_artifact(art, S3Store(profile.bucket, creds), UPLOAD_PREFIX, progress=False)
         assert result.status == "published"
         assert receipt_record.path_in(art).exists()
     finally:

@@ -17,6 +17,10 @@ from helpers import servers
 from helpers.artifacts import ARTIFACT_PREFIX, make_artifact
 from helpers.cli import run_cli, start_cli, wait_for_file
 
+# A killed upload's parts settle on the server at the speed the machine allows: run apart from the
+# memory-heavy and Slurm tests.
+pytestmark = pytest.mark.alone
+
 MiB = 1024 * 1024
 MODEL_BYTES = 256 * MiB  # 32 parts of the default 8 MiB
 PART = 8 * MiB

@@ -16,6 +16,9 @@ from helpers import REPO
 from helpers.artifacts import ARTIFACT_PREFIX, UPLOAD_PREFIX, make_artifact
 from helpers.memory import peak_rss_anon
 
+# Memory ceilings: sampled RssAnon of a child; run apart from the other memory-heavy tests.
+pytestmark = pytest.mark.alone
+
 MiB = 1024 * 1024
 CEILING = 300 * MiB
 MODEL = 384 * MiB

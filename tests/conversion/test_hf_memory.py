@@ -16,6 +16,9 @@ import pytest
 from ckptflow.conversion.verify import verify_output
 from helpers import tiny_models as tm
 
+# Memory ceilings: sampled RssAnon of a child; run apart from the other memory-heavy tests.
+pytestmark = pytest.mark.alone
+
 MiB = 1 << 20
 
 CHILD = r"""

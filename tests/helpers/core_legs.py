@@ -9,10 +9,15 @@ snakemake are absent from it, then runs ``CORE_TESTS`` there against the already
 CLI, so a core-only install publishes and fetches without torch present. An environment is reused while
 pyproject.toml and constraints.txt are unchanged (pip's own cache keeps reinstalls fast).
 
+The legs run at the same time (``--jobs``, default all of them): each one's output goes to
+``.ckptflow/core-legs/py<X.Y>.log`` and is printed, whole, only when the leg fails; one line per leg says
+how it ended. They share the servers with each other and with the 3.11 suite, which the tests allow: every
+test has its own bucket and every pytest process its own cache (tests/conftest.py).
+
 An interpreter is looked up as ``$(pyenv root)/versions/X.Y.*/bin/pythonX.Y``, then ``pythonX.Y`` on PATH.
 A missing one skips its leg with a message, except when ``CI`` is set: then it fails.
 
-    python tests/helpers/core_legs.py [--versions 3.10 3.12] [--servers DIR] [-- PYTEST_ARGS...]
+    python tests/helpers/core_legs.py [--versions 3.10 3.12] [--jobs N] [--servers DIR] [-- PYTEST_ARGS...]
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,7 +107,7 @@ def _stamp(version: str, constraints: str) -> str:
     return digest.hexdigest()
 
 
-def prepare(version: str, python: str) -> Path:
+def prepare(version: str, python: str, out) -> Path:
     """The leg's environment, created (or recreated when the project's requirements changed)."""
     venv = ROOT / f"py{version}"
     constraints = core_constraints()
@@ -110,12 +116,13 @@ def prepare(version: str, python: str) -> Path:
     if stamp_file.is_file() and stamp_file.read_text() == stamp and (venv / "bin" / "python").exists():
         return venv
     shutil.rmtree(venv, ignore_errors=True)
-    subprocess.run([python, "-m", "venv", str(venv)], check=True)
+    subprocess.run([python, "-m", "venv", str(venv)], check=True, stdout=out, stderr=subprocess.STDOUT)
     pins = ROOT / f"constraints-core-{version}.txt"
     pins.write_text(constraints, encoding="utf-8")
     started = time.monotonic()
     subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                    "-c", str(pins), "-e", str(REPO), "pytest", "moto[s3]"], check=True)
+                    "-c", str(pins), "-e", str(REPO), "pytest", "moto[s3]"], check=True, stdout=out,
+                   stderr=subprocess.STDOUT)
     log(f"{version}: installed the core in {venv} in {time.monotonic() - started:.0f} s")
     stamp_file.write_text(stamp)
     return venv
@@ -130,27 +137,44 @@ def check_no_heavy(venv: Path, version: str) -> None:
 
 
 def run_leg(version: str, python: str, servers: Path, pytest_args: list[str]) -> int:
-    venv = prepare(version, python)
-    check_no_heavy(venv, version)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env["CKPTFLOW_TEST_SERVERS"] = str(servers)
-    cmd = [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
-           *pytest_args, *CORE_TESTS]
+    """One leg, its whole output in its log; the log is printed when the leg fails."""
+    ROOT.mkdir(parents=True, exist_ok=True)
+    log_path = ROOT / f"py{version}.log"
     started = time.monotonic()
-    rc = subprocess.run(cmd, cwd=REPO, env=env, check=False).returncode
-    log(f"{version}: core tests {'passed' if rc == 0 else f'FAILED (exit {rc})'} in {time.monotonic() - started:.0f} s")
+    with open(log_path, "w", encoding="utf-8") as out:
+        try:
+            venv = prepare(version, python, out)
+            check_no_heavy(venv, version)
+        except (subprocess.CalledProcessError, SystemExit) as exc:
+            out.write(f"{exc}\n")
+            rc = 1
+        else:
+            env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+            env["CKPTFLOW_TEST_SERVERS"] = str(servers)
+            cmd = [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
+                   *pytest_args, *CORE_TESTS]
+            out.flush()
+            rc = subprocess.run(cmd, cwd=REPO, env=env, check=False, stdout=out, stderr=subprocess.STDOUT).returncode
+    text = log_path.read_text(encoding="utf-8", errors="replace")
+    summary = text.strip().splitlines()[-1] if text.strip() else "no output"
+    if rc != 0:
+        sys.stderr.write(f"---- core leg {version}: {log_path}\n{text}---- end of core leg {version}\n")
+    log(f"{version}: {'passed' if rc == 0 else f'FAILED (exit {rc})'} in {time.monotonic() - started:.0f} s "
+        f"({summary}; log {log_path.relative_to(REPO)})")
     return rc
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--versions", nargs="+", default=list(VERSIONS))
+    p.add_argument("--jobs", type=int, default=0, help="legs at the same time (default: all)")
     p.add_argument("--servers", type=Path, default=Path(os.environ.get("CKPTFLOW_TEST_SERVERS")
                                                          or REPO / ".ckptflow" / "test-servers"))
     p.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
     args = p.parse_args(argv)
     ci = bool(os.environ.get("CI"))
-    ran, failed, skipped = [], [], []
+    failed, skipped = [], []
+    found: dict[str, str] = {}
     for version in args.versions:
         python = find_interpreter(version)
         if python is None:
@@ -162,9 +186,12 @@ def main(argv: list[str] | None = None) -> int:
                 skipped.append(version)
             continue
         log(f"{version}: {python}")
-        ran.append(version)
-        if run_leg(version, python, args.servers.resolve(), args.pytest_args) != 0:
-            failed.append(version)
+        found[version] = python
+    ran = list(found)
+    servers = args.servers.resolve()
+    with ThreadPoolExecutor(max_workers=args.jobs or max(1, len(found))) as pool:
+        futures = {v: pool.submit(run_leg, v, python, servers, args.pytest_args) for v, python in found.items()}
+    failed += [v for v in ran if futures[v].result() != 0]
     log(f"ran {', '.join(ran) or 'none'}; skipped {', '.join(skipped) or 'none'}; failed {', '.join(failed) or 'none'}")
     return 1 if failed else 0
 

@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -124,6 +125,19 @@ def _port_in_use(port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.5)
         return sock.connect_ex((HOST, port)) == 0
+
+
+def free_profile(name: str) -> Profile:
+    """A profile on loopback ports nobody listens on now, each with its gRPC port (+GRPC_OFFSET) free too,
+    for a test's private server: fixed ports would collide with another worker's or another checkout's.
+    Drawn from 20000-22767, so the gRPC ports stay below Linux's ephemeral range (32768-)."""
+    draw = random.SystemRandom()
+    ports: list[int] = []
+    while len(ports) < 6:
+        port = draw.randrange(20000, 32768 - GRPC_OFFSET)
+        if port not in ports and not _port_in_use(port) and not _port_in_use(port + GRPC_OFFSET):
+            ports.append(port)
+    return Profile(name, *ports, f"ckptflow-{name}", f"ckptflow-{name}-secret", f"ckptflow-{name}")
 
 
 def log_tail(log: Path, lines: int = 15) -> str:

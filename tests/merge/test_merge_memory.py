@@ -20,6 +20,9 @@ from ckptflow.merge.reader import SINGLE_NAME
 from helpers import REPO
 from helpers.memory import peak_rss_anon
 
+# Memory ceilings: sampled RssAnon of a child; run apart from the other memory-heavy tests.
+pytestmark = pytest.mark.alone
+
 MiB = 1 << 20
 SHAPE = (4096, 4096)  # 32 MiB in bf16
 N_TENSORS = 8  # 256 MiB per expert

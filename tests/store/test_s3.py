@@ -89,7 +89,7 @@ def test_s3rver_accepts_a_second_create_once_so_only_a_probe_can_catch_it(
 ) -> None:
     """The non-enforcing endpoint really is non-enforcing: both writes "win" (FACTS)."""
     store = S3Store(s3rver_bucket, load_credentials(s3rver_credentials_path))
-    key = f"probe/{socket.gethostname()}-{id(store)}.json"
+    key = f"probe/{uuid.uuid4().hex}.json"  # unique across processes: the workers and core legs share this bucket
     first, second = b"first", b"second"
     assert store.put_bytes_create_once(key, first, sha256=sha256_bytes(first)) is True
     assert store.put_bytes_create_once(key, second, sha256=sha256_bytes(second)) is True
