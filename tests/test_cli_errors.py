@@ -142,7 +142,8 @@ def test_retries_against_an_unreachable_endpoint_are_announced_while_they_run(tm
         running = proc.poll() is None
     finally:
         _out, err = finish(proc)
-    assert "retrying up to 7 more times" in first and "PutObject" in first and "s3://bkt at 127.0.0.1:" in first
+    # The line names the operation being retried: a probe's first request is the bucket's existence check.
+    assert "retrying up to 7 more times" in first and "HeadBucket" in first and "s3://bkt at 127.0.0.1:" in first
     assert "at most" in first and "EndpointConnectionError" in first
     assert running, "the retry line came only after the command had given up"
     assert proc.returncode == 1 and "cannot reach the endpoint" in err
