@@ -361,6 +361,21 @@ def receipt_matches(artifact_dir: Path, dest: receipt_record.ReceiptDestination,
     return rec.destination == dest and rec.declaration_sha256 == decl_sha and rec.files == inv.files
 
 
+def check_destination(artifact_dir: Path, store: ObjectStore, upload_prefix: str | None,
+                      add_destination: bool) -> tuple[str, receipt_record.ReceiptDestination, tuple]:
+    """The checks a publication (and its dry run) makes before its first read of a payload: the artifact
+    exists and no merge is in progress in it, the prefix (derived, or an explicit one that agrees), an
+    archive that does not overlap the artifact, and a receipt naming another destination refused unless
+    ``add_destination``. Returns the artifact's prefix, its destination and the earlier destinations."""
+    if not artifact_dir.is_dir():
+        raise NotFound(f"artifact directory {artifact_dir} does not exist", remedy="check --artifact-dir")
+    refuse_merge_in_progress(artifact_dir)
+    prefix = artifact_prefix(upload_prefix_for(artifact_dir, upload_prefix), artifact_dir.name)
+    dest = receipt_record.ReceiptDestination.at(store.destination, prefix)
+    refuse_overlapping_archive(store, artifact_dir)
+    return prefix, dest, earlier_destinations(artifact_dir, dest, add_destination)
+
+
 def publish_artifact(
     artifact_dir: Path | str,
     store: ObjectStore,
@@ -379,13 +394,7 @@ def publish_artifact(
     ``stale_upload_age`` seconds (``_clean_uploads``). ``upload_prefix`` None: derived from the artifact's
     path; an explicit one that would archive it elsewhere is refused (``keys.upload_prefix_for``)."""
     artifact_dir = Path(artifact_dir)
-    if not artifact_dir.is_dir():
-        raise NotFound(f"artifact directory {artifact_dir} does not exist", remedy="check --artifact-dir")
-    refuse_merge_in_progress(artifact_dir)
-    prefix = artifact_prefix(upload_prefix_for(artifact_dir, upload_prefix), artifact_dir.name)
-    dest = receipt_record.ReceiptDestination.at(store.destination, prefix)
-    refuse_overlapping_archive(store, artifact_dir)
-    earlier = earlier_destinations(artifact_dir, dest, add_destination)
+    prefix, dest, earlier = check_destination(artifact_dir, store, upload_prefix, add_destination)
     if delete_local:
         from .probe import require_qualified
 

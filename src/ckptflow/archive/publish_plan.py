@@ -15,20 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from ..digest import sha256_bytes
-from ..errors import NotFound, Refused, UsageError
+from ..errors import Refused, UsageError
 from ..records import declaration as declaration_record
 from ..records import manifest as manifest_record
-from ..records import receipt as receipt_record
 from ..store.base import ObjectStore
-from .keys import artifact_prefix, object_key, upload_prefix_for
-from .publish import (
-    adopt_pruned,
-    build_local_inventory,
-    earlier_destinations,
-    receipt_matches,
-    refuse_merge_in_progress,
-)
-from .verify import check_remote_inventory, refuse_overlapping_archive
+from .keys import object_key
+from .publish import adopt_pruned, build_local_inventory, check_destination, receipt_matches
+from .verify import check_remote_inventory
 
 
 def _uri(store: ObjectStore, key: str) -> str:
@@ -70,13 +63,7 @@ def plan_publication(artifact_dir: Path | str, store: ObjectStore, upload_prefix
     """The dry-run report (schema ``report_publish``, status ``dry-run``); raises what the real run would
     raise before its first write."""
     artifact_dir = Path(artifact_dir)
-    if not artifact_dir.is_dir():
-        raise NotFound(f"artifact directory {artifact_dir} does not exist", remedy="check --artifact-dir")
-    refuse_merge_in_progress(artifact_dir)
-    prefix = artifact_prefix(upload_prefix_for(artifact_dir, upload_prefix), artifact_dir.name)
-    dest = receipt_record.ReceiptDestination.at(store.destination, prefix)
-    refuse_overlapping_archive(store, artifact_dir)
-    earlier = earlier_destinations(artifact_dir, dest, add_destination)
+    prefix, dest, earlier = check_destination(artifact_dir, store, upload_prefix, add_destination)
     _refuse_legacy(artifact_dir)
     inv = build_local_inventory(artifact_dir, progress=False, write=False)
     decl_sha = sha256_bytes(inv.declaration_bytes)
