@@ -157,3 +157,11 @@ def test_verbose_is_accepted_before_and_after_the_verb(tmp_path, archive, env, w
     proc = run_cli("-v", *args, env=env) if where == "before" else run_cli(*args, "--verbose", env=env)
     assert proc.returncode == 0, proc.stderr
     assert "ckptflow: INFO: " in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("verb", ["merge", "fetch", "materialize"])
+@pytest.mark.parametrize("value", ["inf", "nan", "-1", "soon"])
+def test_every_verb_that_takes_a_lock_refuses_a_wait_that_is_not_finite_seconds(verb, value):
+    proc = run_cli(verb, "--lock-wait-seconds", value)
+    assert proc.returncode == 2, proc.stderr
+    assert f"--lock-wait-seconds: {value!r} is not a finite number of seconds >= 0" in proc.stderr

@@ -12,7 +12,9 @@ one line naming the extra to install instead of an ImportError traceback.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
+import math
 import sys
 from typing import Any
 
@@ -61,3 +63,15 @@ class ReportedFailure(Exception):
         super().__init__(line)
         self.report = report
         self.line = line
+
+
+def wait_seconds_arg(text: str) -> float:
+    """``--lock-wait-seconds`` of every verb that takes a lock: a finite number >= 0; anything else is a
+    usage error (exit 2)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds >= 0 (inf and nan are refused)")
+    return value

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .materialize import wait_seconds_arg
+from . import wait_seconds_arg
 from .summary import block, files_bytes, inventory_total, plural
 
 

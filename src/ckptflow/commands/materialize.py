@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import math
 import re
 from typing import Any
 
 from ..errors import UsageError
-from . import require_extra
+from . import require_extra, wait_seconds_arg
 from .summary import block, files_bytes, human_bytes, plural
 
 _SIZE_RE = re.compile(r"^\s*([0-9]+)\s*([KMGT]i?B)?\s*$", re.IGNORECASE)
@@ -48,17 +47,6 @@ def register(sub) -> None:
                    help="how long to wait for another materialize of the same --out (<out>.lock) before refusing "
                    "(default 120; a finite number >= 0)")
     s.set_defaults(func=run)
-
-
-def wait_seconds_arg(text: str) -> float:
-    """A finite number >= 0; anything else is a usage error (exit 2)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds >= 0 (inf and nan are refused)")
-    return value
 
 
 def parse_size(text: str) -> int:

@@ -7,7 +7,7 @@ from typing import Any
 
 from .. import __version__
 from ..lock import DEFAULT_WAIT_SECONDS
-from . import require_extra
+from . import require_extra, wait_seconds_arg
 from .summary import block, human_bytes, plural
 
 
@@ -24,7 +24,7 @@ def register(sub) -> None:
     s.add_argument("--diag", metavar="PATH", help="write per-tensor delta diagnostics as JSON; --mode tv only")
     s.add_argument("--force", action="store_true",
                    help="replace a completed merge of a different request, an older tool's, or a foreign artifact")
-    s.add_argument("--lock-wait-seconds", type=float, default=DEFAULT_WAIT_SECONDS, metavar="S",
+    s.add_argument("--lock-wait-seconds", type=wait_seconds_arg, default=DEFAULT_WAIT_SECONDS, metavar="S",
                    help=f"wait up to S seconds for another merge of the same output (default {DEFAULT_WAIT_SECONDS:g})")
     s.set_defaults(func=run)
 
