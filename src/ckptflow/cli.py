@@ -85,14 +85,14 @@ def _same_file(a, b) -> bool:
 class _Output:
     """Where a report goes: the JSON report (stdout not a terminal, or --json), else a human summary."""
 
-    def __init__(self, verb: str, as_json: bool):
-        self.verb, self.as_json = verb, as_json
+    def __init__(self, verb: str, as_json: bool, args: argparse.Namespace | None = None):
+        self.verb, self.as_json, self.args = verb, as_json, args
 
     def report(self, report: dict[str, Any], elapsed: float) -> None:
         if self.as_json:
             return _emit(report)
         try:
-            text = summary.render(self.verb, report, elapsed)
+            text = summary.render(self.verb, report, elapsed, self.args)
         except Exception as exc:  # noqa: BLE001 - the work is done: a summary bug must not change the outcome
             logging.getLogger("ckptflow").warning("no summary for this report (%s: %s)", type(exc).__name__, exc)
             text = summary.generic(report, elapsed)
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     debug = os.environ.get("CKPTFLOW_DEBUG") == "1"
     as_json = args.json_global or bool(getattr(args, "json", False)) or not _is_terminal(sys.stdout)
-    out = _Output(args.verb, as_json)
+    out = _Output(args.verb, as_json, args)
     started = time.monotonic()
 
     def fail(status: str, exc: BaseException, label: str | None = None) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import struct
 import subprocess
 import sys
 import termios
@@ -48,11 +50,18 @@ def wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 120) -> N
 
 
 def run_on_terminal(*args: str, env: dict | None = None, timeout: float = 300,
-                    stderr_terminal: bool = False) -> subprocess.CompletedProcess:
+                    stderr_terminal: bool = False, columns: int | None = None) -> subprocess.CompletedProcess:
     """Run one verb with stdout on a pseudo-terminal (the child sees ``isatty()``), stderr on a pipe, or
     on the same terminal with ``stderr_terminal`` (then ``.stderr`` is empty and ``.stdout`` holds both).
-    The terminal does not turn ``\\n`` into ``\\r\\n``, so ``.stdout`` is byte for byte what was written."""
+    The terminal does not turn ``\\n`` into ``\\r\\n``, so ``.stdout`` is byte for byte what was written.
+    ``columns`` sets the terminal's window size (and drops ``COLUMNS``/``LINES`` from the environment, so
+    the child reads the size from the terminal, as it would in a real one)."""
     master, slave = os.openpty()
+    child_env = _env(env)
+    if columns is not None:
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+        for name in ("COLUMNS", "LINES"):
+            child_env.pop(name, None)
     attrs = termios.tcgetattr(slave)
     attrs[1] &= ~termios.ONLCR
     termios.tcsetattr(slave, termios.TCSANOW, attrs)
@@ -71,7 +80,7 @@ def run_on_terminal(*args: str, env: dict | None = None, timeout: float = 300,
     reader = threading.Thread(target=drain, daemon=True)
     try:
         proc = subprocess.Popen([sys.executable, "-m", "ckptflow", *args], stdin=subprocess.DEVNULL, stdout=slave,
-                                stderr=slave if stderr_terminal else subprocess.PIPE, env=_env(env), cwd=REPO)
+                                stderr=slave if stderr_terminal else subprocess.PIPE, env=child_env, cwd=REPO)
         os.close(slave)
         slave = -1
         reader.start()

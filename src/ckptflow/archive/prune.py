@@ -36,14 +36,16 @@ from ..errors import CkptflowError
 from ..fsutil import walk_files
 from ..records import manifest as manifest_record
 from ..records import receipt as receipt_record
+from ..records import verification as verification_record
 from .keys import ARTIFACTS_DIR
 from .release import Checked, NotProven, prove_release, unlink_checked
 from .verify import READ_ALL, READ_NONE, check_binding
 
 log = logging.getLogger(__name__)
 
-# Files in an artifact directory that a receipt never lists: the receipt itself.
-_NOT_ARCHIVED = frozenset({receipt_record.FILENAME})
+# Files in an artifact directory that a receipt never lists: the receipt itself and the verification
+# record written after it (both describe the archive; neither is part of it).
+_NOT_ARCHIVED = frozenset({receipt_record.FILENAME, verification_record.FILENAME})
 
 
 @dataclass

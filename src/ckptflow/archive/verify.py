@@ -27,6 +27,8 @@ from ..errors import NotFound, Refused, VerificationFailed
 from ..fsutil import require_directory
 from ..records import declaration as declaration_record
 from ..records import receipt as receipt_record
+from ..records import utc_timestamp
+from ..records import verification as verification_record
 from ..records.inventory import FileEntry
 from ..store.base import ObjectStore
 from ..store.open import check_destination as open_check_destination
@@ -188,6 +190,7 @@ class VerifyResult:
     receipt: receipt_record.Receipt
     objects: list[ObjectState]
     read_data: bool = False
+    receipt_sha256: str | None = None  # of the receipt's bytes that were checked
 
     @property
     def ok(self) -> bool:
@@ -210,9 +213,11 @@ class VerifyResult:
         )
 
 
-def verify_artifact(artifact_dir: Path | str, store_for, *, read_data: bool = False) -> VerifyResult:
+def verify_artifact(artifact_dir: Path | str, store_for, *, read_data: bool = False, record: bool = False) -> VerifyResult:
     """Check the remote objects recorded in ``artifact_dir/.uploaded`` (``check_receipt``); on ``file://``
-    the bytes are always read.
+    the bytes are always read. With ``record`` (``ckptflow verify``), the outcome, verified or failed, is
+    written to ``.verified.json`` beside the receipt, where ``status`` finds it; the workflow's verify step
+    writes its report instead (its only output), and status's live check only looks.
 
     ``store_for(receipt_destination)`` returns the store for the receipt's scheme and bucket, opened
     with the caller's credentials; its endpoint must equal the receipt's.
@@ -222,7 +227,7 @@ def verify_artifact(artifact_dir: Path | str, store_for, *, read_data: bool = Fa
     path = receipt_record.path_in(artifact_dir)
     if not path.exists():
         raise NotFound(f"{path} does not exist: the artifact has no upload receipt", remedy="run `ckptflow publish` first")
-    receipt = receipt_record.read_receipt(artifact_dir)
+    receipt, receipt_sha256 = receipt_record.read_receipt_digest(artifact_dir)
     store = store_for(receipt.destination)
     check_binding(store, receipt, artifact_dir)
     read = effective_read(store, READ_ALL if read_data else READ_NONE)
@@ -231,4 +236,21 @@ def verify_artifact(artifact_dir: Path | str, store_for, *, read_data: bool = Fa
              dest.endpoint, "reading and hashing every object" if read == READ_ALL
              else "HEAD: sizes and server checksums (sha256 metadata alone proves nothing)")
     states = check_receipt(store, receipt, read=read)
-    return VerifyResult(artifact_dir=artifact_dir, receipt=receipt, objects=states, read_data=read == READ_ALL)
+    result = VerifyResult(artifact_dir=artifact_dir, receipt=receipt, objects=states, read_data=read == READ_ALL,
+                          receipt_sha256=receipt_sha256)
+    if record:
+        _record_outcome(result)
+    return result
+
+
+def _record_outcome(result: VerifyResult) -> None:
+    """Write ``.verified.json``; a directory that cannot take it (read-only) costs only the record."""
+    not_ok = sum(o.state != "ok" for o in result.objects)
+    outcome = verification_record.Verification(
+        status="verified" if result.ok else "failed", verified_at=utc_timestamp(), read_data=result.read_data,
+        objects=len(result.objects), not_ok=not_ok, receipt_sha256=result.receipt_sha256 or "")
+    try:
+        verification_record.write_verification(result.artifact_dir, outcome)
+    except OSError as exc:
+        log.warning("could not record the outcome in %s (%s): ckptflow status will not show this verification",
+                    verification_record.path_in(result.artifact_dir), exc)

@@ -1,12 +1,14 @@
 """``ckptflow status``: one row per run and iteration, read from the records (see ``status/``).
 
-On a terminal the human form is the aligned table (``summarize``); piped, or with ``--json``, the JSON
-report, as for every verb.
+On a terminal the human form is the table (``summarize``), fitted to the terminal's width (``COLUMNS``,
+else the terminal's own size), or every column in full with ``--wide``; piped, or with ``--json``, the
+JSON report, as for every verb.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +27,17 @@ def register(sub) -> None:
     s.add_argument("--stage-dir", help="the workflow's stage_dir: read <run>/iter_N/.staged.json")
     s.add_argument("--teachers-dir", help="the workflow's teachers_dir: read <run>/iter_N/.materialized")
     s.add_argument("--credentials", help="credentials JSON for --verify; default $CKPTFLOW_CREDENTIALS")
+    s.add_argument("--wide", action="store_true", help="on a terminal, every column in full (paths, timestamps, "
+                   "sizes) however wide the table gets")
     s.set_defaults(func=run)
 
 
-def summarize(report: dict[str, Any], elapsed: float | None = None) -> str:
-    """The human form of a status report: the aligned table."""
+def summarize(report: dict[str, Any], elapsed: float | None = None, args: argparse.Namespace | None = None) -> str:
+    """The human form of a status report: the table that fits the terminal, or in full with ``--wide``."""
     from ..status import render_report
 
-    return render_report(report).rstrip("\n")
+    wide = bool(args is not None and getattr(args, "wide", False))
+    return render_report(report, width=None if wide else shutil.get_terminal_size().columns).rstrip("\n")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

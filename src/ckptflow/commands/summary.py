@@ -10,6 +10,7 @@ the contract: a summary only restates it, and a script never sees one (stdout is
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -100,8 +101,11 @@ def generic(report: dict[str, Any], elapsed: float | None) -> str:
     return block(f"{report.get('status', 'done')}", rows, elapsed)
 
 
-def render(verb: str, report: dict[str, Any], elapsed: float | None) -> str:
-    """The verb's own ``summarize`` when its module has one, else ``generic``."""
+def render(verb: str, report: dict[str, Any], elapsed: float | None, args: Any = None) -> str:
+    """The verb's own ``summarize`` when its module has one, else ``generic``; a ``summarize`` that takes
+    ``args`` (display flags such as ``status --wide``) gets the parsed command line."""
     module = importlib.import_module(f"{__package__}.{verb.replace('-', '_')}")
     summarize = getattr(module, "summarize", generic)
+    if args is not None and "args" in inspect.signature(summarize).parameters:
+        return summarize(report, elapsed, args=args)
     return summarize(report, elapsed)

@@ -1,4 +1,5 @@
-"""``ckptflow verify``: HEAD every object the artifact's receipt records (``--read-data``: hash contents too)."""
+"""``ckptflow verify``: HEAD every object the artifact's receipt records (``--read-data``: hash contents too)
+and record the outcome in ``.verified.json`` beside the receipt (``ckptflow status`` shows it)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from ..archive.verify import verify_artifact
     from ..store.open import store_factory
 
-    result = verify_artifact(Path(args.artifact_dir), store_factory(args.credentials), read_data=args.read_data)
+    result = verify_artifact(Path(args.artifact_dir), store_factory(args.credentials), read_data=args.read_data,
+                             record=True)
     report = result.to_report()
     if not result.ok:
         raise ReportedFailure(report, result.failure_line())

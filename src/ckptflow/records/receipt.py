@@ -360,6 +360,11 @@ def read_receipt(source: Path | str) -> Receipt:
     return _record.read_record(KIND, source, parse_receipt)
 
 
+def read_receipt_digest(source: Path | str) -> tuple[Receipt, str]:
+    """``read_receipt`` and the SHA-256 of the very bytes it parsed (what a verification is bound to)."""
+    return _record.read_record(KIND, source, lambda data, what: (parse_receipt(data, what=what), sha256_bytes(data)))
+
+
 def read_any_receipt(source: Path | str) -> Receipt | CheckpointReceipt:
     """An artifact or a full-checkpoint receipt (what full-checkpoint retention accepts)."""
     return _record.read_record(KIND, source, parse_any_receipt)

@@ -22,13 +22,13 @@ from ..records import (
     merge_progress,
     read_materialized,
     read_merge_record,
-    read_receipt,
     read_staging,
     utc_timestamp,
 )
+from ..records import verification as verification_record
 from ..records.inventory import FileEntry
 from ..records.manifest import DcpComponent, Manifest, parse_manifest
-from ..records.receipt import check_belongs
+from ..records.receipt import check_belongs, read_receipt_digest
 from .report import CORRUPT, NONE, Row, StatusReport, cell
 
 RUN_DEPTH = 4  # <project>/<group>/<run>/<ts>
@@ -134,6 +134,8 @@ def _read_artifact(row: Row, path: Path) -> None:
     manifest = _read_manifest(row, path, entries)
     _read_merge(row, path, entries)
     _read_receipt(row, path, entries, manifest)
+    if verification_record.FILENAME in entries:
+        _read_verification(row, path / verification_record.FILENAME)
     if manifest is not None:
         _read_payloads(row, path, manifest[1])
         model = manifest[1].components.get("model")
@@ -184,7 +186,7 @@ def _read_receipt(row: Row, path: Path, entries: dict[str, os.DirEntry],
         return
     try:
         row.receipt_mtime = entries[RECEIPT_FILENAME].stat().st_mtime
-        receipt = read_receipt(path)
+        receipt, row.receipt_sha256 = read_receipt_digest(path)
     except LegacyRecord as exc:
         row.published = cell("legacy-receipt", str(exc))
         return
@@ -295,12 +297,32 @@ def _read_verify_report(row: Row, path: Path) -> None:
     if status != "verified":
         bad = [o for o in report["objects"] if o["state"] != "ok"]
         detail = "; ".join(f"{o['key']}: {o['state']}" for o in bad[:5])
+    if row.verified.get("source") == "record" and row.verified["at"] > at:
+        return  # a later `ckptflow verify` of the artifact says more than this report
     stale = None
     if row.published["state"] != "receipt":
         stale, detail = True, f"the artifact holds no receipt now ({row.published['state']}): the report proves nothing"
     elif row.receipt_mtime is not None and row.receipt_mtime > path.stat().st_mtime:
         stale, detail = True, "the receipt is newer than this report: verify again"
     row.verified = cell(status, detail, source="report", at=at, report=str(path), stale=stale)
+
+
+def _read_verification(row: Row, path: Path) -> None:
+    """``.verified.json``: the latest ``ckptflow verify`` of the artifact, bound to the receipt's bytes."""
+    try:
+        record = verification_record.read_verification(path)
+    except (CkptflowError, OSError) as exc:
+        row.verified = cell(CORRUPT, str(exc), source="record", report=str(path))
+        return
+    detail = None
+    if record.status != "verified":
+        detail = f"{record.not_ok} of {record.objects} objects were not ok: run ckptflow verify for the list"
+    stale = None
+    if row.published["state"] != "receipt":
+        stale, detail = True, f"the artifact holds no receipt now ({row.published['state']}): the record proves nothing"
+    elif record.receipt_sha256 != row.receipt_sha256 or (row.receipt_mtime or 0) > path.stat().st_mtime:
+        stale, detail = True, "the receipt is newer than this verification: verify again"
+    row.verified = cell(record.status, detail, source="record", at=record.verified_at, report=str(path), stale=stale)
 
 
 def _read_prune_report(row: Row, path: Path) -> None:

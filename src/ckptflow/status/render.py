@@ -1,7 +1,19 @@
-"""The status report as text: an aligned table, a summary line and the details that need attention."""
+"""The status report as text: an aligned table, a summary line and the details that need attention.
+
+Two layouts of the same report. ``width=None`` (``--wide``, and the workflow's table file) shows every
+column with full timestamps and paths. A width (a terminal's) keeps that layout when it fits with times
+as ages and teacher paths relative to the teachers directory, else gives the compact table: rows grouped
+under their run, the iteration as a number, publication and verification in one ARCHIVE column with the
+verification's age (``verified 2h ago``), the teacher as where it was built from (its path is
+``<teachers_dir>/<run>/iter_N``, which the row names), the local size only; a cell or run name still too
+wide is shortened in the middle (``…``) and the summary line is wrapped, so no line exceeds the width.
+"""
 
 from __future__ import annotations
 
+import textwrap
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +35,8 @@ def human_bytes(n: int | None) -> str:
     return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
 
 
-def _text(column: str, cell: dict[str, Any]) -> str:
+def _text(column: str, cell: dict[str, Any], fit: _Fit | None = None) -> str:
+    """A cell as text; with ``fit`` (a terminal), times as ages and teacher paths relative to teachers_dir."""
     state = cell["state"]
     if state == NONE or (column == "local" and state == "absent"):
         return _DASH
@@ -31,13 +44,13 @@ def _text(column: str, cell: dict[str, Any]) -> str:
         return f"{cell['mode']}, {_plural(cell['experts'], 'expert')}"
     if column == "verified" and "at" in cell:
         mark = " (stale)" if cell.get("stale") else (" (live)" if cell.get("source") == "live" else "")
-        return f"{state}{mark} {cell['at']}"
+        return f"{state}{mark} {age(cell['at'], fit.now) if fit else cell['at']}"
     if column == "pruned" and state in ("partial", "missing"):
         return f"{state} ({cell['files']} files)"
     if column == "staged" and "components" in cell:
         return f"{state.replace('-', ' ')} ({', '.join(cell['components'])} only)"
     if column == "materialized" and state == "materialized":
-        return f"{_short(cell['path'])} ({cell['source']})"
+        return f"{_short(cell['path'], fit.teachers_dir if fit else None)} ({cell['source']})"
     return state.replace("-", " ")
 
 
@@ -45,20 +58,38 @@ def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def _short(path: str) -> str:
-    """A path relative to the working directory when it lies below it (the table stays narrow)."""
+def _short(path: str, base: str | None = None) -> str:
+    """A path relative to ``base`` (else the working directory) when it lies below it (the table stays narrow)."""
     try:
-        return str(Path(path).relative_to(Path.cwd()))
+        return str(Path(path).relative_to(Path(base) if base else Path.cwd()))
     except ValueError:
         return path
+
+
+@dataclass(frozen=True)
+class _Fit:
+    now: datetime
+    teachers_dir: str | None
 
 
 def _details(row: dict[str, Any]) -> list[str]:
     return [f"{column}: {row[column]['detail']}" for column in COLUMNS if row[column].get("detail")]
 
 
-def render_report(report: dict[str, Any]) -> str:
-    """The report as an aligned text table, a summary line, and every cell's ``detail`` (what needs attention)."""
+def render_report(report: dict[str, Any], *, width: int | None = None, now: datetime | None = None) -> str:
+    """The report as an aligned text table, a summary line, and every cell's ``detail`` (what needs
+    attention); with ``width``, the compact table that fits it (see the module docstring)."""
+    if width is not None:
+        now = now or datetime.now(timezone.utc)
+        full = _render_full(report, _Fit(now, report["teachers_dir"]))
+        table = full.split("\ndetails:\n", 1)[0]  # the details are messages, wrapped by the terminal
+        if max(map(len, table.splitlines())) <= width:
+            return full
+        return _render_compact(report, max(width, _MIN_WIDTH), now)
+    return _render_full(report)
+
+
+def _render_full(report: dict[str, Any], fit: _Fit | None = None) -> str:
     rows = report["rows"]
     lines = [f"ckptflow status of {report['root']}"]
     unread = [f"{what} ({flag})" for what, key, flag in (
@@ -69,7 +100,7 @@ def render_report(report: dict[str, Any]) -> str:
     if not rows:
         return "\n".join([*lines, "no artifacts found"]) + "\n"
     table = [_HEADERS] + [
-        (r["run"], r["name"], *(_text(c, r[c]) for c in COLUMNS), human_bytes(r["local_bytes"]),
+        (r["run"], r["name"], *(_text(c, r[c], fit) for c in COLUMNS), human_bytes(r["local_bytes"]),
          human_bytes(r["archived_bytes"]))
         for r in rows
     ]
@@ -78,15 +109,121 @@ def render_report(report: dict[str, Any]) -> str:
     for line in table:
         cells = [v.rjust(w) if i in right else v.ljust(w) for i, (v, w) in enumerate(zip(line, widths, strict=True))]
         lines.append("  ".join(cells).rstrip())
+    lines.append(_counts_line(report))
+    notes = [f"  {r['run']} {r['name']} {p}" for r in rows for p in _details(r)]
+    if notes:
+        lines += ["details:", *notes]
+    return "\n".join(lines) + "\n"
+
+
+def _counts_line(report: dict[str, Any]) -> str:
     c = report["counts"]
-    lines.append(
+    return (
         f"{_plural(c['iterations'], 'iteration')} in {_plural(c['runs'], 'run')}: {c['committed']} committed, "
         f"{c['incomplete']} incomplete, {c['merged']} merged, {c['published']} published "
         f"({_plural(c['legacy_receipts'], 'legacy receipt')}), {c['verified']} verified, {c['pruned']} pruned, "
         f"{c['staged']} staged, {c['materialized']} materialized; local {human_bytes(report['local_bytes'])}, "
         f"archived {human_bytes(report['archived_bytes'])}"
     )
-    notes = [f"  {r['run']} {r['name']} {p}" for r in rows for p in _details(r)]
+
+
+# ------------------------------------------------------------------------------------- compact table
+
+_MIN_WIDTH = 40
+_COMPACT_HEADERS = ("ITER", "LOCAL", "MERGED", "ARCHIVE", "PRUNED", "STAGED", "TEACHER", "SIZE")
+_INDENT = "  "
+
+
+def age(at: str, now: datetime) -> str:
+    """``2h ago`` for an ISO-8601 UTC time (``at`` itself when it cannot be read)."""
+    try:
+        then = datetime.strptime(at[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return at
+    seconds = int((now - then).total_seconds())
+    if seconds < 0:
+        return "just now"  # a clock ahead of ours
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit} ago"
+    return f"{seconds}s ago"
+
+
+def _archive_text(row: dict[str, Any], now: datetime) -> str:
+    """Publication and verification in one cell: ``verified 2h ago``, ``receipt`` (not verified), …"""
+    published, verified = row["published"]["state"], row["verified"]
+    if published == NONE:
+        return _DASH
+    if published != "receipt":
+        return {"legacy-receipt": "legacy receipt", "foreign": "foreign receipt"}.get(published, f"{published} receipt")
+    if verified["state"] == NONE:
+        return "receipt"
+    text = verified["state"] + (f" {age(verified['at'], now)}" if "at" in verified else "")
+    return text + (" (stale)" if verified.get("stale") else "")
+
+
+def _compact_cells(row: dict[str, Any], now: datetime) -> tuple[str, ...]:
+    merged = row["merged"]
+    teacher = row["materialized"]
+    return (
+        str(row["iteration"]),
+        _text("local", row["local"]),
+        f"{merged['mode']} ×{merged['experts']}" if merged["state"] == "merged" else _text("merged", merged),
+        _archive_text(row, now),
+        _text("pruned", row["pruned"]),
+        _text("staged", row["staged"]),
+        teacher["source"] if teacher["state"] == "materialized" else _text("materialized", teacher),
+        human_bytes(row["local_bytes"]),
+    )
+
+
+def middle(text: str, width: int) -> str:
+    """``text`` shortened to ``width`` characters by an ellipsis in its middle."""
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return text[:width]
+    head = width // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+
+
+def _render_compact(report: dict[str, Any], width: int, now: datetime) -> str:
+    rows = report["rows"]
+    lines = [middle(f"ckptflow status of {report['root']}", width)]
+    unread = [flag for key, flag in (("reports_dir", "--reports-dir"), ("stage_dir", "--stage-dir"),
+                                     ("teachers_dir", "--teachers-dir")) if report[key] is None]
+    if unread:
+        lines += textwrap.wrap("not read (pass " + ", ".join(unread) + ")", width)
+    if not rows:
+        return "\n".join([*lines, "no artifacts found"]) + "\n"
+    table = [_COMPACT_HEADERS] + [_compact_cells(r, now) for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(_COMPACT_HEADERS))]
+    room = width - len(_INDENT) - 2 * (len(widths) - 1)
+    while sum(widths) > room:  # shorten the widest column, never below its header
+        i = max(range(len(widths)), key=lambda k: widths[k] - len(_COMPACT_HEADERS[k]))
+        if widths[i] <= len(_COMPACT_HEADERS[i]):
+            break
+        widths[i] -= 1
+    right = {len(widths) - 1}
+
+    def fmt(line: tuple[str, ...]) -> str:
+        cells = [middle(v, w).rjust(w) if i in right else middle(v, w).ljust(w)
+                 for i, (v, w) in enumerate(zip(line, widths, strict=True))]
+        return (_INDENT + "  ".join(cells)).rstrip()
+
+    lines.append(fmt(table[0]))
+    run = None
+    for row, cells in zip(rows, table[1:], strict=True):
+        if row["run"] != run:
+            run = row["run"]
+            lines.append(middle(run, width))
+        lines.append(fmt(cells))
+    lines += textwrap.wrap(_counts_line(report), width)
+    notes = [f"{r['run']} {r['name']} {p}" for r in rows for p in _details(r)]
     if notes:
-        lines += ["details:", *notes]
+        lines.append("details (ckptflow status --wide shows every column):")
+        for note in notes:
+            # a path longer than the width stays whole (copied, not read): the table itself always fits
+            lines += textwrap.wrap(note, width, initial_indent=_INDENT, subsequent_indent=_INDENT * 2,
+                                   break_long_words=False, break_on_hyphens=False)
     return "\n".join(lines) + "\n"
