@@ -42,6 +42,9 @@ class ObjectInfo:
     # The server checksum exactly as the endpoint reports it (S3 ``ChecksumSHA256``: "<b64>" for a
     # single part, "<b64>-N" for a composite of N parts); None where it computes none for this object.
     checksum: str | None = None
+    # When the object was last written (POSIX seconds): from a listing (S3 ``LastModified``, a file's
+    # mtime); None where the backend did not say.
+    modified: float | None = None
 
 
 def server_checksums_of(digest: FileDigest) -> tuple[str, ...]:

@@ -281,7 +281,7 @@ class LocalStore:
                         self._walk(Path(entry.path), key, prefix, out)
                 elif stat.S_ISREG(st.st_mode):
                     if key.startswith(prefix):
-                        out.append(base.ObjectInfo(key=key, size=st.st_size))
+                        out.append(base.ObjectInfo(key=key, size=st.st_size, modified=st.st_mtime))
                 elif key.startswith(prefix):
                     raise UnsafePath(f"{entry.path} is a symlink or special file, not an object",
                                      remedy="archives hold regular files only; remove it")

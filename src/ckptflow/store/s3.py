@@ -601,7 +601,9 @@ class S3Store(s3_uploads.UnfinishedUploads):
             for page in pages:
                 for obj in page.get("Contents", []):
                     etag = (obj.get("ETag") or "").strip('"') or None
-                    out.append(base.ObjectInfo(key=obj["Key"], size=int(obj["Size"]), etag=etag))
+                    when = obj.get("LastModified")
+                    out.append(base.ObjectInfo(key=obj["Key"], size=int(obj["Size"]), etag=etag,
+                                               modified=when.timestamp() if when is not None else None))
         except (ClientError, BotoCoreError) as exc:
             raise self._error(exc, "LIST", prefix) from None
         return sorted(out, key=lambda info: info.key)
