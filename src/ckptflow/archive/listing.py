@@ -14,8 +14,8 @@ one small GET reads its declaration; payloads are never read. The states, from t
 Objects outside any ``checkpoint_artifacts/iter_N/`` (full checkpoints, anything else) are not artifacts:
 they are counted and sampled as ``other``, never read. The manifest's bytes are not fetched for a
 committed artifact (its size is checked against the declaration; ``verify`` and ``fetch`` check its
-digest), so a listing costs one GET per artifact, sent concurrently by as many threads as the store's
-transfers use.
+digest), so a listing costs one GET per artifact, started as soon as the declaration's key is listed
+(while the next page is fetched) and sent concurrently by as many threads as the store's transfers use.
 
 ``runs_root`` adds the local side: ``status.collect_status`` judges each local artifact (committed,
 incomplete, damaged, pruned, ...) and ``local_state`` reduces its row to one word (``local``, ``pruned``,
@@ -25,8 +25,8 @@ segments before ``checkpoint_artifacts``, on both sides, as status names a run.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -69,6 +69,7 @@ class ArchivedArtifact:
     files: int | None = None
     bytes: int | None = None
     local: dict[str, Any] | None = None
+    declaration: Future[bytes] | None = field(default=None, repr=False)  # its GET, started while listing
 
     def modified(self, rel: str) -> str | None:
         info = self.objects.get(rel)
@@ -123,9 +124,11 @@ def list_archive(store: ObjectStore, uri: StoreURI, *, runs_root: Path | None = 
     # A file:// URI is its own root: its path's segments place the keys in the archive's layout.
     base = uri.bucket.strip("/").split("/") if uri.scheme == "file" else []
     key_prefix = "" if uri.scheme == "file" else segment_prefix(uri.key, what=f"prefix of {uri}")
-    artifacts, other = _group(store.list(key_prefix), base, uri)
-    workers = max(1, min(getattr(store, "concurrency", DEFAULT_CONCURRENCY), len(artifacts)))
+    workers = max(1, getattr(store, "concurrency", DEFAULT_CONCURRENCY))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptflow-ls") as pool:
+        # Each declaration's GET starts as soon as its key is listed, so the reads overlap the next pages.
+        artifacts, other = _group(store.iter_list(key_prefix), base, uri,
+                                  lambda art: pool.submit(_get, store, art, DECLARATION_FILENAME))
         list(pool.map(lambda a: _judge(store, a), artifacts))
     if runs_root is not None:
         rows = _local_rows(runs_root)
@@ -134,7 +137,8 @@ def list_archive(store: ObjectStore, uri: StoreURI, *, runs_root: Path | None = 
     return Listing(uri, artifacts, other, runs_root)
 
 
-def _group(infos: Iterable[ObjectInfo], base: list[str], uri: StoreURI
+def _group(infos: Iterable[ObjectInfo], base: list[str], uri: StoreURI,
+           read_declaration: Callable[[ArchivedArtifact], Future[bytes]],
            ) -> tuple[list[ArchivedArtifact], list[ObjectInfo]]:
     found: dict[str, ArchivedArtifact] = {}
     other: list[ObjectInfo] = []
@@ -159,8 +163,11 @@ def _group(infos: Iterable[ObjectInfo], base: list[str], uri: StoreURI
                        else f"{uri.scheme}://{uri.bucket}/{prefix}")
             art = found[prefix] = ArchivedArtifact(run, name, int(ITER_DIR_RE.fullmatch(name).group(1)), art_uri,
                                                    prefix, {})
-        art.objects["/".join(key[end:])] = info
-    return sorted(found.values(), key=lambda a: (a.run, a.iteration, a.uri)), other
+        rel = "/".join(key[end:])
+        art.objects[rel] = info
+        if rel == DECLARATION_FILENAME:
+            art.declaration = read_declaration(art)
+    return sorted(found.values(), key=lambda a: (a.run, a.iteration, a.uri)), sorted(other, key=lambda i: i.key)
 
 
 def _judge(store: ObjectStore, art: ArchivedArtifact) -> None:
@@ -183,8 +190,8 @@ def _get(store: ObjectStore, art: ArchivedArtifact, filename: str) -> bytes:
 
 
 def _judge_declared(store: ObjectStore, art: ArchivedArtifact) -> None:
-    declaration = parse_declaration(_get(store, art, DECLARATION_FILENAME),
-                                    what=f"{DECLARATION_FILENAME} at {art.uri}")
+    data = art.declaration.result() if art.declaration is not None else _get(store, art, DECLARATION_FILENAME)
+    declaration = parse_declaration(data, what=f"{DECLARATION_FILENAME} at {art.uri}")
     art.files, art.bytes = len(declaration.files), sum(f.size for f in declaration.files)
     if declaration.iteration != art.iteration:
         art.state, art.detail = CORRUPT, (f"{DECLARATION_FILENAME} at {art.uri} is for iteration "

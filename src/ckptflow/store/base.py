@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,6 +164,10 @@ class ObjectStore(Protocol):
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         """Every object whose key starts with ``prefix``, all pages, sorted by key."""
+
+    def iter_list(self, prefix: str) -> Iterator[ObjectInfo]:
+        """``list``'s objects as the backend yields them, a page at a time (in key order within a page), so
+        a caller can act on one page while the next is fetched."""
 
     def delete(self, key: str) -> None:
         """Remove ``key``; absent is not an error."""

@@ -271,6 +271,9 @@ class LocalStore:
         self._walk(start, base_dir, prefix, out)
         return sorted(out, key=lambda info: info.key)
 
+    def iter_list(self, prefix: str):
+        return iter(self.list(prefix))  # one walk: a directory tree has no pages
+
     def _walk(self, directory: Path, rel: str, prefix: str, out: list[base.ObjectInfo]) -> None:
         with os.scandir(directory) as entries:
             for entry in entries:
