@@ -118,6 +118,14 @@ class Peers:
         src = f"s3://{bucket}/{prefix}/*" if name == "s5cmd" else f"peer:{bucket}/{prefix}"
         return measured(self._argv(name, src, f"{dest}/"), self.env)
 
+    def listing(self, name: str, bucket: str, prefix: str) -> Measured:
+        """Every object under ``prefix`` listed with its size and time (``s5cmd ls``, ``rclone lsl``)."""
+        if name == "s5cmd":
+            return measured([self.tools[name], "--endpoint-url", self.endpoint, "ls", f"s3://{bucket}/{prefix}/*"],
+                            self.env)
+        return measured([self.tools[name], "--config", str(self.rclone_conf), "lsl", f"peer:{bucket}/{prefix}"],
+                        self.env)
+
     def upload(self, name: str, src: Path, bucket: str, prefix: str) -> Measured:
         """Every file under ``src`` to ``prefix``."""
         dst = f"s3://{bucket}/{prefix}/" if name == "s5cmd" else f"peer:{bucket}/{prefix}"

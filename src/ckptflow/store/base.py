@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +42,9 @@ class ObjectInfo:
     # The server checksum exactly as the endpoint reports it (S3 ``ChecksumSHA256``: "<b64>" for a
     # single part, "<b64>-N" for a composite of N parts); None where it computes none for this object.
     checksum: str | None = None
+    # When the object was last written (POSIX seconds): from a listing (S3 ``LastModified``, a file's
+    # mtime); None where the backend did not say.
+    modified: float | None = None
 
 
 def server_checksums_of(digest: FileDigest) -> tuple[str, ...]:
@@ -161,6 +164,10 @@ class ObjectStore(Protocol):
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         """Every object whose key starts with ``prefix``, all pages, sorted by key."""
+
+    def iter_list(self, prefix: str) -> Iterator[ObjectInfo]:
+        """``list``'s objects as the backend yields them, a page at a time (in key order within a page), so
+        a caller can act on one page while the next is fetched."""
 
     def delete(self, key: str) -> None:
         """Remove ``key``; absent is not an error."""

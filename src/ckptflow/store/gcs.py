@@ -240,6 +240,9 @@ class GCSStore:
     def list(self, prefix: str) -> list[ObjectInfo]:
         return self._s3.list(prefix)
 
+    def iter_list(self, prefix: str):
+        return self._s3.iter_list(prefix)
+
     def delete(self, key: str) -> None:
         self._s3.delete(key)
 

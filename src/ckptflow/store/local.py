@@ -271,6 +271,9 @@ class LocalStore:
         self._walk(start, base_dir, prefix, out)
         return sorted(out, key=lambda info: info.key)
 
+    def iter_list(self, prefix: str):
+        return iter(self.list(prefix))  # one walk: a directory tree has no pages
+
     def _walk(self, directory: Path, rel: str, prefix: str, out: list[base.ObjectInfo]) -> None:
         with os.scandir(directory) as entries:
             for entry in entries:
@@ -281,7 +284,7 @@ class LocalStore:
                         self._walk(Path(entry.path), key, prefix, out)
                 elif stat.S_ISREG(st.st_mode):
                     if key.startswith(prefix):
-                        out.append(base.ObjectInfo(key=key, size=st.st_size))
+                        out.append(base.ObjectInfo(key=key, size=st.st_size, modified=st.st_mtime))
                 elif key.startswith(prefix):
                     raise UnsafePath(f"{entry.path} is a symlink or special file, not an object",
                                      remedy="archives hold regular files only; remove it")

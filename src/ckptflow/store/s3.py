@@ -26,7 +26,7 @@ import ipaddress
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -593,18 +593,21 @@ class S3Store(s3_uploads.UnfinishedUploads):
         return data
 
     def list(self, prefix: str) -> list[base.ObjectInfo]:
+        return sorted(self.iter_list(prefix), key=lambda info: info.key)
+
+    def iter_list(self, prefix: str) -> Iterator[base.ObjectInfo]:
         validate_prefix(prefix)
-        out: list[base.ObjectInfo] = []
         pages = self._client.get_paginator("list_objects_v2").paginate(
             Bucket=self.bucket, Prefix=prefix, PaginationConfig={"PageSize": self.list_page_size})
         try:
             for page in pages:
                 for obj in page.get("Contents", []):
                     etag = (obj.get("ETag") or "").strip('"') or None
-                    out.append(base.ObjectInfo(key=obj["Key"], size=int(obj["Size"]), etag=etag))
+                    when = obj.get("LastModified")
+                    yield base.ObjectInfo(key=obj["Key"], size=int(obj["Size"]), etag=etag,
+                                          modified=when.timestamp() if when is not None else None)
         except (ClientError, BotoCoreError) as exc:
             raise self._error(exc, "LIST", prefix) from None
-        return sorted(out, key=lambda info: info.key)
 
     def delete(self, key: str) -> None:
         validate_key(key)

@@ -1,0 +1,78 @@
+"""``ckptflow ls URI``: the archived artifacts under a prefix, one row per run and iteration (``archive/listing.py``).
+
+On a terminal an 80-column table grouped by run; piped, or with ``--json``, the JSON report.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from .summary import human_bytes, plural
+
+
+def register(sub) -> None:
+    s = sub.add_parser("ls", help="archived artifacts under an s3://, gs:// or file:// prefix: committed or "
+                       "incomplete, files, bytes, when published, and with --runs-root the local copy")
+    s.add_argument("uri", metavar="URI", help="s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or file:///DIR")
+    s.add_argument("--runs-root", help="also show each artifact's local state under this runs root "
+                   "(local, pruned, absent, ...)")
+    s.add_argument("--credentials", help="credentials JSON; default $CKPTFLOW_CREDENTIALS")
+    s.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from ..archive.listing import list_archive
+    from ..errors import InvalidRecord, UsageError
+    from ..store.open import credentials_for, open_uri
+    from ..store.uri import parse_store_uri
+
+    try:
+        uri = parse_store_uri(args.uri, what="URI")
+    except InvalidRecord as exc:
+        raise UsageError(exc.message, remedy=exc.remedy) from None
+    store, _ = open_uri(uri, None, credentials_for(uri, args.credentials))
+    store.require_bucket()
+    runs_root = Path(args.runs_root) if args.runs_root else None
+    return list_archive(store, uri, runs_root=runs_root).to_report()
+
+
+_DASH = "—"
+
+
+def _when(stamp: str | None) -> str:
+    return stamp.replace("T", " ")[:16] if stamp else _DASH
+
+
+def summarize(report: dict[str, Any], elapsed: float | None = None) -> str:
+    """The table: a line per run, then a line per iteration that fits 80 columns; details below it."""
+    c = report["counts"]
+    states = ", ".join(f"{c[s]} {s.replace('-', ' ')}" for s in
+                       ("committed", "incomplete", "damaged", "legacy", "corrupt", "not-an-artifact") if c[s])
+    lines = [f"{plural(c['artifacts'], 'artifact')} in {plural(c['runs'], 'run')} under {report['uri']}"
+             + (f": {states}" if states else "") + f"; {human_bytes(report['bytes'])} declared"]
+    local = report["runs_root"] is not None
+    header = f"  {'ITERATION':<12}{'STATE':<16}{'FILES':>6}{'BYTES':>9}  {'PUBLISHED UTC':<18}"
+    rows, run = [], None
+    for a in report["artifacts"]:
+        if a["run"] != run:
+            run = a["run"]
+            rows.append(run or "(no run)")
+        files = _DASH if a["files"] is None else str(a["files"])
+        size = _DASH if a["bytes"] is None else human_bytes(a["bytes"])
+        when = _when(a["published_at"])
+        line = f"  {a['name']:<12}{a['state']:<16}{files:>6}{size:>9}  {when:<18}"
+        rows.append((line + (a["local"]["state"] if local else "")).rstrip())
+    if rows:
+        lines += [(header + ("LOCAL" if local else "")).rstrip(), *rows]
+    other = report["other"]
+    if other["objects"]:
+        lines.append(f"{plural(other['objects'], 'other object')} ({human_bytes(other['bytes'])}) outside any "
+                     f"checkpoint_artifacts/iter_N, not ckptflow archives (e.g. {', '.join(other['sample'][:2])})")
+    notes = [f"  {a['run']} {a['name']}: {a['detail']}" for a in report["artifacts"] if a.get("detail")]
+    notes += [f"  {a['run']} {a['name']} local: {a['local']['detail']}" for a in report["artifacts"]
+              if a.get("local", {}).get("detail")]
+    if notes:
+        lines += ["details:", *notes]
+    return "\n".join(lines)

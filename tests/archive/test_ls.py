@@ -1,0 +1,148 @@
+"""``ckptflow ls``: what an archive holds under a prefix, read from its listing and declarations alone.
+
+Every artifact here is written by the real ``ckptflow publish`` (one killed before its manifest), on a real
+SeaweedFS bucket and on a ``file://`` archive; foreign objects sit beside them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ckptflow.digest import sha256_bytes
+from ckptflow.jsonio import validate
+from ckptflow.records import read_manifest
+from ckptflow.records.manifest import path_in as manifest_path
+from ckptflow.store.credentials import load_credentials
+from ckptflow.store.local import LocalStore
+from ckptflow.store.s3 import S3Store
+from helpers.artifacts import make_artifact
+from helpers.cli import run_cli, run_on_terminal
+
+TS = "20261129T000000Z"
+RUN1, RUN2, RUN3 = (f"proj/group/{r}/{TS}" for r in ("run1", "run2", "run3"))
+
+
+@pytest.fixture(params=[pytest.param("seaweedfs", marks=pytest.mark.seaweedfs), "file"])
+def archive(request, tmp_path):
+    """(store, the URI of its root, the options that reach it)."""
+    if request.param == "seaweedfs":
+        bucket = request.getfixturevalue("seaweedfs_bucket")
+        creds = request.getfixturevalue("seaweedfs_credentials_path")
+        return S3Store(bucket, load_credentials(creds)), f"s3://{bucket}", ["--credentials", str(creds)]
+    (tmp_path / "archive").mkdir()
+    return LocalStore(tmp_path / "archive"), f"file://{tmp_path / 'archive'}", []
+
+
+def publish(art: Path, root_uri: str, opts: list[str], *extra: str, env: dict | None = None):
+    return run_cli("publish", "--artifact-dir", str(art), "--bucket", root_uri, *opts, *extra, env=env)
+
+
+def put(store, key: str, data: bytes) -> None:
+    assert store.put_bytes_create_once(key, data, sha256=sha256_bytes(data))
+
+
+def declared(art: Path) -> tuple[int, int]:
+    """(files, bytes) the publisher declares for a sealed artifact: the manifest's files and the manifest."""
+    files = read_manifest(art).physical_files()
+    return len(files) + 1, sum(f.size for f in files) + manifest_path(art).stat().st_size
+
+
+@pytest.fixture
+def populated(archive, tmp_path):
+    """runs/RUN1: 100 published (local), 200 published with --delete-local (pruned), 300 killed before its
+    manifest (incomplete); elsewhere/RUN2: 400 published (absent from runs/); beside them a full checkpoint,
+    a foreign file, objects under RUN3's checkpoint_artifacts/iter_000001 without records, and a declaration
+    that is not JSON under RUN3's iter_000002."""
+    store, root_uri, opts = archive
+    runs = tmp_path / "runs"
+    arts = {it: make_artifact(runs / RUN1, iteration=it, seed=it) for it in (100, 200, 300)}
+    arts[400] = make_artifact(tmp_path / "elsewhere" / RUN2, iteration=400, seed=4)
+    sizes = {it: declared(a) for it, a in arts.items()}
+    assert publish(arts[100], root_uri, opts).returncode == 0
+    assert publish(arts[200], root_uri, opts, "--delete-local").returncode == 0
+    killed = publish(arts[300], root_uri, opts, env={"CKPTFLOW_TEST_KILL_AT": "publish:before-manifest"})
+    assert killed.returncode == -9
+    assert publish(arts[400], root_uri, opts).returncode == 0
+    put(store, f"{RUN1}/checkpoints/iter_000100/rank0.pt", b"full checkpoint")
+    put(store, "proj/foreign/data.csv", b"a,b\n1,2\n")
+    put(store, f"{RUN3}/checkpoint_artifacts/iter_000001/weights.bin", b"w" * 100)
+    put(store, f"{RUN3}/checkpoint_artifacts/iter_000002/.posttrain-archive.json", b"not json")
+    return {"runs": runs, "sizes": sizes, "root_uri": root_uri, "opts": opts}
+
+
+def rows(report: dict) -> dict[tuple[str, int], dict]:
+    return {(a["run"], a["iteration"]): a for a in report["artifacts"]}
+
+
+def test_ls_shows_committed_incomplete_and_foreign_prefixes_by_what_their_records_prove(populated):
+    proc = run_cli("ls", f"{populated['root_uri']}/proj", "--runs-root", str(populated["runs"]), *populated["opts"])
+    assert proc.returncode == 0, proc.stderr
+    report = proc.report
+    validate(report, "report_ls", what="ls report")
+    got = rows(report)
+    assert list(got) == [(RUN1, 100), (RUN1, 200), (RUN1, 300), (RUN2, 400), (RUN3, 1), (RUN3, 2)]
+    assert {k: (a["state"], a["local"]["state"]) for k, a in got.items()} == {
+        (RUN1, 100): ("committed", "local"), (RUN1, 200): ("committed", "pruned"),
+        (RUN1, 300): ("incomplete", "local"), (RUN2, 400): ("committed", "absent"),
+        (RUN3, 1): ("not-an-artifact", "absent"), (RUN3, 2): ("corrupt", "absent")}
+    for it in (100, 200, 300, 400):
+        a = got[(RUN2 if it == 400 else RUN1, it)]
+        assert (a["files"], a["bytes"]) == populated["sizes"][it]
+        assert a["declared_at"] is not None
+        assert (a["published_at"] is None) == (it == 300)
+        assert a["uri"].endswith(f"/proj/group/{'run2' if it == 400 else 'run1'}/{TS}/checkpoint_artifacts/iter_{it:06d}")
+    assert "publication was interrupted" in got[(RUN1, 300)]["detail"]
+    assert "not published by ckptflow" in got[(RUN3, 1)]["detail"]
+    assert got[(RUN3, 1)]["files"] is None and got[(RUN3, 1)]["objects"] == 1
+    assert ".posttrain-archive.json" in got[(RUN3, 2)]["detail"]
+    assert report["other"]["objects"] == 2
+    assert [k.rpartition("proj/")[2] for k in report["other"]["sample"]] == [
+        "foreign/data.csv", f"group/run1/{TS}/checkpoints/iter_000100/rank0.pt"]
+    assert report["counts"] == {"artifacts": 6, "runs": 3, "committed": 3, "damaged": 0, "incomplete": 1, "legacy": 0,
+                                "corrupt": 1, "not-an-artifact": 1, "other_objects": 2}
+    assert report["bytes"] == sum(n for _, n in populated["sizes"].values())
+
+
+def test_ls_of_one_run_lists_only_that_run(populated):
+    proc = run_cli("ls", f"{populated['root_uri']}/proj/group/run1", *populated["opts"])
+    assert proc.returncode == 0, proc.stderr
+    validate(proc.report, "report_ls", what="ls report")
+    assert list(rows(proc.report)) == [(RUN1, 100), (RUN1, 200), (RUN1, 300)]
+    assert "local" not in proc.report["artifacts"][0] and proc.report["runs_root"] is None
+    assert proc.report["other"]["objects"] == 1  # the full checkpoint beside the artifacts
+
+
+def test_ls_on_a_terminal_is_a_table_that_fits_80_columns(populated):
+    proc = run_on_terminal("ls", f"{populated['root_uri']}/proj", "--runs-root", str(populated["runs"]),
+                           *populated["opts"])
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("6 artifacts in 3 runs under ")
+    table = lines[1:lines.index("details:")]
+    assert all(len(line) <= 80 for line in table if not line.startswith("1 other") and "other objects" not in line), table
+    assert any(line.split()[:2] == ["iter_000200", "committed"] and line.endswith("pruned") for line in table), table
+    assert any(line.split()[:2] == ["iter_000300", "incomplete"] for line in table), table
+
+
+def test_ls_of_an_artifact_directory_on_file_lists_it_alone(tmp_path):
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    art = make_artifact(tmp_path / "runs" / RUN1, iteration=7)
+    assert publish(art, f"file://{archive}", []).returncode == 0
+    inside = archive / RUN1 / "checkpoint_artifacts" / "iter_000007"
+    proc = run_cli("ls", f"file://{inside}")
+    assert proc.returncode == 0, proc.stderr
+    assert [(a["run"], a["name"], a["state"]) for a in proc.report["artifacts"]] == [(RUN1, "iter_000007", "committed")]
+    assert proc.report["artifacts"][0]["uri"] == f"file://{inside}"
+    below = run_cli("ls", f"file://{inside}/optim")
+    assert below.returncode == 2 and "lies inside the artifact" in below.stderr
+
+
+def test_ls_of_a_missing_archive_root_is_refused_by_name(tmp_path):
+    proc = run_cli("ls", f"file://{tmp_path / 'nowhere'}")
+    assert proc.returncode == 1
+    assert str(tmp_path / "nowhere") in proc.stderr
+    bad = run_cli("ls", "ftp://host/x")
+    assert bad.returncode == 2 and "ftp" in bad.stderr
