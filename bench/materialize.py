@@ -11,7 +11,7 @@ interleaved (a, b, c, a, b, c …); the median of ``--runs`` is reported. Peak m
 resident set, memory-mapped file pages included) and the peak of ``RssAnon`` sampled every millisecond.
 Both sides import torch and transformers and build the base's meta model (~350 MiB VmHWM, measured as
 ``import_floor``); ``vm_hwm_above_floor_ratio`` compares what each adds on top of that.
-Targets (issue 6): wall ≤ 1.2× and peak RSS ≤ 0.25× the baseline. Prints one JSON object on stdout.
+Targets: wall ≤ 1.2× and peak RSS ≤ 0.25× the baseline. Prints one JSON object on stdout.
 
 The input model is a tiny_models qwen3 (dense, untied) or qwen3_moe scaled up with random weights:
 

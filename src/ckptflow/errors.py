@@ -22,6 +22,14 @@ class CkptflowError(Exception):
         self.path = path
         super().__init__(self.__str__())
 
+    def add_context(self, *, before: str = "", after: str = "", remedy: str | None = None) -> None:
+        """Add what a caller knows to the message of an error it is about to re-raise (``before`` + message +
+        ``after``; ``remedy`` replaces the remedy when given); ``str(exc)`` and ``exc.args`` follow."""
+        self.message = f"{before}{self.message}{after}"
+        if remedy is not None:
+            self.remedy = remedy
+        self.args = (str(self),)
+
     def __str__(self) -> str:
         if self.remedy:
             return f"{self.message}; {self.remedy}"

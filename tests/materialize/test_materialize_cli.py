@@ -1,4 +1,4 @@
-"""``ckptflow materialize`` on the command line: exit codes, one JSON report, flags of this issue only."""
+"""``ckptflow materialize`` on the command line: exit codes, one JSON report, its own flags."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``ckptflow fetch``: download an archived artifact into ``STAGE/iter_N``; see ``archive/reader.py``."""
+"""``ckptflow fetch``: download an archived artifact into ``STAGE/iter_N``; see ``archive/fetch.py``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ..lock import DEFAULT_WAIT_SECONDS
 from . import wait_seconds_arg
 from .summary import block, files_bytes, inventory_total, plural
 
@@ -18,9 +19,9 @@ def register(sub) -> None:
     )
     s.add_argument("--dst", required=True, help="staging directory; the artifact lands in DST/iter_N (printed as 'path')")
     s.add_argument("--credentials", help="credentials JSON; default $CKPTFLOW_CREDENTIALS (unused for file://)")
-    s.add_argument("--lock-wait-seconds", type=wait_seconds_arg, default=120.0, metavar="S",
+    s.add_argument("--lock-wait-seconds", type=wait_seconds_arg, default=DEFAULT_WAIT_SECONDS, metavar="S",
                    help="how long to wait for another fetch into the same DST/iter_N (DST/iter_N.lock) before "
-                   "refusing (default 120; a finite number >= 0)")
+                   f"refusing (default {DEFAULT_WAIT_SECONDS:g}; a finite number >= 0)")
     s.add_argument("--only", action="append", metavar="COMPONENT",
                    help="stage only this manifest component (repeatable; e.g. model, what materialize reads); "
                    "the record names the components, and a later fetch without --only downloads only the rest")

@@ -1,4 +1,4 @@
-"""``ckptflow materialize``: build the Hugging Face teacher directory of an artifact; see ``materialize.py``."""
+"""``ckptflow materialize``: build the Hugging Face teacher directory of an artifact; see ``materialize/``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import argparse
 import re
 from typing import Any
 
+from ..conversion import DEFAULT_MIN_TENSORS
 from ..errors import UsageError
+from ..lock import DEFAULT_WAIT_SECONDS
 from . import require_extra, wait_seconds_arg
 from .summary import block, files_bytes, human_bytes, plural
 
@@ -25,8 +27,8 @@ def register(sub) -> None:
     s.add_argument("--base", required=True, metavar="HF_DIR", help="the Hugging Face base directory (config, index, sidecars)")
     s.add_argument("--out", required=True, metavar="DIR", help="the teacher directory; built beside it and renamed into place")
     s.add_argument("--expect-tensors", type=int, default=0, metavar="N", help="exact tensor count required (default 0: any)")
-    # 800 = conversion.DEFAULT_MIN_TENSORS (not imported here: that would load torch for --help)
-    s.add_argument("--min-tensors", type=int, default=800, metavar="N", help="tensor floor, checked before any build (default 800)")
+    s.add_argument("--min-tensors", type=int, default=DEFAULT_MIN_TENSORS, metavar="N",
+                   help=f"tensor floor, checked before any build (default {DEFAULT_MIN_TENSORS})")
     s.add_argument("--no-verify", action="store_true",
                    help="skip only the bitwise tensor probes; index, key coverage, config and sidecar checks still run")
     s.add_argument("--force", action="store_true",
@@ -43,9 +45,9 @@ def register(sub) -> None:
                    "rendered trimmed, as the chat_template of both tokenizer_config.json and chat_template.json "
                    "(every other key unchanged); refuses a base with a template a loader prefers (chat_template.jinja, "
                    "additional_chat_templates/, processor_config.json's chat_template); part of the identity")
-    s.add_argument("--lock-wait-seconds", type=wait_seconds_arg, default=120.0, metavar="S",
+    s.add_argument("--lock-wait-seconds", type=wait_seconds_arg, default=DEFAULT_WAIT_SECONDS, metavar="S",
                    help="how long to wait for another materialize of the same --out (<out>.lock) before refusing "
-                   "(default 120; a finite number >= 0)")
+                   f"(default {DEFAULT_WAIT_SECONDS:g}; a finite number >= 0)")
     s.set_defaults(func=run)
 
 

@@ -1,4 +1,4 @@
-"""``ckptflow publish``: archive a committed artifact; see ``archive/publisher.py`` for the order of writes."""
+"""``ckptflow publish``: archive a committed artifact; see ``archive/publish.py`` for the order of writes."""
 
 from __future__ import annotations
 

@@ -347,10 +347,10 @@ def _fetch(source: ModelSource, where: Stage, progress, reserve: int) -> tuple[P
                                 components={MODEL_COMPONENT})  # the conversion reads model.pt alone
     except OutOfSpace as exc:
         if where.private and not isinstance(exc, Refused):  # what it wrote goes with the private stage
-            exc.message += f"; materialize then removes its private stage {where.root}"
-            exc.remedy = (f"free space on the file system of {where.root} ({exc.needed} bytes were still to "
-                          f"write, {exc.free} free), then rerun; --keep-staged keeps a partial fetch for the rerun")
-            exc.args = (str(exc),)
+            exc.add_context(
+                after=f"; materialize then removes its private stage {where.root}",
+                remedy=(f"free space on the file system of {where.root} ({exc.needed} bytes were still to "
+                        f"write, {exc.free} free), then rerun; --keep-staged keeps a partial fetch for the rerun"))
         raise
     testhooks.reached("materialize:after-fetch")
     model = parse_manifest(result.plan.manifest_bytes, what=f"manifest fetched from {source.location}").components.get("model")
@@ -413,8 +413,7 @@ def _stage(name: str, out: Path):
     try:
         yield
     except CkptflowError as exc:
-        exc.message = f"materialize {name} stage failed for {out}: {exc.message}"
-        exc.args = (str(exc),)
+        exc.add_context(before=f"materialize {name} stage failed for {out}: ")
         raise
 
 

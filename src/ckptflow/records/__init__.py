@@ -2,7 +2,7 @@
 
 Nothing outside this package opens a record file. Each module documents its file and format;
 ``inventory`` holds the ``FileEntry`` list every record uses, ``_record`` the shared read/check/write
-pattern, ``_json`` the strict JSON codec and schema loader.
+pattern (the strict JSON codec and schema loader are ``ckptflow.jsonio``).
 """
 
 from ._record import LegacyRecord, utc_timestamp

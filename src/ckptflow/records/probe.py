@@ -84,7 +84,8 @@ class ProbeResults:
 
     @property
     def qualifies(self) -> bool:
-        """What DESIGN 4.6 requires of an endpoint before local bytes may be deleted."""
+        """Whether the endpoint passed every check that deleting local bytes relies on (create-once writes, one
+        winner among concurrent creators, SHA-256 metadata kept, wrong checksums refused)."""
         return (
             self.create_once_refused_second_write
             and self.concurrent_creators >= 2
