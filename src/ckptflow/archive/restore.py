@@ -43,7 +43,7 @@ from pathlib import Path
 
 from .. import testhooks
 from ..digest import FileDigest, hash_files
-from ..errors import ConflictError, NotFound, Refused, VerificationFailed
+from ..errors import CkptflowError, ConflictError, NotFound, Refused, VerificationFailed
 from ..fsutil import require_directory
 from ..lock import DEFAULT_WAIT_SECONDS, held_lock
 from ..records import manifest as manifest_record
@@ -208,3 +208,17 @@ def _judge(store: ObjectStore, plan: FetchPlan, artifact_dir: Path, progress: bo
                                  for p in stage.leftover_parts(artifact_dir / e.path)])
         result.status = "restored"
     return result
+
+
+def missing_payloads(artifact_dir: Path | str) -> list[str]:
+    """The manifest's payload files absent from ``artifact_dir`` when it holds a receipt (what a restore would
+    refill), from stats only; [] when there is no readable manifest or no receipt (nothing to restore from).
+    The workflow plans ``restore_all`` with it; the restore itself re-judges everything."""
+    artifact_dir = Path(artifact_dir)
+    if not os.path.lexists(receipt_record.path_in(artifact_dir)):
+        return []
+    try:
+        manifest = manifest_record.read_manifest(artifact_dir)
+    except (CkptflowError, OSError):
+        return []  # status names a damaged manifest; restore would refuse it by name
+    return sorted(e.path for e in manifest.physical_files() if not os.path.lexists(artifact_dir / e.path))
