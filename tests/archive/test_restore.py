@@ -20,7 +20,7 @@ from ckptflow.store.base import DEFAULT_CONCURRENCY
 from ckptflow.store.local import LocalStore
 from ckptflow.store.transfer import DEFAULT_RANGE_SIZE
 from helpers.artifacts import UPLOAD_PREFIX, make_artifact
-from helpers.cli import run_cli
+from helpers.cli import run_cli, start_cli, wait_for_file
 from helpers.paused import resume, start_paused
 from helpers.trees import file_bytes, tree_bytes
 
@@ -206,3 +206,29 @@ def test_restore_without_a_receipt_says_what_is_missing(tmp_path):
     proc = restore(art, [])
     assert proc.returncode == 1 and ".uploaded" in proc.stderr and "ckptflow fetch" in proc.stderr
     assert json.dumps(proc.report)  # one JSON error report
+
+
+def test_two_restores_of_one_artifact_take_turns_and_the_second_finds_it_local(tmp_path):
+    (tmp_path / "archive").mkdir()
+    store = LocalStore(tmp_path / "archive")
+    art = published(tmp_path / "run1", store)
+    original = file_bytes(art)
+    for rel in PAYLOADS:
+        (art / rel).unlink()
+    flag, waiting = tmp_path / "paused", tmp_path / "waiting"
+    args = ("restore", "--artifact-dir", str(art))
+    first = start_cli(*args, env={"CKPTFLOW_TEST_PAUSE_AT": "restore:before-download", "CKPTFLOW_TEST_PAUSE_FILE": str(flag)})
+    wait_for_file(flag, first)
+    # The second waits for the artifact's restore lock, naming its holder, then finds the first one's files.
+    second = start_cli(*args, env={"CKPTFLOW_TEST_PAUSE_AT": "restore:lock-wait", "CKPTFLOW_TEST_PAUSE_FILE": str(waiting)})
+    wait_for_file(waiting, second)
+    waiting.unlink()
+    flag.unlink()
+    out, err = first.communicate(timeout=120)
+    out2, err2 = second.communicate(timeout=120)
+    assert first.returncode == 0, err
+    assert second.returncode == 0, err2
+    assert json.loads(out)["status"] == "restored"
+    assert json.loads(out2)["status"] == "already-local" and json.loads(out2)["downloaded_bytes"] == 0
+    assert file_bytes(art) == original
+    assert not list(art.parent.glob("*.lock"))
