@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import uuid
 
 import pytest
 
@@ -17,8 +18,11 @@ from ckptflow.jsonio import validate
 from ckptflow.records import manifest as manifest_record
 from ckptflow.records import receipt as receipt_record
 from ckptflow.store.base import DEFAULT_CONCURRENCY
+from ckptflow.store.credentials import load_credentials
 from ckptflow.store.local import LocalStore
+from ckptflow.store.s3 import S3Store
 from ckptflow.store.transfer import DEFAULT_RANGE_SIZE
+from helpers import servers
 from helpers.artifacts import UPLOAD_PREFIX, make_artifact
 from helpers.cli import run_cli, start_cli, wait_for_file
 from helpers.paused import resume, start_paused
@@ -232,3 +236,19 @@ def test_two_restores_of_one_artifact_take_turns_and_the_second_finds_it_local(t
     assert json.loads(out2)["status"] == "already-local" and json.loads(out2)["downloaded_bytes"] == 0
     assert file_bytes(art) == original
     assert not list(art.parent.glob("*.lock"))
+
+
+def test_a_receipt_whose_bucket_was_deleted_is_a_clear_error(tmp_path, seaweedfs_credentials_path):
+    bucket = f"ckptflow-t-{uuid.uuid4().hex[:16]}"  # its own bucket: this test deletes it
+    servers.create_bucket(seaweedfs_credentials_path, bucket)
+    try:
+        art = published(tmp_path / "run1", S3Store(bucket, load_credentials(seaweedfs_credentials_path)))
+    finally:
+        servers.remove_bucket(seaweedfs_credentials_path, bucket)
+    (art / "model.pt").unlink()
+    before = tree_bytes(art.parent)
+    proc = restore(art, ["--credentials", str(seaweedfs_credentials_path)])
+    assert proc.returncode == 1 and proc.report["error"]["type"] == "NotFound", proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert ".uploaded" in line and "deleted or moved" in line and f"s3://{bucket}/" in line
+    assert tree_bytes(art.parent) == before
