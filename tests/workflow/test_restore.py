@@ -52,3 +52,10 @@ def test_restore_one_iteration_then_every_pruned_artifact_of_a_run(tmp_path):
     flow.ok("restore_all")  # every run
     assert all(file_bytes(flow.artifact(it, run)) == arts[run, it] for run, it in arts)
     assert flow.planned("restore_all") == []
+
+    # One shard lost inside optim/ (the top directory unchanged): that directory's mtime reruns it.
+    (flow.artifact(300) / "optim" / "__1_0.distcp").unlink()
+    assert flow.planned("restore", iter=300, run=RUN) == ["restore_artifact", "restore"]
+    flow.ok("restore", iter=300, run=RUN)
+    assert file_bytes(flow.artifact(300)) == arts[RUN, 300]
+    assert json.loads(flow.report("restore", 300).read_text())["downloaded"] == ["optim/__1_0.distcp"]
