@@ -3,6 +3,7 @@
 #   snakemake -n publish_all          pending publications (every committed artifact without its own receipt)
 #   snakemake publish_all             publish them
 #   snakemake verify_all / prune_all  verify every published artifact / free their local payloads
+#   snakemake restore --config iter=300 [run=R] / restore_all [--config run=R]  refill pruned artifacts in place
 #   snakemake merge_experts --config iter=300        the merge recipe of iteration 300
 #   snakemake materialize_teacher --config iter=300  its teacher: local artifact, else fetched from the archive
 #   snakemake status (the default target)            the status table of every run; --report includes it
@@ -18,6 +19,7 @@ include: "rules/common.smk"
 include: "rules/publish.smk"
 include: "rules/verify.smk"
 include: "rules/prune.smk"
+include: "rules/restore.smk"
 include: "rules/merge.smk"
 include: "rules/fetch.smk"
 include: "rules/materialize.smk"

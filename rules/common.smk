@@ -242,3 +242,30 @@ def get_records_fingerprint(wildcards):
                 remedy="run `snakemake` (the status table) first, then `snakemake --report`",
             )
     return current
+
+
+# ------------------------------------------------------------------ restore
+
+
+def get_restore_input(wildcards):
+    """The artifact directory (and a directory that lost a payload): its mtime is the rerun trigger."""
+    return ckptflow_workflow.restore_inputs(get_artifact_dir(wildcards))
+
+
+def get_restore_target(wildcards):
+    run, name = get_target()
+    return f"{REPORTS}/restore/{run}/{name}.json"
+
+
+def get_all_restore_reports(wildcards):
+    """A report per committed artifact with a receipt and a missing payload (of config run, else of
+    every run), and every manifest in that scope: a target rule without inputs always runs, and
+    `snakemake -n restore_all` says "Nothing to be done" once every artifact is local again.
+    """
+    scope = ckptflow_workflow.restore_scope(RUNS, config["run"])
+    reports = [
+        f"{REPORTS}/restore/{run}/{it}.json" for run, it, pruned in scope if pruned
+    ]
+    return reports + [
+        f"{RUNS}/{run}/checkpoint_artifacts/{it}/{MANIFEST}" for run, it, _ in scope
+    ]

@@ -32,6 +32,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # Order is the order of `ckptflow --help`.
 VERBS = ["seal", "merge", "publish", "verify", "prune-verified", "fetch", "materialize", "probe", "status", "ls",
          "resume-check", "retain-checkpoints", "gc-uploads"]
+VERBS.insert(VERBS.index("fetch"), "restore")
 
 
 class _Parser(argparse.ArgumentParser):

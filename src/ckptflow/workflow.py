@@ -495,6 +495,36 @@ def prune_step(artifact_dir: str, credentials: str | None, report_path: str) -> 
     return report
 
 
+def restore_scope(runs_root: str | Path, run: str | None) -> list[tuple[str, str, bool]]:
+    """``(run, iter_N, pruned)`` of every committed artifact of ``run`` (None: of every run); ``pruned``: it
+    has a receipt and lacks a payload file, so ``restore_all`` refills it. Stats only; restore re-judges."""
+    from .archive.restore import missing_payloads
+
+    wanted = run.strip("/") if run else None
+    return [(r, name, bool(missing_payloads(Path(artifact_path(str(runs_root), r, name)))))
+            for r, name in committed_artifacts(runs_root) if wanted in (None, r)]
+
+
+def restore_inputs(artifact_dir: str) -> list[str]:
+    """The restore job's inputs: the artifact directory and each existing directory that lacks one of its
+    payload files. Removing a file changes its directory's mtime, so a restore report older than that
+    reruns; a fully pruned artifact has only its top directory, before and after, so the set is stable."""
+    from .archive.restore import missing_payloads
+
+    dirs = {os.path.dirname(f"{artifact_dir}/{rel}") for rel in missing_payloads(Path(artifact_dir))}
+    return [artifact_dir, *sorted(d for d in dirs - {artifact_dir} if os.path.isdir(d))]
+
+
+def restore_step(artifact_dir: str, credentials: str | None, report_path: str) -> dict[str, Any]:
+    """Refill one artifact's missing payloads from the archive its receipt names and write the report, the
+    rule's output (the manifest and receipt restore reads are never outputs)."""
+    from .archive.restore import restore_artifact
+
+    report = restore_artifact(Path(artifact_dir), store_factory(credentials), progress=False).to_report()
+    _write_report(report_path, report)
+    return report
+
+
 def status_step(runs_root: str, reports_dir: str | None, stage_dir: str | None, teachers_dir: str | None,
                 out_json: str, out_txt: str) -> dict[str, Any]:
     """Write the status of every configured run: the JSON report and the rendered table (the report item)."""

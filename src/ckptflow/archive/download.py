@@ -15,6 +15,11 @@ byte-accurate bar on stderr counts bytes as they are written.
 A disk that fills during the download (ENOSPC, EDQUOT) fails as ``OutOfSpace`` naming the file that
 was being written (``space.out_of_space``); files verified before it stay in place, the parts stay for
 the rerun to resume.
+
+``no_clobber`` (restore, which writes into an artifact directory it does not own): a verified part is put
+in place with ``link`` (which never replaces) instead of ``rename``; a file that appeared at its path
+meanwhile is kept, and is accepted only when it hashes to the declared digest (another restore put the
+same bytes there), else the download fails naming it.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from pathlib import Path
 
 from .. import testhooks
 from ..digest import FileDigest, sha256_file
-from ..errors import OutOfSpace, VerificationFailed
+from ..errors import ConflictError, OutOfSpace, VerificationFailed
 from ..fsutil import fsync_file, payload_fsync_enabled
 from ..progress import ByteProgress
 from ..records.inventory import FileEntry
@@ -62,7 +67,25 @@ def _connections(store: ObjectStore) -> int:
     return getattr(store, "download_concurrency", None) or getattr(store, "concurrency", None) or DEFAULT_CONCURRENCY
 
 
-def _settle_parts(jobs: list, committed: set[str]) -> None:
+def put_in_place(part: Path, final: Path, expected: FileDigest, *, no_clobber: bool) -> None:
+    """Commit a verified ``part`` as ``final``: a rename, or with ``no_clobber`` a link that never replaces
+    a file standing there (kept; accepted only when it holds the expected bytes, else ``ConflictError``)."""
+    if not no_clobber:
+        os.replace(part, final)
+        return
+    try:
+        os.link(part, final)
+        same = True
+    except FileExistsError:
+        same = sha256_file(final) == expected
+    os.unlink(part)  # our own part: its bytes are now at final, or another file stands there
+    if not same:
+        raise ConflictError(f"{final} appeared while it was being restored and does not match the archive's "
+                            "declaration; it was left as it is", path=str(final),
+                            remedy="move that file aside (or publish it as a new artifact), then rerun")
+
+
+def _settle_parts(jobs: list, committed: set[str], no_clobber: bool) -> None:
     """After a failed batch, the parts of files not committed: one that holds its whole file and hashes to
     the declared digest is committed like any other (the stream stopped before its turn); one a rerun
     could not resume from (no contiguous prefix worth re-verifying, ``stage.resumable_prefix``, or whole
@@ -76,25 +99,28 @@ def _settle_parts(jobs: list, committed: set[str]) -> None:
             if prefix == entry.size and sha256_file(part).sha256 == entry.sha256:
                 if payload_fsync_enabled():
                     fsync_file(part)
-                os.replace(part, final)
+                put_in_place(part, final, FileDigest(entry.size, entry.sha256), no_clobber=no_clobber)
                 committed.add(entry.path)
             elif prefix == 0 or prefix == entry.size:
                 part.unlink(missing_ok=True)
-        except OSError as exc:
+        except OSError as exc:  # ConflictError included
             log.warning("could not settle %s after the failed download: %s", part, exc)
 
 
 def download_files(store: ObjectStore, prefix: str, staged: Path, todo: list[FileEntry], *,
-                   where: Callable[[str], str], progress: bool | None = None) -> tuple[int, list[dict]]:
+                   where: Callable[[str], str], progress: bool | None = None,
+                   no_clobber: bool = False) -> tuple[int, list[dict]]:
     """Download every ``todo`` entry to ``staged/<path>``, verified; return (bytes received, ranged resumes).
 
-    ``where(path)`` names an object in messages. Raises on the first failure once the work already
+    ``where(path)`` names an object in messages; ``no_clobber``: never replace a file at a final path
+    (see the module docstring). Raises on the first failure once the work already
     running has returned (files verified and renamed by then stay in place; a rerun keeps them); a
     full disk raises ``OutOfSpace`` naming the file it stopped.
     """
     committed: set[str] = set()  # stage-relative paths verified and renamed into place by this run
     try:
-        return _download(store, prefix, staged, todo, where=where, progress=progress, committed=committed)
+        return _download(store, prefix, staged, todo, where=where, progress=progress, committed=committed,
+                         no_clobber=no_clobber)
     except OSError as exc:
         if not space.is_full(exc) or isinstance(exc, OutOfSpace):
             raise
@@ -106,7 +132,8 @@ def download_files(store: ObjectStore, prefix: str, staged: Path, todo: list[Fil
 
 
 def _download(store: ObjectStore, prefix: str, staged: Path, todo: list[FileEntry], *,
-              where: Callable[[str], str], progress: bool | None, committed: set[str]) -> tuple[int, list[dict]]:
+              where: Callable[[str], str], progress: bool | None, committed: set[str],
+              no_clobber: bool) -> tuple[int, list[dict]]:
     jobs = []
     for entry in sorted(todo, key=lambda e: (-e.size, e.path)):
         final = staged / entry.path
@@ -137,7 +164,7 @@ def _download(store: ObjectStore, prefix: str, staged: Path, todo: list[FileEntr
                         remedy="the archived object is damaged or was replaced; restore it or republish the artifact")
                 if payload_fsync_enabled():
                     fsync_file(part)  # durable before the rename commits it (CKPTFLOW_FSYNC=0 skips)
-                os.replace(part, final)
+                put_in_place(part, final, expected, no_clobber=no_clobber)
             except VerificationFailed:
                 part.unlink(missing_ok=True)
                 raise
@@ -158,7 +185,7 @@ def _download(store: ObjectStore, prefix: str, staged: Path, todo: list[FileEntr
         try:
             download_batch(files, concurrency=_connections(store), range_size=_range_size(store), finish=commit)
         except BaseException:
-            _settle_parts(jobs, committed)
+            _settle_parts(jobs, committed, no_clobber)
             raise
         finally:
             for _, _, part, _, _ in jobs:

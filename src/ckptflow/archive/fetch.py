@@ -317,7 +317,7 @@ def _legacy_payloads(store: ObjectStore, prefix: str, manifest, source: StoreURI
     return payloads
 
 
-def _require_remote(store: ObjectStore, plan: FetchPlan, todo: list[FileEntry]) -> None:
+def require_remote(store: ObjectStore, plan: FetchPlan, todo: list[FileEntry]) -> None:
     """HEAD every object still to download: missing or contradicting ones fail now, by name."""
     for state in check_remote_inventory(store, plan.prefix, todo):
         if state.state == "missing":
@@ -428,7 +428,7 @@ def _decide(store: ObjectStore, plan: FetchPlan, staged: Path, progress, reserve
         plan = plan.scoped(None if record.whole or plan.components is None
                            else {*record.components, *plan.components})
     decision = _judge(store, plan, staged, record, progress, hashed)
-    _require_remote(store, plan, decision.todo)
+    require_remote(store, plan, decision.todo)
     space.check_space(staged, decision.todo, source=str(plan.source), extra=len(plan.manifest_bytes),
                       freed=_freed(staged, decision.todo, decision.old or (), same),
                       reserve=reserve, reserve_for=reserve_for)

@@ -235,7 +235,7 @@ def _read_payloads(row: Row, path: Path, manifest: Manifest) -> None:
         row.pruned = cell("pruned", files=total)
     elif receipt:
         row.pruned = cell("partial", f"{missing} of {total} payload files are gone: an interrupted prune "
-                          "(rerun prune-verified) or a damaged artifact", files=missing)
+                          "(rerun prune-verified) or a damaged artifact (`ckptflow restore` refills it)", files=missing)
     else:
         row.pruned = cell("missing", f"{missing} of {total} payload files are gone and no receipt proves an "
                           "archived copy: restore them or fetch the artifact", files=missing)

@@ -1,0 +1,8 @@
+"""Snakemake shim for rule restore_artifact: the rule's log file gets its logs and any traceback; calls ckptflow.workflow.restore_step."""
+
+from ckptflow.workflow import artifact_path, restore_step, step_log
+
+snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
+with step_log(snakemake.log[0]):
+    p, w = snakemake.params, snakemake.wildcards
+    restore_step(artifact_path(snakemake.config["runs_root"], w.run, w.iteration), p.credentials, snakemake.output.report)

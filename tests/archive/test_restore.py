@@ -1,0 +1,254 @@
+"""`ckptflow restore`: a pruned (or damaged) artifact refilled in place from the archive its receipt names,
+against a real SeaweedFS and a file:// archive, through real `ckptflow` processes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import uuid
+
+import pytest
+
+from ckptflow.archive.probe import run_probe
+from ckptflow.archive.publish import publish_artifact
+from ckptflow.archive.restore import restore_artifact
+from ckptflow.errors import ConflictError
+from ckptflow.jsonio import validate
+from ckptflow.records import manifest as manifest_record
+from ckptflow.records import receipt as receipt_record
+from ckptflow.store.base import DEFAULT_CONCURRENCY
+from ckptflow.store.credentials import load_credentials
+from ckptflow.store.local import LocalStore
+from ckptflow.store.s3 import S3Store
+from ckptflow.store.transfer import DEFAULT_RANGE_SIZE
+from helpers import servers
+from helpers.artifacts import UPLOAD_PREFIX, make_artifact
+from helpers.cli import run_cli, start_cli, wait_for_file
+from helpers.paused import resume, start_paused
+from helpers.trees import file_bytes, tree_bytes
+
+PAYLOADS = ["model.pt", "optim/.metadata", "optim/__0_0.distcp", "optim/__1_0.distcp", "optim/__2_0.distcp"]
+RECORDS = [manifest_record.FILENAME, receipt_record.FILENAME]
+# More ranges than a download holds in flight (2 x concurrency): a kill after model.pt's first range
+# always leaves the file short of its end.
+BIG_MODEL = (2 * DEFAULT_CONCURRENCY + 1) * DEFAULT_RANGE_SIZE
+
+
+@pytest.fixture(params=["seaweedfs", "file"])
+def archive(request, tmp_path):
+    """(store, extra CLI arguments) of a real archive the artifact is published to, qualified by a probe
+    (prune-verified requires one)."""
+    if request.param == "seaweedfs":
+        store = request.getfixturevalue("sw_store")
+        args = ["--credentials", str(request.getfixturevalue("seaweedfs_credentials_path"))]
+    else:
+        (tmp_path / "archive").mkdir()
+        store, args = LocalStore(tmp_path / "archive"), []
+    assert run_probe(store, "scratch").record.passed
+    return store, args
+
+
+def published(root, store, **kw):
+    art = make_artifact(root, **kw)
+    (art / "optim.pt").unlink()  # not selected by the manifest: prune would keep the artifact for it
+    publish_artifact(art, store, UPLOAD_PREFIX, progress=False)
+    return art
+
+
+def prune(art, args):
+    proc = run_cli("prune-verified", "--paths", str(art), *args)
+    assert proc.returncode == 0, proc.stderr
+    return proc.report
+
+
+def restore(art, args, *extra, env=None):
+    return run_cli("restore", "--artifact-dir", str(art), *args, *extra, env=env)
+
+
+def status_row(art):
+    proc = run_cli("status", str(art.parents[1]), "--json")
+    assert proc.returncode == 0, proc.stderr
+    [row] = proc.report["rows"]
+    return row
+
+
+def test_restore_refills_a_pruned_artifact_in_place_and_prune_frees_it_again(archive, tmp_path):
+    store, args = archive
+    art = published(tmp_path / "run1", store)
+    original = file_bytes(art)
+    assert prune(art, args)["removed"][0]["files"] == PAYLOADS
+    assert status_row(art)["pruned"]["state"] == "pruned"
+
+    proc = restore(art, args)
+    assert proc.returncode == 0, proc.stderr
+    validate(proc.report, "report_restore", what="restore report")
+    assert proc.report["status"] == "restored"
+    assert proc.report["downloaded"] == PAYLOADS == proc.report["missing"]
+    assert proc.report["downloaded_bytes"] == proc.report["total_bytes"] == sum(len(original[p]) for p in PAYLOADS)
+    assert file_bytes(art) == original  # payloads byte-identical; manifest and receipt never rewritten
+    assert not list(art.parent.glob("*.lock")) and not [p for p in tree_bytes(art) if p.endswith(".part")]
+    receipt_record.read_receipt(art)  # still valid
+    assert status_row(art)["pruned"]["state"] != "pruned" and status_row(art)["local_bytes"] == proc.report["total_bytes"]
+
+    again = restore(art, args)
+    assert again.returncode == 0, again.stderr
+    assert again.report["status"] == "already-local" and again.report["downloaded_bytes"] == 0
+    assert again.report["reused"] == PAYLOADS
+    assert file_bytes(art) == original
+
+    assert prune(art, args)["removed"][0]["files"] == PAYLOADS  # a later prune frees it again
+    assert sorted(file_bytes(art)) == RECORDS
+
+
+@pytest.mark.slow
+def test_restore_killed_mid_file_resumes_sending_only_what_is_missing(archive, tmp_path):
+    store, args = archive
+    art = published(tmp_path / "run1", store, model_bytes=BIG_MODEL)
+    original = file_bytes(art)
+    prune(art, args)
+
+    killed = restore(art, args, env={"CKPTFLOW_TEST_KILL_AT": "fetch:mid-file:model.pt"})
+    assert killed.returncode == -signal.SIGKILL
+    assert not (art / "model.pt").exists()
+    assert len([p for p in tree_bytes(art) if p.startswith(".model.pt.") and p.endswith(".part")]) == 1
+    assert {p: original[p] for p in RECORDS} == {p: (art / p).read_bytes() for p in RECORDS}
+    assert status_row(art)["pruned"]["state"] in ("pruned", "partial")  # never shown as local
+
+    rerun = restore(art, args)
+    assert rerun.returncode == 0, rerun.stderr
+    report = rerun.report
+    validate(report, "report_restore", what="restore report")
+    assert report["status"] == "restored"
+    # Files committed before the kill are kept (re-hashed, not sent again); model.pt continues from its
+    # re-verified prefix: what crossed the wire is exactly what was missing.
+    assert sorted(report["reused"] + report["downloaded"]) == PAYLOADS
+    resumed = {r["path"]: r["offset"] for r in report["resumed"]}
+    assert DEFAULT_RANGE_SIZE <= resumed["model.pt"] < BIG_MODEL
+    sent = sum(len(original[p]) - resumed.get(p, 0) for p in report["downloaded"])
+    assert report["downloaded_bytes"] == sent < report["total_bytes"]
+    assert file_bytes(art) == original
+    assert not [p for p in tree_bytes(art) if p.endswith(".part")]
+
+
+def test_a_local_file_that_differs_is_refused_by_name_and_left_byte_identical(archive, tmp_path):
+    store, args = archive
+    art = published(tmp_path / "run1", store)
+    prune(art, args)
+    (art / "optim").mkdir()
+    (art / "optim" / "__1_0.distcp").write_bytes(b"x" * 50_001)  # the declared size, other bytes
+    before = tree_bytes(art.parent)
+
+    for extra in ((), ("--dry-run",)):
+        proc = restore(art, args, *extra)
+        assert proc.returncode == 1 and proc.report["status"] == "refused", proc.stderr
+        assert "optim/__1_0.distcp" in proc.stderr and "never overwrites" in proc.stderr
+        assert tree_bytes(art.parent) == before  # nothing written, not even the other missing files
+
+
+def test_a_file_appearing_during_the_download_is_never_overwritten(tmp_path, monkeypatch):
+    (tmp_path / "archive").mkdir()
+    store = LocalStore(tmp_path / "archive")
+    art = published(tmp_path / "run1", store)
+    for rel in PAYLOADS:
+        (art / rel).unlink()
+    flag = tmp_path / "paused"
+    worker, outcome = start_paused(lambda: restore_artifact(art, lambda d: store, progress=False),
+                                   "restore:before-download", flag, monkeypatch)
+    (art / "model.pt").write_bytes(b"written by someone else meanwhile")
+    resume(worker, flag, monkeypatch)
+    assert isinstance(outcome.get("error"), ConflictError), outcome
+    assert "model.pt" in str(outcome["error"])
+    assert (art / "model.pt").read_bytes() == b"written by someone else meanwhile"
+    assert not [p for p in tree_bytes(art) if p.endswith(".part")]
+
+
+def test_an_artifact_that_lost_one_file_gets_only_that_file_back(archive, tmp_path):
+    store, args = archive
+    art = published(tmp_path / "run1", store)  # never pruned
+    original = file_bytes(art)
+    (art / "optim" / "__1_0.distcp").unlink()
+    proc = restore(art, args)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.report["downloaded"] == ["optim/__1_0.distcp"] == proc.report["missing"]
+    assert proc.report["downloaded_bytes"] == len(original["optim/__1_0.distcp"])
+    assert proc.report["reused"] == [p for p in PAYLOADS if p != "optim/__1_0.distcp"]
+    assert file_bytes(art) == original
+
+
+def test_dry_run_reports_what_would_be_fetched_and_writes_nothing(archive, tmp_path):
+    store, args = archive
+    art = published(tmp_path / "run1", store)
+    prune(art, args)
+    before = tree_bytes(tmp_path, exclude=("cache",))
+    proc = restore(art, args, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    validate(proc.report, "report_restore", what="restore report")
+    assert proc.report["status"] == "dry-run" and proc.report["dry_run"]
+    assert proc.report["missing"] == PAYLOADS and proc.report["downloaded"] == []
+    assert proc.report["missing_bytes"] == proc.report["total_bytes"] > 0
+    assert tree_bytes(tmp_path, exclude=("cache",)) == before
+
+
+def test_a_receipt_whose_archive_is_gone_is_a_clear_error(tmp_path):
+    (tmp_path / "archive").mkdir()
+    store = LocalStore(tmp_path / "archive")
+    art = published(tmp_path / "run1", store)
+    (art / "model.pt").unlink()
+    shutil.rmtree(tmp_path / "archive")
+    before = tree_bytes(art.parent)
+    proc = restore(art, [])
+    assert proc.returncode == 1, proc.stderr
+    assert proc.report["error"]["type"] == "NotFound"
+    line = proc.stderr.strip().splitlines()[-1]
+    assert ".uploaded" in line and "deleted or moved" in line and str(tmp_path / "archive") in line
+    assert tree_bytes(art.parent) == before
+
+
+def test_restore_without_a_receipt_says_what_is_missing(tmp_path):
+    art = make_artifact(tmp_path / "run1")
+    proc = restore(art, [])
+    assert proc.returncode == 1 and ".uploaded" in proc.stderr and "ckptflow fetch" in proc.stderr
+    assert json.dumps(proc.report)  # one JSON error report
+
+
+def test_two_restores_of_one_artifact_take_turns_and_the_second_finds_it_local(tmp_path):
+    (tmp_path / "archive").mkdir()
+    store = LocalStore(tmp_path / "archive")
+    art = published(tmp_path / "run1", store)
+    original = file_bytes(art)
+    for rel in PAYLOADS:
+        (art / rel).unlink()
+    flag, waiting = tmp_path / "paused", tmp_path / "waiting"
+    args = ("restore", "--artifact-dir", str(art))
+    first = start_cli(*args, env={"CKPTFLOW_TEST_PAUSE_AT": "restore:before-download", "CKPTFLOW_TEST_PAUSE_FILE": str(flag)})
+    wait_for_file(flag, first)
+    # The second waits for the artifact's restore lock, naming its holder, then finds the first one's files.
+    second = start_cli(*args, env={"CKPTFLOW_TEST_PAUSE_AT": "restore:lock-wait", "CKPTFLOW_TEST_PAUSE_FILE": str(waiting)})
+    wait_for_file(waiting, second)
+    waiting.unlink()
+    flag.unlink()
+    out, err = first.communicate(timeout=120)
+    out2, err2 = second.communicate(timeout=120)
+    assert first.returncode == 0, err
+    assert second.returncode == 0, err2
+    assert json.loads(out)["status"] == "restored"
+    assert json.loads(out2)["status"] == "already-local" and json.loads(out2)["downloaded_bytes"] == 0
+    assert file_bytes(art) == original
+    assert not list(art.parent.glob("*.lock"))
+
+
+def test_a_receipt_whose_bucket_was_deleted_is_a_clear_error(tmp_path, seaweedfs_credentials_path):
+    bucket = f"ckptflow-t-{uuid.uuid4().hex[:16]}"  # its own bucket: this test deletes it
+    servers.create_bucket(seaweedfs_credentials_path, bucket)
+    try:
+        art = published(tmp_path / "run1", S3Store(bucket, load_credentials(seaweedfs_credentials_path)))
+    finally:
+        servers.remove_bucket(seaweedfs_credentials_path, bucket)
+    (art / "model.pt").unlink()
+    before = tree_bytes(art.parent)
+    proc = restore(art, ["--credentials", str(seaweedfs_credentials_path)])
+    assert proc.returncode == 1 and proc.report["error"]["type"] == "NotFound", proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert ".uploaded" in line and "deleted or moved" in line and f"s3://{bucket}/" in line
+    assert tree_bytes(art.parent) == before
