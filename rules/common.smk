@@ -242,3 +242,8 @@ def get_records_fingerprint(wildcards):
                 remedy="run `snakemake` (the status table) first, then `snakemake --report`",
             )
     return current
+
+
+def get_scrub_report(wildcards):
+    """The scrub report of config scrub_subset: scrub/K-of-N.json, or scrub/all.json for every file."""
+    return f"{REPORTS}/scrub/{ckptflow_workflow.scrub_slice_name(config['scrub_subset'])}.json"

@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _read_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     if not report["read_data"]:
         return []
-    rows = [("read", f"{human_bytes(report.get('bytes_read', 0))} at {report.get('throughput_mib_s', 0)} MiB/s")]
+    speed = f" at {report['throughput_mib_s']} MiB/s" if "throughput_mib_s" in report else ""
+    rows = [("read", f"{human_bytes(report.get('bytes_read', 0))}{speed}")]
     return rows + ([("subset", report["subset"])] if report.get("subset") else [])
 
 
