@@ -3,6 +3,7 @@
 #   snakemake -n publish_all          pending publications (every committed artifact without its own receipt)
 #   snakemake publish_all             publish them
 #   snakemake verify_all / prune_all  verify every published artifact / free their local payloads
+#   snakemake scrub_all --forcerun scrub   read back and hash every published artifact (config scrub_subset)
 #   snakemake merge_experts --config iter=300        the merge recipe of iteration 300
 #   snakemake materialize_teacher --config iter=300  its teacher: local artifact, else fetched from the archive
 #   snakemake status (the default target)            the status table of every run; --report includes it
