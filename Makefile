@@ -94,7 +94,7 @@ bench: setup
 	$(BIN)/python tests/helpers/servers.py down --root .ckptflow/bench-servers >/dev/null; rm -rf .ckptflow/bench-servers; \
 	trap '$(BIN)/python tests/helpers/servers.py down --root .ckptflow/bench-servers; rm -rf .ckptflow/bench-servers' EXIT; \
 	$(BIN)/python tests/helpers/servers.py up --only seaweedfs --profile demo --root .ckptflow/bench-servers >/dev/null || exit $$?; \
-	for b in transfer publish fetch ls; do \
+	for b in transfer publish fetch ls scrub; do \
 	  test -f bench/$$b.py || continue; \
 	  echo "== bench/$$b.py" >&2; \
 	  $(BIN)/python bench/$$b.py --credentials .ckptflow/bench-servers/credentials-seaweedfs.json || exit $$?; \

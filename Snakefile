@@ -4,6 +4,7 @@
 #   snakemake publish_all             publish them
 #   snakemake verify_all / prune_all  verify every published artifact / free their local payloads
 #   snakemake restore --config iter=300 [run=R] / restore_all [--config run=R]  refill pruned artifacts in place
+#   snakemake scrub_all --forcerun scrub   read back and hash every published artifact (config scrub_subset)
 #   snakemake merge_experts --config iter=300        the merge recipe of iteration 300
 #   snakemake materialize_teacher --config iter=300  its teacher: local artifact, else fetched from the archive
 #   snakemake status (the default target)            the status table of every run; --report includes it

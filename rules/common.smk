@@ -269,3 +269,11 @@ def get_all_restore_reports(wildcards):
     return reports + [
         f"{RUNS}/{run}/checkpoint_artifacts/{it}/{MANIFEST}" for run, it, _ in scope
     ]
+
+
+# ------------------------------------------------------------------ scrub
+
+
+def get_scrub_report(wildcards):
+    """The scrub report of config scrub_subset: scrub/K-of-N.json, or scrub/all.json for every file."""
+    return f"{REPORTS}/scrub/{ckptflow_workflow.scrub_slice_name(config['scrub_subset'])}.json"

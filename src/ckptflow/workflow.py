@@ -483,6 +483,31 @@ def verify_step(artifact_dir: str, credentials: str | None, report_path: str) ->
     return report
 
 
+def scrub_slice_name(subset: str | None) -> str:
+    """The scrub report's name for config ``scrub_subset``: ``all``, or ``K-of-N`` for ``K/N`` (checked)."""
+    from .archive.verify import Subset
+
+    if subset is None:
+        return "all"
+    parsed = Subset.parse(str(subset))
+    return f"{parsed.k}-of-{parsed.n}"
+
+
+def scrub_step(runs_root: str, credentials: str | None, slice_name: str, report_path: str) -> dict[str, Any]:
+    """Scrub every published artifact under ``runs_root`` (``slice_name``: ``all`` or ``K-of-N``) and write
+    the report; damage fails the job, naming the objects."""
+    from .archive.scrub import scrub_runs_root
+    from .archive.verify import Subset
+
+    subset = None if slice_name == "all" else Subset.parse(slice_name.replace("-of-", "/"))
+    result = scrub_runs_root(Path(runs_root), store_factory(credentials), subset=subset)
+    if not result.ok:
+        raise VerificationFailed(result.failure_line())
+    report = result.to_report()
+    _write_report(report_path, report)
+    return report
+
+
 def prune_step(artifact_dir: str, credentials: str | None, report_path: str) -> dict[str, Any]:
     """Prune one artifact if every check holds; a kept artifact is a result (in the report), not a failure."""
     from .archive.prune import prune_verified

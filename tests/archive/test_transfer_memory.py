@@ -1,4 +1,4 @@
-"""Streaming: publishing and fetching an artifact larger than the memory ceiling stays under it.
+"""Streaming: publishing, fetching and scrubbing an artifact larger than the memory ceiling stays under it.
 
 The real CLI runs in a child process whose anonymous RSS is sampled (``tests/helpers/memory.py``). The
 ceiling is 300 MiB: the interpreter and boto3 (about 100 MiB) plus the transfer's bounded window of
@@ -41,3 +41,9 @@ def test_publish_and_fetch_of_a_larger_artifact_stay_under_the_memory_ceiling(
     assert 0 < peak < CEILING, f"fetch peaked at {peak / MiB:.0f} MiB anonymous memory"
     fetched = stage / art.name / "model.pt"
     assert fetched.stat().st_size == MODEL and fetched.read_bytes() == (art / "model.pt").read_bytes()
+
+    # A scrub reads every object back through the same ranged stream, holding no whole file either.
+    peak, proc = peak_rss_anon([*cli, "verify", "--artifact-dir", str(art), "--read-data",
+                                "--credentials", str(seaweedfs_credentials_path)], cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert 0 < peak < CEILING, f"verify --read-data peaked at {peak / MiB:.0f} MiB anonymous memory"

@@ -32,6 +32,31 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 300, json_repo
     return proc
 
 
+# Runs the verb in this interpreter and, at exit, tells on stderr how many bytes the whole process passed
+# to write calls (``wchar`` of ``/proc/self/io``, every thread counted): files, pipes and terminals alike.
+_COUNTING_WRITES = (
+    "import atexit, os, runpy, sys\n"
+    "def told():\n"
+    "    with open('/proc/self/io') as fh:\n"
+    "        io = dict(line.split(': ') for line in fh.read().splitlines())\n"
+    "    os.write(2, ('\\n%s %s\\n' % ('bytes-written', io['wchar'])).encode())\n"
+    "atexit.register(told)\n"
+    "sys.argv[0] = 'ckptflow'\n"
+    "runpy.run_module('ckptflow', run_name='__main__')\n"
+)
+
+
+def run_cli_counting_writes(*args: str, env: dict | None = None, timeout: float = 300) -> tuple[subprocess.CompletedProcess, int]:
+    """``run_cli``, and the bytes the process wrote in all (stdout and stderr included): a verb that must
+    write nothing to disk is held to a few KiB of report and log."""
+    proc = subprocess.run([sys.executable, "-c", _COUNTING_WRITES, *args], capture_output=True, text=True,
+                          env=_env(env), timeout=timeout, cwd=REPO)
+    proc.report = json.loads(proc.stdout) if proc.stdout.strip() else None  # type: ignore[attr-defined]
+    told = [line for line in proc.stderr.splitlines() if line.startswith("bytes-written ")]
+    assert told, proc.stderr[-3000:]
+    return proc, int(told[-1].split()[1])
+
+
 def start_cli(*args: str, env: dict | None = None) -> subprocess.Popen:
     """Start one verb in the background (for pause points, races and SIGKILL)."""
     return subprocess.Popen([sys.executable, "-m", "ckptflow", *args], stdout=subprocess.PIPE,

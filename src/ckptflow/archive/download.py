@@ -59,11 +59,13 @@ class _FileProgress:
             testhooks.reached(f"fetch:mid-file:{self._path}")
 
 
-def _range_size(store: ObjectStore) -> int:
+def download_range_size(store: ObjectStore) -> int:
+    """The range size a download (fetch, or a read back by verify) uses with ``store``."""
     return getattr(store, "download_range_size", None) or getattr(store, "range_size", None) or DEFAULT_RANGE_SIZE
 
 
-def _connections(store: ObjectStore) -> int:
+def download_connections(store: ObjectStore) -> int:
+    """The connections a download (fetch, or a read back by verify) keeps busy with ``store``."""
     return getattr(store, "download_concurrency", None) or getattr(store, "concurrency", None) or DEFAULT_CONCURRENCY
 
 
@@ -183,7 +185,7 @@ def _download(store: ObjectStore, prefix: str, staged: Path, todo: list[FileEntr
             for entry, _, part, offset, hasher in jobs
         ]
         try:
-            download_batch(files, concurrency=_connections(store), range_size=_range_size(store), finish=commit)
+            download_batch(files, concurrency=download_connections(store), range_size=download_range_size(store), finish=commit)
         except BaseException:
             _settle_parts(jobs, committed, no_clobber)
             raise

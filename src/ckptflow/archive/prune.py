@@ -39,7 +39,7 @@ from ..records import receipt as receipt_record
 from ..records import verification as verification_record
 from .keys import ARTIFACTS_DIR
 from .release import Checked, NotProven, prove_release, unlink_checked
-from .verify import READ_ALL, READ_NONE, check_binding
+from .verify import DAMAGED, READ_ALL, READ_NONE, check_binding
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ def _plan_one(artifact_dir: Path, store_for, read: str, progress: bool | None,
     except NotProven as exc:
         # An object missing or changed (remote, or a local payload rewritten since publish): the archive no
         # longer matches the receipt. Only "unverifiable" (no proof without reading) is a mere missing proof.
-        raise _Keep(str(exc), error=any(s.state in ("missing", "changed") for s in exc.states)) from None
+        raise _Keep(str(exc), error=any(s.state in DAMAGED for s in exc.states)) from None
     except CkptflowError as exc:
         raise _Keep(str(exc)) from None
 

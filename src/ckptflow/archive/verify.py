@@ -10,21 +10,30 @@ object: anyone can write it beside other bytes. An object whose receipt records 
 (the endpoint computes none, or an older receipt) is ``unverifiable`` unless its bytes are read and
 hashed; on ``file://`` the bytes are local, so they are always read.
 
+Reading back (``--read-data``) streams every object to be read through fetch's concurrent ranged GETs
+and hashes the ranges in order as they arrive (``transfer.hash_batch``): nothing is written to disk
+and memory stays within the range window. ``Subset`` picks a stable slice of the objects for a
+scrub spread over scheduled runs.
+
 Each object ends in one state: ``ok``, ``missing``, ``changed`` (size, digest or server checksum
-differs, or the recorded server checksum is gone: the object was replaced), or ``unverifiable``.
+differs, or the recorded server checksum is gone: the object was replaced), ``mismatch`` (its bytes,
+read back, are not the declared ones), or ``unverifiable``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
-import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
-from ..digest import sha256_bytes
-from ..errors import NotFound, Refused, VerificationFailed
+from ..digest import FileDigest, sha256_bytes
+from ..errors import NotFound, Refused, UsageError, VerificationFailed
 from ..fsutil import require_directory
+from ..progress import ByteProgress
 from ..records import declaration as declaration_record
 from ..records import receipt as receipt_record
 from ..records import utc_timestamp
@@ -32,24 +41,30 @@ from ..records import verification as verification_record
 from ..records.inventory import FileEntry
 from ..store.base import ObjectStore
 from ..store.open import check_destination as open_check_destination
+from ..store.transfer import HashedObject, hash_batch
+from .download import download_connections, download_range_size
 from .keys import object_key
 
 log = logging.getLogger(__name__)
 
 HEAD_WORKERS = 16
+MiB = 1024 * 1024
 
 # How much of the remote content is read: none (HEAD proofs only), the objects without a recorded
 # server checksum, or all of them.
 READ_NONE, READ_UNPROVEN, READ_ALL = "none", "unproven", "all"
+# States that say the archive no longer holds the declared bytes (``unverifiable`` only lacks a proof).
+DAMAGED = frozenset({"missing", "changed", "mismatch"})
 
 
 @dataclass(frozen=True, slots=True)
 class ObjectState:
     path: str
     key: str
-    state: str  # ok | missing | changed | unverifiable
+    state: str  # ok | missing | changed | mismatch | unverifiable
     detail: str = ""
     checksum: str | None = None  # the server checksum HEAD reported (for the publisher to record)
+    bytes_read: int = 0  # bytes read back and hashed (--read-data)
 
     def to_dict(self) -> dict[str, str]:
         out = {"path": self.path, "key": self.key, "state": self.state}
@@ -58,14 +73,26 @@ class ObjectState:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class _ToRead:
+    """An object whose HEAD passed and whose bytes are to be read and hashed before it is settled;
+    ``replaced``: the recorded server checksum differs (the object was replaced), said if the bytes
+    agree, since only reading them tells a replacement by identical bytes from a damaged object."""
+
+    entry: FileEntry
+    key: str
+    checksum: str | None
+    replaced: str = ""
+
+
 _NO_PROOF = ("no server checksum was recorded at publication (the endpoint computes none, or the receipt "
              "predates them) and user metadata proves nothing; --read-data hashes the bytes")
 
 
-def _check_one(store: ObjectStore, prefix: str, entry: FileEntry, read: str, recorded: str | None,
-               proof: bool) -> ObjectState:
+def _head_one(store: ObjectStore, prefix: str, entry: FileEntry, read: str, recorded: str | None,
+              proof: bool) -> ObjectState | _ToRead:
     """HEAD one object; with ``proof`` (a receipt's check) it is ``ok`` only when a recorded server
-    checksum is reported unchanged or its bytes were read and hashed."""
+    checksum is reported unchanged or its bytes are read and hashed (then a ``_ToRead``)."""
     key = object_key(prefix, entry.path)
     info = store.head(key)
     if info is None:
@@ -78,22 +105,46 @@ def _check_one(store: ObjectStore, prefix: str, entry: FileEntry, read: str, rec
         return ObjectState(entry.path, key, "changed", f"sha256 metadata {info.sha256}, expected {entry.sha256}")
     if info.checksum_sha256 is not None and info.checksum_sha256 != entry.sha256:
         return ObjectState(entry.path, key, "changed", f"server checksum {info.checksum_sha256}, expected {entry.sha256}")
-    proven = False
+    proven, replaced = False, ""
     if proof and recorded is not None:
         if info.checksum != recorded:
             found = "none" if info.checksum is None else info.checksum
-            return ObjectState(entry.path, key, "changed",
-                               f"server checksum {found}, recorded {recorded} at publication: the object was replaced")
+            replaced = f"server checksum {found}, recorded {recorded} at publication: the object was replaced"
+            if read != READ_ALL:
+                return ObjectState(entry.path, key, "changed", replaced)
         proven = True
     if read == READ_ALL or (read == READ_UNPROVEN and not proven):
-        with tempfile.TemporaryDirectory(prefix="ckptflow-verify-") as tmp:
-            got = store.download_file(key, Path(tmp) / "object", size=info.size)
-        if got.sha256 != entry.sha256 or got.size != entry.size:
-            return ObjectState(entry.path, key, "changed", f"content sha256 {got.sha256}, expected {entry.sha256}")
-        proven = True
+        return _ToRead(entry, key, info.checksum, replaced)
     if proof and not proven:
         return ObjectState(entry.path, key, "unverifiable", _NO_PROOF)
     return ObjectState(entry.path, key, "ok", checksum=info.checksum)
+
+
+def _settle(todo: _ToRead, got: FileDigest | NotFound | VerificationFailed) -> ObjectState:
+    """The state of an object read back: ``missing`` (gone since its HEAD), ``mismatch`` (its bytes are
+    not the declared ones, or fewer), else ``ok`` (``changed`` when it was replaced by identical bytes)."""
+    entry, key = todo.entry, todo.key
+    if isinstance(got, NotFound):
+        return ObjectState(entry.path, key, "missing", "gone since its HEAD")
+    if isinstance(got, VerificationFailed):
+        return ObjectState(entry.path, key, "mismatch", got.message)
+    if got.sha256 != entry.sha256 or got.size != entry.size:
+        return ObjectState(entry.path, key, "mismatch", f"content sha256 {got.sha256}, expected {entry.sha256}",
+                           bytes_read=got.size)
+    if todo.replaced:
+        return ObjectState(entry.path, key, "changed", todo.replaced, bytes_read=got.size)
+    return ObjectState(entry.path, key, "ok", checksum=todo.checksum, bytes_read=got.size)
+
+
+def _read_back(store: ObjectStore, todo: list[_ToRead], progress: bool | None) -> list[ObjectState]:
+    """Read and hash every ``todo`` object as one stream of ranges, with fetch's connections and range
+    size (``transfer.hash_batch``): nothing is written, memory stays within the range window."""
+    if not todo:
+        return []
+    with ByteProgress(sum(t.entry.size for t in todo), "read", progress) as bar:
+        got = hash_batch([HashedObject(t.entry.size, partial(store.open_range, t.key), t.key, bar) for t in todo],
+                         concurrency=download_connections(store), range_size=download_range_size(store))
+    return [_settle(t, g) for t, g in zip(todo, got, strict=True)]
 
 
 def check_remote_inventory(
@@ -105,12 +156,16 @@ def check_remote_inventory(
 
 
 def _check_all(store: ObjectStore, prefix: str, entries, read: str, recorded: dict[str, str] | None,
-               proof: bool = False) -> list[ObjectState]:
+               proof: bool = False, progress: bool | None = False) -> list[ObjectState]:
+    """HEAD every entry concurrently, then read back (one stream) those that need their bytes hashed."""
     if not entries:
         return []
     checksums = recorded or {}
     with ThreadPoolExecutor(max_workers=min(HEAD_WORKERS, len(entries)), thread_name_prefix="verify") as pool:
-        return list(pool.map(lambda e: _check_one(store, prefix, e, read, checksums.get(e.path), proof), entries))
+        heads = list(pool.map(lambda e: _head_one(store, prefix, e, read, checksums.get(e.path), proof), entries))
+    todo = [h for h in heads if isinstance(h, _ToRead)]
+    read_back = iter(_read_back(store, todo, progress))
+    return [next(read_back) if isinstance(h, _ToRead) else h for h in heads]
 
 
 def effective_read(store: ObjectStore, read: str) -> str:
@@ -118,13 +173,43 @@ def effective_read(store: ObjectStore, read: str) -> str:
     return READ_ALL if store.destination.scheme == "file" else read
 
 
-def check_receipt(store: ObjectStore, receipt: receipt_record.Receipt, *, read: str = READ_NONE) -> list[ObjectState]:
+@dataclass(frozen=True, slots=True)
+class Subset:
+    """Slice ``k`` of ``n`` of an archive's objects, for a scrub spread over ``n`` scheduled runs.
+
+    An object is in slice ``1 + h % n``, where ``h`` is the first 8 bytes of the SHA-256 of its object
+    key: the slices of ``1/n`` … ``n/n`` are disjoint and cover every object, and an object's slice
+    depends on its own key only, so it stays the same from run to run while artifacts are published,
+    pruned or fetched beside it (a sorted index would move every later object when one is added).
+    Slices are even in expectation, not exactly.
+    """
+
+    k: int
+    n: int
+
+    @classmethod
+    def parse(cls, text: str) -> Subset:
+        k, sep, n = text.partition("/")
+        if sep and k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n):
+            return cls(int(k), int(n))
+        raise UsageError(f"subset {text!r} is not K/N with 1 <= K <= N", remedy="pass --subset 1/7 … 7/7")
+
+    def holds(self, key: str) -> bool:
+        return int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big") % self.n == self.k - 1
+
+    def __str__(self) -> str:
+        return f"{self.k}/{self.n}"
+
+
+def check_receipt(store: ObjectStore, receipt: receipt_record.Receipt, *, read: str = READ_NONE,
+                  subset: Subset | None = None, progress: bool | None = False) -> list[ObjectState]:
     """The proof a receipt gives, the one check verify, prune-verified and publish --delete-local run:
-    the declaration first, then every recorded file, in receipt order."""
+    the declaration first, then every recorded file (those of ``subset`` only), in receipt order."""
     prefix = receipt.destination.prefix
+    files = [f for f in receipt.files if subset is None or subset.holds(object_key(prefix, f.path))]
     states = [check_declaration(store, prefix, receipt.declaration_sha256)]
-    return states + _check_all(store, prefix, receipt.files, effective_read(store, read), receipt.server_checksums,
-                               proof=True)
+    return states + _check_all(store, prefix, files, effective_read(store, read), receipt.server_checksums,
+                               proof=True, progress=progress)
 
 
 def check_declaration(store: ObjectStore, prefix: str, expected_sha256: str) -> ObjectState:
@@ -133,10 +218,12 @@ def check_declaration(store: ObjectStore, prefix: str, expected_sha256: str) -> 
     info = store.head(key)
     if info is None:
         return ObjectState(declaration_record.FILENAME, key, "missing")
-    got = sha256_bytes(store.get_bytes(key))
+    data = store.get_bytes(key)
+    got = sha256_bytes(data)
     if got != expected_sha256:
-        return ObjectState(declaration_record.FILENAME, key, "changed", f"sha256 {got}, expected {expected_sha256}")
-    return ObjectState(declaration_record.FILENAME, key, "ok")
+        return ObjectState(declaration_record.FILENAME, key, "changed", f"sha256 {got}, expected {expected_sha256}",
+                           bytes_read=len(data))
+    return ObjectState(declaration_record.FILENAME, key, "ok", bytes_read=len(data))
 
 
 def describe_failures(states: list[ObjectState], limit: int = 5) -> str:
@@ -191,10 +278,17 @@ class VerifyResult:
     objects: list[ObjectState]
     read_data: bool = False
     receipt_sha256: str | None = None  # of the receipt's bytes that were checked
+    subset: Subset | None = None
+    seconds: float = 0.0
+    scrub: bool = False  # the bytes were asked for (--read-data), so the report gives the time they took
 
     @property
     def ok(self) -> bool:
         return all(o.state == "ok" for o in self.objects)
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(o.bytes_read for o in self.objects)
 
     def to_report(self) -> dict:
         """The ``verify`` report (schemas/report_verify.schema.json), for the CLI and the workflow alike."""
@@ -204,6 +298,7 @@ class VerifyResult:
             "destination": self.receipt.destination.to_dict(),
             "read_data": self.read_data,
             "objects": [o.to_dict() for o in self.objects],
+            **read_figures(self.subset, self.bytes_read, self.seconds if self.scrub else None),
         }
 
     def failure_line(self) -> str:
@@ -213,11 +308,25 @@ class VerifyResult:
         )
 
 
-def verify_artifact(artifact_dir: Path | str, store_for, *, read_data: bool = False, record: bool = False) -> VerifyResult:
+def read_figures(subset: Subset | None, bytes_read: int, seconds: float | None) -> dict:
+    """The report's read figures: the slice, the bytes read back and hashed and, for a scrub (``seconds``
+    given), the time and the throughput. A plain verify (on ``file://`` its bytes are read too) leaves the
+    timings out, so the same archive gives the same report byte for byte."""
+    figures = {"subset": None if subset is None else str(subset), "bytes_read": bytes_read}
+    if seconds is not None:
+        figures["seconds"] = round(seconds, 3)
+        figures["throughput_mib_s"] = round(bytes_read / MiB / seconds, 1) if seconds else 0.0
+    return figures
+
+
+def verify_artifact(artifact_dir: Path | str, store_for, *, read_data: bool = False, subset: Subset | None = None,
+                    progress: bool | None = False, record: bool = False) -> VerifyResult:
     """Check the remote objects recorded in ``artifact_dir/.uploaded`` (``check_receipt``); on ``file://``
-    the bytes are always read. With ``record`` (``ckptflow verify``), the outcome, verified or failed, is
-    written to ``.verified.json`` beside the receipt, where ``status`` finds it; the workflow's verify step
-    writes its report instead (its only output), and status's live check only looks.
+    the bytes are always read. ``subset`` (with ``read_data``): only the files of that slice. With ``record``
+    (``ckptflow verify`` of one artifact), the outcome of a whole check, verified or failed, is written to
+    ``.verified.json`` beside the receipt, where ``status`` finds it (a slice proves nothing about the other
+    files: not recorded); the workflow's verify step writes its report instead (its only output), and
+    status's live check and the scrub only look.
 
     ``store_for(receipt_destination)`` returns the store for the receipt's scheme and bucket, opened
     with the caller's credentials; its endpoint must equal the receipt's.
@@ -235,10 +344,12 @@ def verify_artifact(artifact_dir: Path | str, store_for, *, read_data: bool = Fa
     log.info("verifying %s against %s://%s/%s at %s: %s", artifact_dir, dest.scheme, dest.bucket, dest.prefix,
              dest.endpoint, "reading and hashing every object" if read == READ_ALL
              else "HEAD: sizes and server checksums (sha256 metadata alone proves nothing)")
-    states = check_receipt(store, receipt, read=read)
+    started = time.monotonic()
+    states = check_receipt(store, receipt, read=read, subset=subset, progress=progress)
     result = VerifyResult(artifact_dir=artifact_dir, receipt=receipt, objects=states, read_data=read == READ_ALL,
+                          subset=subset, seconds=time.monotonic() - started, scrub=read_data,
                           receipt_sha256=receipt_sha256)
-    if record:
+    if record and subset is None:
         _record_outcome(result)
     return result
 

@@ -1,0 +1,77 @@
+"""Scrubbing a runs root: ``verify --read-data`` of every published artifact under it, in one command.
+
+Every committed artifact under the runs root (``artifact.committed_artifacts``, what ``status`` shows)
+that holds a ``.uploaded`` receipt is verified with its bytes read back (``verify.verify_artifact``,
+optionally one ``Subset`` of its files), one artifact after another, each as one stream of ranges;
+an artifact without a receipt is listed as ``skipped`` (nothing to scrub), and one whose receipt
+cannot be used (legacy, another artifact's, another endpoint's) as ``failed`` with the reason, while
+the others are still read. Nothing is written anywhere.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..artifact import ARTIFACTS_DIR, committed_artifacts
+from ..errors import CkptflowError
+from ..fsutil import require_directory
+from ..records import receipt as receipt_record
+from .verify import Subset, VerifyResult, describe_failures, read_figures, verify_artifact
+
+
+@dataclass
+class ScrubResult:
+    runs_root: Path
+    subset: Subset | None
+    verified: list[VerifyResult] = field(default_factory=list)
+    refused: list[tuple[Path, str]] = field(default_factory=list)  # artifacts whose receipt could not be used
+    skipped: list[Path] = field(default_factory=list)  # committed artifacts without a receipt
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.refused and all(r.ok for r in self.verified)
+
+    def to_report(self) -> dict:
+        """The ``verify --all-under`` report (schemas/report_verify.schema.json)."""
+        rows = [{"artifact_dir": str(r.artifact_dir), "status": "verified" if r.ok else "failed",
+                 "destination": r.receipt.destination.to_dict(), "objects": [o.to_dict() for o in r.objects],
+                 "bytes_read": r.bytes_read} for r in self.verified]
+        rows += [{"artifact_dir": str(a), "status": "failed", "detail": why} for a, why in self.refused]
+        rows += [{"artifact_dir": str(a), "status": "skipped", "detail": "no .uploaded receipt: not published"}
+                 for a in self.skipped]
+        return {
+            "status": "verified" if self.ok else "failed",
+            "runs_root": str(self.runs_root),
+            "read_data": True,
+            "artifacts": sorted(rows, key=lambda row: row["artifact_dir"]),
+            **read_figures(self.subset, sum(r.bytes_read for r in self.verified), self.seconds),
+        }
+
+    def failure_line(self) -> str:
+        bad = [f"{r.artifact_dir}: {describe_failures(r.objects, limit=2)}" for r in self.verified if not r.ok]
+        bad += [f"{a}: {why}" for a, why in self.refused]
+        more = f" (+{len(bad) - 3} more artifacts)" if len(bad) > 3 else ""
+        return (f"scrub of {self.runs_root} found damage: {'; '.join(bad[:3])}{more}; keep the local copies and "
+                "republish the damaged artifacts to a new destination")
+
+
+def scrub_runs_root(runs_root: Path | str, store_for, *, subset: Subset | None = None,
+                    progress: bool | None = False) -> ScrubResult:
+    """Read back and hash every published artifact under ``runs_root`` (see the module docstring)."""
+    root = require_directory(runs_root, "runs root", "pass the directory holding the runs")
+    result = ScrubResult(root, subset)
+    started = time.monotonic()
+    for run, name in committed_artifacts(root):
+        art = root / run / ARTIFACTS_DIR / name
+        if not receipt_record.path_in(art).exists():
+            result.skipped.append(art)
+            continue
+        try:
+            result.verified.append(verify_artifact(art, store_for, read_data=True, subset=subset, progress=progress))
+        except CkptflowError as exc:  # this artifact's receipt or destination: named, the others still read
+            result.refused.append((art, str(exc)))
+    result.seconds = time.monotonic() - started
+    return result
