@@ -26,6 +26,7 @@ from typing import Any
 from . import __version__
 from .commands import ReportedFailure, extra_of, missing_extra, summary
 from .errors import CkptflowError, ConflictError, MissingExtra, OutOfSpace, Refused, UsageError
+from .store.open import credentials_used, forget_credentials_used
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -89,6 +90,7 @@ class _Output:
         self.verb, self.as_json, self.args = verb, as_json, args
 
     def report(self, report: dict[str, Any], elapsed: float) -> None:
+        report = _with_credentials(report)
         if self.as_json:
             return _emit(report)
         try:
@@ -102,11 +104,20 @@ class _Output:
     def error(self, report: dict[str, Any], line: str) -> None:
         """A refusal, failure or usage error: the JSON report, or on a terminal its one stderr line
         (already written there), repeated on stdout only when stderr is not the same terminal."""
+        report = _with_credentials(report)
         if self.as_json:
             return _emit(report)
         if not _same_file(sys.stdout, sys.stderr):
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
+
+
+def _with_credentials(report: dict[str, Any]) -> dict[str, Any]:
+    """Every report, errors included, names where the command's credentials came from (never a key):
+    ``{"source": "file"|"env:CKPTFLOW_CREDENTIALS", "path"}``, ``{"source": "aws-chain", "method"}``, or
+    null when it read none (no store opened, or only ``file://`` ones)."""
+    used = credentials_used()
+    return {**report, "credentials": used.as_dict() if used is not None else None}
 
 
 def _error_report(status: str, exc: BaseException) -> dict[str, Any]:
@@ -118,6 +129,7 @@ def _error_report(status: str, exc: BaseException) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    forget_credentials_used()
     logging.basicConfig(
         level=logging.INFO if args.verbose or getattr(args, "verbose_verb", False) else logging.WARNING,
         format="ckptflow: %(levelname)s: %(message)s",
