@@ -26,7 +26,6 @@ from typing import Any
 from . import __version__
 from .commands import ReportedFailure, extra_of, missing_extra, summary
 from .errors import CkptflowError, ConflictError, MissingExtra, OutOfSpace, Refused, UsageError
-from .store.open import credentials_used, forget_credentials_used
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -116,8 +115,16 @@ def _with_credentials(report: dict[str, Any]) -> dict[str, Any]:
     """Every report, errors included, names where the command's credentials came from (never a key):
     ``{"source": "file"|"env:CKPTFLOW_CREDENTIALS", "path"}``, ``{"source": "aws-chain", "method"}``, or
     null when it read none (no store opened, or only ``file://`` ones)."""
+    from .store.open import credentials_used  # here, not at the top: `ckptflow --help` stays light
+
     used = credentials_used()
     return {**report, "credentials": used.as_dict() if used is not None else None}
+
+
+def _forget_credentials_used() -> None:
+    opened = sys.modules.get("ckptflow.store.open")  # never imported: nothing was noted
+    if opened is not None:
+        opened.forget_credentials_used()
 
 
 def _error_report(status: str, exc: BaseException) -> dict[str, Any]:
@@ -129,7 +136,7 @@ def _error_report(status: str, exc: BaseException) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    forget_credentials_used()
+    _forget_credentials_used()  # a report names only this command's credentials
     logging.basicConfig(
         level=logging.INFO if args.verbose or getattr(args, "verbose_verb", False) else logging.WARNING,
         format="ckptflow: %(levelname)s: %(message)s",
