@@ -89,6 +89,7 @@ class _Output:
         self.verb, self.as_json, self.args = verb, as_json, args
 
     def report(self, report: dict[str, Any], elapsed: float) -> None:
+        report = _with_credentials(report)
         if self.as_json:
             return _emit(report)
         try:
@@ -102,11 +103,28 @@ class _Output:
     def error(self, report: dict[str, Any], line: str) -> None:
         """A refusal, failure or usage error: the JSON report, or on a terminal its one stderr line
         (already written there), repeated on stdout only when stderr is not the same terminal."""
+        report = _with_credentials(report)
         if self.as_json:
             return _emit(report)
         if not _same_file(sys.stdout, sys.stderr):
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
+
+
+def _with_credentials(report: dict[str, Any]) -> dict[str, Any]:
+    """Every report, errors included, names where the command's credentials came from (never a key):
+    ``{"source": "file"|"env:CKPTFLOW_CREDENTIALS", "path"}``, ``{"source": "aws-chain", "method"}``, or
+    null when it read none (no store opened, or only ``file://`` ones)."""
+    from .store.open import credentials_used  # here, not at the top: `ckptflow --help` stays light
+
+    used = credentials_used()
+    return {**report, "credentials": used.as_dict() if used is not None else None}
+
+
+def _forget_credentials_used() -> None:
+    opened = sys.modules.get("ckptflow.store.open")  # never imported: nothing was noted
+    if opened is not None:
+        opened.forget_credentials_used()
 
 
 def _error_report(status: str, exc: BaseException) -> dict[str, Any]:
@@ -118,6 +136,7 @@ def _error_report(status: str, exc: BaseException) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _forget_credentials_used()  # a report names only this command's credentials
     logging.basicConfig(
         level=logging.INFO if args.verbose or getattr(args, "verbose_verb", False) else logging.WARNING,
         format="ckptflow: %(levelname)s: %(message)s",

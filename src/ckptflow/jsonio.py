@@ -10,6 +10,7 @@ so a checkout and an installed wheel validate against the same single copy.
 from __future__ import annotations
 
 import json
+import re
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -74,6 +75,10 @@ def load_schema(name: str) -> dict[str, Any]:
     return json.loads(ref.read_text(encoding="utf-8"))
 
 
+# A reference to a whole schema file beside the referring one: a part several schemas share.
+_SHARED_REF = re.compile(r"[a-z0-9_]+\.schema\.json")
+
+
 @cache
 def _validator(name: str) -> jsonschema.protocols.Validator:
     schema = load_schema(name)
@@ -85,12 +90,19 @@ def _validator(name: str) -> jsonschema.protocols.Validator:
 def _inline_local_refs(node: Any, defs: dict[str, Any], seen: tuple[str, ...] = ()) -> Any:
     """``node`` with each ``{"$ref": "#/$defs/X"}`` replaced by X itself (the same constraints): resolving
     references on every validation was most of the cost of reading a thousand records. A recursive
-    definition keeps its reference."""
+    definition keeps its reference. ``{"$ref": "NAME.schema.json"}`` is a part several schemas share
+    (one file beside them, such as ``credentials_source``), inlined the same way."""
     if isinstance(node, list):
         return [_inline_local_refs(v, defs, seen) for v in node]
     if not isinstance(node, dict):
         return node
     ref = node.get("$ref")
+    if isinstance(ref, str) and _SHARED_REF.fullmatch(ref) and ref not in seen:
+        shared = load_schema(ref.removesuffix(".schema.json"))
+        body = {k: v for k, v in shared.items() if k not in ("$schema", "$id", "$defs", "title")}
+        target = _inline_local_refs(body, shared.get("$defs", {}), (*seen, ref))
+        rest = {k: _inline_local_refs(v, defs, seen) for k, v in node.items() if k != "$ref"}
+        return {"allOf": [target, rest]} if rest else target
     if isinstance(ref, str) and ref.startswith("#/$defs/") and ref[8:] in defs and ref[8:] not in seen:
         name = ref[8:]
         target = _inline_local_refs(defs[name], defs, (*seen, name))

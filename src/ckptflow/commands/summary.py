@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -97,7 +98,7 @@ def _value(value: Any) -> str:
 
 def generic(report: dict[str, Any], elapsed: float | None) -> str:
     """``status`` first, then every other key of the report as ``key: value``."""
-    rows = [(key, _value(report[key])) for key in sorted(report) if key != "status"]
+    rows = [(key, _value(report[key])) for key in sorted(report) if key not in ("status", "credentials")]
     return block(f"{report.get('status', 'done')}", rows, elapsed)
 
 
@@ -107,5 +108,20 @@ def render(verb: str, report: dict[str, Any], elapsed: float | None, args: Any =
     module = importlib.import_module(f"{__package__}.{verb.replace('-', '_')}")
     summarize = getattr(module, "summarize", generic)
     if args is not None and "args" in inspect.signature(summarize).parameters:
-        return summarize(report, elapsed, args=args)
-    return summarize(report, elapsed)
+        return with_credentials(summarize(report, elapsed, args=args), report)
+    return with_credentials(summarize(report, elapsed), report)
+
+
+def with_credentials(text: str, report: dict[str, Any]) -> str:
+    """``text`` with one ``credentials  file /path`` (or ``aws-chain env``) row before its ``took`` row,
+    when the report names a credentials source."""
+    used = report.get("credentials")
+    if not used:
+        return text
+    detail = used.get("method") if used.get("source") == "aws-chain" else used.get("path")
+    lines = text.split("\n")
+    took = re.match(r"  took( +)", lines[-1])
+    width = len("took") + len(took.group(1)) - 2 if took else 0
+    lines.insert(len(lines) - 1 if took else len(lines),
+                 f"  {'credentials':<{width}}  {used.get('source')} {detail or '(nothing found)'}")
+    return "\n".join(lines)

@@ -9,12 +9,17 @@ The file (``--credentials`` or ``$CKPTFLOW_CREDENTIALS``) holds exactly one JSON
 concerned: they never appear in a repr, a record, a report, a log line or an exception message. What
 records may store is ``endpoint_authority`` (host[:port]). For the same reason an ``endpoint_url`` that
 carries userinfo (``https://user:pass@host``), a query or a fragment is refused.
+
+Where credentials come from, first match wins: the ``--credentials`` file, else the file
+``$CKPTFLOW_CREDENTIALS`` names, else (``s3://`` only) botocore's standard chain. ``CredentialsSource`` says
+which one a store used (a path or botocore's method name, never a key) for the reports; ``SOURCES_IN_ORDER``
+names them in that order, for the error that none of them had keys.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -22,6 +27,13 @@ from ..errors import InvalidRecord, NotFound
 from ..jsonio import read_json_object
 
 ENV_VAR = "CKPTFLOW_CREDENTIALS"
+FROM_FILE, FROM_ENV, FROM_CHAIN = "file", f"env:{ENV_VAR}", "aws-chain"
+SOURCES_IN_ORDER = (
+    "--credentials FILE",
+    f"${ENV_VAR}",
+    "botocore's standard chain (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE with ~/.aws/credentials "
+    "and ~/.aws/config, container and instance roles; s3:// only)",
+)
 _REQUIRED = ("aws_access_key_id", "aws_secret_access_key")
 _OPTIONAL = ("endpoint_url", "region_name")
 _REMEDY = (
@@ -31,11 +43,28 @@ _REMEDY = (
 
 
 @dataclass(frozen=True, slots=True)
+class CredentialsSource:
+    """Where a store's credentials came from: ``file`` or ``env:CKPTFLOW_CREDENTIALS`` with the file's
+    path, or ``aws-chain`` with botocore's method (``env``, ``shared-credentials-file``, ``iam-role`` …;
+    None when the chain found nothing). Safe to show: it holds no key."""
+
+    source: str
+    path: str | None = None
+    method: str | None = None
+
+    def as_dict(self) -> dict[str, str | None]:
+        if self.source == FROM_CHAIN:
+            return {"source": self.source, "method": self.method}
+        return {"source": self.source, "path": self.path}
+
+
+@dataclass(frozen=True, slots=True)
 class Credentials:
     aws_access_key_id: str
     aws_secret_access_key: str
     endpoint_url: str | None = None
     region_name: str | None = None
+    origin: CredentialsSource | None = field(default=None, compare=False)  # where they were read from
 
     def __post_init__(self) -> None:
         for name in _REQUIRED:
@@ -77,8 +106,9 @@ def _check_endpoint_url(url: str) -> None:
         raise InvalidRecord("credentials field 'endpoint_url' has a query or fragment", remedy="remove it")
 
 
-def load_credentials(path: Path | str) -> Credentials:
-    """Read and validate a credentials file; errors name the file and the field, never a value."""
+def load_credentials(path: Path | str, origin: CredentialsSource | None = None) -> Credentials:
+    """Read and validate a credentials file; errors name the file and the field, never a value.
+    ``origin`` says how the file was named (default: a ``file`` source with this path)."""
     path = Path(path).expanduser()
     what = f"credentials file {path}"
     try:
@@ -109,7 +139,8 @@ def load_credentials(path: Path | str) -> Credentials:
                 f"{what}: field {name!r} must be a non-empty string, found {kind}", remedy=_REMEDY, path=str(path)
             )
     try:
-        return Credentials(**{k: obj.get(k) for k in _REQUIRED + _OPTIONAL})
+        return Credentials(**{k: obj.get(k) for k in _REQUIRED + _OPTIONAL},
+                           origin=origin or CredentialsSource(FROM_FILE, os.path.abspath(path)))
     except InvalidRecord as exc:
         raise InvalidRecord(f"{what}: {exc.message}", remedy=exc.remedy, path=str(path)) from None
 
@@ -129,9 +160,16 @@ def endpoint_authority(creds: Credentials | None) -> str:
     return f"{host}:{parts.port}" if parts.port is not None else host
 
 
+def resolve_credentials_source(arg: str | os.PathLike[str] | None) -> CredentialsSource | None:
+    """The credentials file to use and how it was named: ``arg`` if given (``file``), else
+    ``$CKPTFLOW_CREDENTIALS`` (``env:CKPTFLOW_CREDENTIALS``), else None (the store's default, if any)."""
+    if arg is not None and str(arg) != "":
+        return CredentialsSource(FROM_FILE, os.path.abspath(Path(arg).expanduser()))
+    env = os.environ.get(ENV_VAR, "")
+    return CredentialsSource(FROM_ENV, os.path.abspath(Path(env).expanduser())) if env else None
+
+
 def resolve_credentials_path(arg: str | os.PathLike[str] | None) -> Path | None:
     """The credentials file to use: ``arg`` if given, else ``$CKPTFLOW_CREDENTIALS``, else None."""
-    if arg is not None and str(arg) != "":
-        return Path(arg).expanduser()
-    env = os.environ.get(ENV_VAR, "")
-    return Path(env).expanduser() if env else None
+    source = resolve_credentials_source(arg)
+    return Path(source.path) if source is not None and source.path else None

@@ -18,6 +18,11 @@ AWS chain for ``s3``) and opens with ``open_store``, ``open_uri`` or ``open_dest
   store the caller opened (refused when it does not hold the URI) or one opened from the URI.
 * ``open_destination(destination, creds)``: reopen the store a receipt or probe record names, and
   ``check_destination``: the one check that a store is the one a record was written against.
+
+Every credentials file resolved and every store opened here notes where its credentials came from
+(``CredentialsSource``: a path or botocore's method, never a key); ``credentials_used()`` is the latest
+note of this process, which the CLI puts in every report (``forget_credentials_used()`` starts a
+command afresh). A ``file://`` store notes nothing: it reads no credentials.
 """
 
 from __future__ import annotations
@@ -28,7 +33,13 @@ from typing import Any
 
 from ..errors import Refused, UsageError
 from .base import Destination, ObjectStore
-from .credentials import Credentials, load_credentials, resolve_credentials_path
+from .credentials import (
+    FROM_CHAIN,
+    Credentials,
+    CredentialsSource,
+    load_credentials,
+    resolve_credentials_source,
+)
 from .local import LocalStore
 from .uri import SCHEMES, StoreURI, parse_store_uri
 
@@ -37,6 +48,27 @@ BUCKET_ENV = "CKPTFLOW_BUCKET"
 
 CredentialsArg = str | os.PathLike[str] | None  # the raw --credentials value
 
+# Where the credentials of this process's latest store came from (see credentials_used).
+_used: CredentialsSource | None = None
+
+
+def _note(source: CredentialsSource | None) -> None:
+    global _used
+    if source is not None:
+        _used = source
+
+
+def credentials_used() -> CredentialsSource | None:
+    """Where the credentials of the latest store opened (or credentials file resolved) came from; None
+    when no store that reads credentials was opened since ``forget_credentials_used``."""
+    return _used
+
+
+def forget_credentials_used() -> None:
+    """Start afresh: one command's report names only the credentials that command used."""
+    global _used
+    _used = None
+
 
 def _needs_credentials(scheme: str) -> bool:
     return scheme != "file"  # a file:// archive is reached through the file system
@@ -44,8 +76,9 @@ def _needs_credentials(scheme: str) -> bool:
 
 def load_credentials_arg(arg: CredentialsArg) -> Credentials | None:
     """``--credentials``, else ``$CKPTFLOW_CREDENTIALS``, loaded and validated; None when neither is set."""
-    path = resolve_credentials_path(arg)
-    return load_credentials(path) if path else None
+    source = resolve_credentials_source(arg)
+    _note(source)  # before loading: a report of a missing or broken file still names it
+    return load_credentials(source.path, source) if source is not None and source.path else None
 
 
 def credentials_for(uri: str | StoreURI, arg: CredentialsArg) -> Credentials | None:
@@ -81,10 +114,17 @@ def open_store(
         raise UsageError(f"no bucket given for a {scheme} store", remedy="pass --bucket or a full URI")
     if scheme == "file":
         return LocalStore(parse_store_uri(f"file://{name}").bucket, **options)
+    if credentials is not None:
+        _note(credentials.origin)
     if scheme == "s3":
         from .s3 import S3Store  # botocore is loaded only when an S3 store is asked for
 
-        return S3Store(name, credentials, **options)
+        if credentials is None:
+            _note(CredentialsSource(FROM_CHAIN))  # named even when opening fails (partial keys)
+        store = S3Store(name, credentials, **options)
+        if credentials is None:
+            _note(CredentialsSource(FROM_CHAIN, method=store.credentials_method))
+        return store
     from .gcs import GCSStore  # written separately; imported only when a gs:// store is asked for
 
     return GCSStore(name, credentials, **options)

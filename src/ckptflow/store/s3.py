@@ -204,7 +204,14 @@ class S3Store(s3_uploads.UnfinishedUploads):
             self._client_args = {"region_name": session.get_config_variable("region") or "us-east-1"}
             authority = None
         self._session, self._config, self._max_attempts = session, config, max_attempts
-        self._client = session.create_client("s3", config=config, **self._client_args)
+        try:
+            self._client = session.create_client("s3", config=config, **self._client_args)
+        except BotoCoreError as exc:  # the chain found half a key pair (PartialCredentialsError)
+            raise translate(exc, "open", f"{scheme}://{bucket}", bucket) from None
+        # botocore's name for where the default chain found keys ("env", "shared-credentials-file",
+        # "iam-role" ...; cached by create_client), for the reports; None: explicit keys, or none found.
+        found = session.get_credentials() if credentials is None else None
+        self.credentials_method: str | None = getattr(found, "method", None)
         if authority is None:
             authority = self._client.meta.endpoint_url.split("://", 1)[-1].split("/", 1)[0]
         self.destination = base.Destination(scheme, authority, bucket)

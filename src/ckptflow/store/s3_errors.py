@@ -22,7 +22,7 @@ from botocore.exceptions import (
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from ..errors import CkptflowError, NotFound, StoreError, VerificationFailed
-from .credentials import ENV_VAR
+from .credentials import ENV_VAR, SOURCES_IN_ORDER
 from .transfer import TransientRead
 
 NOT_FOUND = frozenset({"404", "NoSuchKey", "NotFound"})
@@ -118,9 +118,15 @@ def translate(exc: Exception, op: str, where: str, bucket: str) -> CkptflowError
         err = StoreError(f"{op} {where} failed: {code} (HTTP {status})", remedy=remedy)
         err.code = code
         return err
-    if isinstance(exc, NoCredentialsError | PartialCredentialsError):
-        return StoreError(f"{op} {where}: no credentials found",
-                          remedy=f"pass --credentials FILE or set ${ENV_VAR}")
+    if isinstance(exc, PartialCredentialsError):  # botocore's message names the provider and the missing variable
+        return StoreError(f"{op} {where}: incomplete credentials in botocore's chain ({exc})",
+                          remedy=f"set both keys of the pair, or pass --credentials FILE or set ${ENV_VAR}")
+    if isinstance(exc, NoCredentialsError):
+        tried = ", ".join(f"{source} ({outcome})" for source, outcome in
+                          zip(SOURCES_IN_ORDER, ("none given", "not set", "no keys found"), strict=True))
+        return StoreError(f"{op} {where}: no credentials found; tried, in order: {tried}",
+                          remedy=f"pass --credentials FILE, set ${ENV_VAR} to a credentials file, or set "
+                          "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)")
     if isinstance(exc, BotoConnectionError | HTTPClientError):
         return StoreError(f"{op} {where}: cannot reach the endpoint ({type(exc).__name__})",
                           remedy="check endpoint_url in the credentials file and that the server is up")
