@@ -109,6 +109,18 @@ def get_all_prune_reports(wildcards):
     return [f"{REPORTS}/prune/{run}/{it}.json" for run, it in committed_artifacts()]
 
 
+def get_prune_all_input(wildcards):
+    """Every artifact's prune report, or with config prune.keep_free the one keep-free report."""
+    if ckptflow_workflow.keep_free_target(config) is None:
+        return get_all_prune_reports(wildcards)
+    return [f"{REPORTS}/prune/keep-free.json"]
+
+
+def get_keep_free_met(wildcards):
+    """The keep-free job's rerun trigger: whether runs_root's file system has the target free now."""
+    return ckptflow_workflow.keep_free_met(RUNS, config)
+
+
 # ------------------------------------------------------------------ iteration-scoped targets
 
 
