@@ -116,11 +116,6 @@ def get_prune_all_input(wildcards):
     return [f"{REPORTS}/prune/keep-free.json"]
 
 
-def get_keep_free_met(wildcards):
-    """The keep-free job's rerun trigger: whether runs_root's file system has the target free now."""
-    return ckptflow_workflow.keep_free_met(RUNS, config)
-
-
 # ------------------------------------------------------------------ iteration-scoped targets
 
 

@@ -27,7 +27,6 @@ rule prune_keep_free:
         credentials=config["credentials"],
         keep_free=config["prune"]["keep_free"],
         keep_newest=config["prune"]["keep_newest"],
-        target_met=get_keep_free_met,
     script:
         "../scripts/prune_keep_free.py"
 

@@ -511,18 +511,6 @@ def keep_free_target(config: Mapping[str, Any]) -> Any:
     return None if value is None else parse_target(value)
 
 
-def keep_free_met(runs_root: str, config: Mapping[str, Any]) -> bool:
-    """Whether the file system of ``runs_root`` has the ``prune: {keep_free}`` target free now (the keep-free
-    job's rerun trigger: it runs again when this changes)."""
-    from .archive import space
-
-    target = keep_free_target(config)
-    if target is None or not os.path.isdir(runs_root):
-        return True
-    free, block, st = space.free_space(Path(runs_root))
-    return free >= target.bytes_of(st.f_blocks * block)
-
-
 def keep_free_step(runs_root: str, keep_free: str, keep_newest: int, credentials: str | None,
                    report_path: str) -> dict[str, Any]:
     """Free verified artifacts under ``runs_root``, oldest first, to the ``keep_free`` target; a kept artifact
