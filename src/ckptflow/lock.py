@@ -196,13 +196,40 @@ def _acquire(fd: int, path: Path, wait_seconds: float, deadline: float, waited: 
 READING_SUFFIX = ".reading"
 
 
+def held_by(path: Path) -> str | None:
+    """The holder of the lock file ``path`` (``pid P on host H, started T``) while some process holds its
+    flock; None when it is absent or free. Read-only: nothing is created, written or removed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _holder(fd)
+        except OSError:
+            return None  # a file system without flock: its holder cannot be seen this way
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
-def reading(target: Path) -> Iterator[Path]:
+def reading(target: Path) -> Iterator[Path | None]:
     """Mark ``target`` (a directory) as read in place by this process for the block: a new, uniquely named
-    file beside it holding this process's lock record, removed when the block ends."""
+    file beside it holding this process's lock record, removed when the block ends. Where the mark cannot
+    be created (a read-only or another user's directory, where this user could not prune either) the
+    block runs unmarked (yields None)."""
     target = Path(target)
     mark = target.with_name(tagged_name(f".{target.name}", READING_SUFFIX))
-    fd = os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        fd = os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        log.info("reading %s unmarked: cannot create %s (%s)", target, mark, exc.strerror)
+        yield None
+        return
     try:
         started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         os.write(fd, (json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": started}) + "\n")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 import shutil
+import subprocess
+import sys
 
 import pytest
 from archive_helpers import remote_snapshot
@@ -24,7 +26,7 @@ from ckptflow.store.credentials import load_credentials
 from ckptflow.store.local import LocalStore
 from ckptflow.store.s3 import S3Store
 from helpers.artifacts import make_artifact
-from helpers.cli import run_cli
+from helpers.cli import run_cli, wait_for_file
 from helpers.disks import tmpfs_mounts
 from helpers.trees import tree_bytes
 
@@ -204,3 +206,32 @@ def test_cli_usage_errors_write_nothing(tmp_path):
         proc = run_cli("prune-verified", *args)
         assert proc.returncode == 2, (args, proc.stderr)
     assert tree_bytes(tmp_path / "runs") == {}
+
+
+HOLD_STAGE_LOCK = """
+import sys, time
+from pathlib import Path
+from ckptflow.archive.stage import stage_lock
+with stage_lock(Path(sys.argv[1]), 0):
+    Path(sys.argv[2]).write_text("held")
+    while Path(sys.argv[2]).exists():
+        time.sleep(0.05)
+"""
+
+
+def test_an_artifact_whose_fetch_lock_is_held_is_kept_naming_the_holder(runs, archive, tmp_path):
+    _, args = archive
+    busy, flag = art_of(runs, "b", 100), tmp_path / "held"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_STAGE_LOCK, str(busy), str(flag)])
+    try:
+        wait_for_file(flag, holder)
+        proc = keep_free(runs, args, "100%")
+        reason = kept_reasons(proc.report)[str(busy)]
+        assert f"pid {holder.pid}" in reason and "iter_000100.lock" in reason
+        assert payload_bytes(busy) > MODEL_BYTES
+        assert str(art_of(runs, "a", 100)) in [r["path"] for r in proc.report["removed"]]
+    finally:
+        flag.unlink(missing_ok=True)
+        holder.wait(timeout=60)
+    again = keep_free(runs, args, "100%")
+    assert [r["path"] for r in again.report["removed"]] == [str(busy)]

@@ -17,7 +17,8 @@ Each file is then unlinked only while it is still the file that was hashed (``re
 A dry run writes nothing anywhere: where the real run would first probe the endpoint (no cached probe
 record), it runs every other check and says so in the entry's ``needs`` instead of probing.
 An artifact a live process reads in place (its reader mark, ``lock.reading``: a materialize from
-``--ckpt-dir``) is kept, naming the reader, checked first and again just before the first unlink.
+``--ckpt-dir``) or writes (a held ``iter_N.lock`` of a fetch into it, ``iter_N.merge.lock`` of a merge)
+is kept, naming that process, checked first and again just before the first unlink.
 Anything else keeps the copy with a reason; a failure on one path (an unsafe file, an unreachable
 endpoint) is a kept entry too, so the report always lists everything already removed. A kept entry is
 an error (the command exits 1) when the path does not exist, when the archive no longer matches the
@@ -36,7 +37,7 @@ from pathlib import Path
 from ..artifact import ITER_DIR_RE
 from ..errors import CkptflowError
 from ..fsutil import walk_files
-from ..lock import readers_of
+from ..lock import held_by, readers_of
 from ..records import manifest as manifest_record
 from ..records import receipt as receipt_record
 from .keys import ARTIFACTS_DIR
@@ -94,11 +95,24 @@ def _check_location(artifact_dir: Path) -> None:
         raise _Keep(f"{artifact_dir} is not a directory; pass a {ARTIFACTS_DIR}/iter_N directory", error=True)
 
 
+# Locks a writer holds beside an artifact directory while it writes there: a fetch into it
+# (``archive.stage.stage_lock``: ``iter_N.lock``), a merge (``merge.run.lock_path``: ``iter_N.merge.lock``).
+_WRITER_LOCKS = {".lock": "a fetch into it", ".merge.lock": "a merge"}
+
+
 def _check_readers(artifact_dir: Path) -> None:
+    """Keep an artifact another process is using now: one that reads it in place (its reader mark) or
+    writes it (its lock held)."""
     readers = readers_of(artifact_dir)
     if readers:
         raise _Keep(f"being read in place by {'; '.join(readers[:3])}: its files stay until that reader ends "
                     "(deleting them now would free no space while they are open); rerun prune-verified after it")
+    for suffix, who in _WRITER_LOCKS.items():
+        lock = artifact_dir.with_name(artifact_dir.name + suffix)
+        holder = held_by(lock)
+        if holder is not None:
+            raise _Keep(f"in use by {who} ({holder}, holding {lock}): its files stay until it ends; rerun "
+                        "prune-verified after it")
 
 
 def _plan_one(artifact_dir: Path, store_for, read: str, progress: bool | None,
