@@ -1,6 +1,5 @@
 """A prune never takes the files a materialize reads in place: ``--ckpt-dir`` marks the artifact while it
-reads (``ckptflow.lock.reading``), and ``prune-verified`` (by ``--paths`` or ``--keep-free``) keeps it,
-naming the reader; once the materialize ends, the mark is gone and the same prune frees it."""
+reads (``ckptflow.lock.reading``), and ``prune-verified --keep-free`` keeps it, naming the reader; once the materialize ends, the mark is gone and the same prune frees it."""
 
 from __future__ import annotations
 
@@ -32,14 +31,13 @@ def test_an_artifact_a_materialize_reads_in_place_is_kept_naming_it_then_freed(m
                        env=cli_env(CKPTFLOW_TEST_PAUSE_AT="materialize:after-open", CKPTFLOW_TEST_PAUSE_FILE=str(flag)))
     try:
         wait_for_file(flag, reader)  # it holds model.pt open
-        for how in (("--runs-root", str(tmp_path / "runs"), "--keep-free", "100%"), ("--paths", str(read))):
-            proc = run_cli("prune-verified", *how)
-            assert proc.returncode == 0, proc.stderr
-            validate(proc.report, "report_prune_verified", what="prune-verified report")
-            assert proc.report["removed"] == []
-            reasons = {k["path"]: k["reason"] for k in proc.report["kept"]}
-            assert f"being read in place by pid {reader.pid}" in reasons[str(read)]
-            assert (read / "model.pt").stat().st_size == (models.artifact("qwen3", 1) / "model.pt").stat().st_size
+        proc = run_cli("prune-verified", "--runs-root", str(tmp_path / "runs"), "--keep-free", "100%")
+        assert proc.returncode == 0, proc.stderr
+        validate(proc.report, "report_prune_verified", what="prune-verified report")
+        assert proc.report["removed"] == []
+        reasons = {k["path"]: k["reason"] for k in proc.report["kept"]}
+        assert f"being read in place by pid {reader.pid}" in reasons[str(read)]
+        assert (read / "model.pt").stat().st_size == (models.artifact("qwen3", 1) / "model.pt").stat().st_size
         flag.unlink()
         out, err = finish(reader)
     finally:

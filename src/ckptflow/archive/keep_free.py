@@ -10,8 +10,9 @@ Plan, then do (``plan_order`` returns the order; ``keep_free`` walks it):
   ``uploaded_at``), by merging the runs' queues on the time of each queue's next artifact, so a run's
   later iteration never goes before its earlier one. An artifact without a readable receipt sorts last
   (its prune is refused by the gates anyway, with the reason).
-- Each candidate goes through every gate of ``prune_verified`` (``prune.prune_one``), the reader marks
-  included (an artifact a materialize reads in place is kept, naming the reader).
+- Each candidate goes through every gate of ``prune_verified`` (``prune.prune_one``), and one more: an
+  artifact another process reads in place (a materialize's reader mark) or writes (a fetch's or merge's
+  lock held beside it) is kept, naming it; its open files would free nothing, so the next one goes.
 - The target is ``SIZE`` bytes (``20G``: binary units) or ``PCT`` of the file system's size (``15%``),
   free to this user as ``statvfs`` reports it (``f_bavail``, ``df``'s "available"). The real run measures
   the free space again after each artifact and stops as soon as the target is met; a dry run deletes
@@ -145,7 +146,7 @@ def keep_free(runs_root: Path | str, target: Target, store_for, *, keep_newest: 
                                        f"is {space.size_text(want)} (--keep-free {target.text})", False)
                             for c in order[i:]]
             break
-        checked = prune_one(report, cand.path, store_for, read, progress)
+        checked = prune_one(report, cand.path, store_for, read, progress, in_use=True)
         if dry_run:
             now += sum(-(-ident[2] // block) * block for ident in checked.files.values()) if checked else 0
         else:

@@ -16,9 +16,12 @@ have their own retention). An artifact's payload files are removed only when all
 Each file is then unlinked only while it is still the file that was hashed (``release.unlink_checked``).
 A dry run writes nothing anywhere: where the real run would first probe the endpoint (no cached probe
 record), it runs every other check and says so in the entry's ``needs`` instead of probing.
-An artifact a live process reads in place (its reader mark, ``lock.reading``: a materialize from
-``--ckpt-dir``) or writes (a held ``iter_N.lock`` of a fetch into it, ``iter_N.merge.lock`` of a merge)
-is kept, naming that process, checked first and again just before the first unlink.
+Freeing to a target (``keep_free.py``, ``in_use=True``) also keeps an artifact a live process reads in
+place (its reader mark, ``lock.reading``: a materialize from ``--ckpt-dir``) or writes (a held
+``iter_N.lock`` of a fetch into it, ``iter_N.merge.lock`` of a merge), naming that process, checked first
+and again just before the first unlink: files held open free no space, so the next artifact goes
+instead. A prune of named ``--paths`` goes ahead under a reader (its open descriptor keeps reading the
+same bytes, and a materialize that has not opened the file yet builds from the archive instead).
 Anything else keeps the copy with a reason; a failure on one path (an unsafe file, an unreachable
 endpoint) is a kept entry too, so the report always lists everything already removed. A kept entry is
 an error (the command exits 1) when the path does not exist, when the archive no longer matches the
@@ -100,7 +103,7 @@ def _check_location(artifact_dir: Path) -> None:
 _WRITER_LOCKS = {".lock": "a fetch into it", ".merge.lock": "a merge"}
 
 
-def _check_readers(artifact_dir: Path) -> None:
+def _check_in_use(artifact_dir: Path) -> None:
     """Keep an artifact another process is using now: one that reads it in place (its reader mark) or
     writes it (its lock held)."""
     readers = readers_of(artifact_dir)
@@ -116,11 +119,12 @@ def _check_readers(artifact_dir: Path) -> None:
 
 
 def _plan_one(artifact_dir: Path, store_for, read: str, progress: bool | None,
-              dry_run: bool) -> tuple[Checked, str | None]:
+              dry_run: bool, in_use: bool) -> tuple[Checked, str | None]:
     """All the checks; returns the payload files proven (by identity) and, in a dry run, what the real
     run would still need (an endpoint probe, which writes), or raises _Keep."""
     _check_location(artifact_dir)
-    _check_readers(artifact_dir)
+    if in_use:
+        _check_in_use(artifact_dir)
     try:
         manifest = manifest_record.read_manifest(artifact_dir)
     except CkptflowError as exc:
@@ -183,13 +187,15 @@ def prune_verified(paths: list[Path], store_for, *, dry_run: bool = False, read_
     return report
 
 
-def prune_one(report: PruneReport, artifact_dir: Path, store_for, read: str, progress: bool | None) -> Checked | None:
+def prune_one(report: PruneReport, artifact_dir: Path, store_for, read: str, progress: bool | None, *,
+              in_use: bool = False) -> Checked | None:
     """One path's outcome into ``report``; a failure here never hides what other paths removed. Returns
-    what was proven (and, but in a dry run, released), or None when the artifact was kept whole."""
+    what was proven (and, but in a dry run, released), or None when the artifact was kept whole. With
+    ``in_use``, an artifact another process reads or writes now is kept (see the module doc)."""
     try:
-        checked, needs = _plan_one(artifact_dir, store_for, read, progress, report.dry_run)
-        if not report.dry_run:
-            _check_readers(artifact_dir)  # again: proving took a while, and a reader may have started
+        checked, needs = _plan_one(artifact_dir, store_for, read, progress, report.dry_run, in_use)
+        if in_use and not report.dry_run:
+            _check_in_use(artifact_dir)  # again: proving took a while, and a reader may have started
     except _Keep as keep:
         report.kept.append(kept_entry(artifact_dir, keep.reason, keep.error))
         return None
