@@ -20,7 +20,7 @@ SIGKILLed one leaves its record, which the next request replaces as above.
 
 Reader marks (``reading``, ``readers_of``) are the other kind of claim held here: a process reading an
 artifact in place (materialize ``--ckpt-dir``) creates ``.<iter_N>.<host>.<pid>.<token>.reading`` beside
-it for as long as it reads, and removes it after. Any number of readers may hold one at once; a prune
+it for as long as it reads, and removes it after (and the marks of killed readers of this host). Any number of readers may hold one at once; a prune
 keeps an artifact a live reader names (removing files another process holds open would free no space
 and take the bytes from under it). A mark whose writer is gone (this host, dead pid) names nobody.
 
@@ -49,7 +49,7 @@ from pathlib import Path
 
 from . import testhooks
 from .errors import Refused, UsageError
-from .fsutil import host_tag, parse_tagged_name, tagged_name, writer_gone
+from .fsutil import dead_temporaries, host_tag, parse_tagged_name, tagged_name, writer_gone
 
 log = logging.getLogger("ckptflow.lock")
 
@@ -236,6 +236,9 @@ def reading(target: Path) -> Iterator[Path | None]:
                  .encode("utf-8"))
     finally:
         os.close(fd)
+    for dead in dead_temporaries(target.parent, [f".{target.name}"], READING_SUFFIX):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(dead)  # a killed reader's mark (this host, its pid gone): it names nobody
     try:
         yield mark
     finally:

@@ -3,11 +3,14 @@ reads (``ckptflow.lock.reading``), and ``prune-verified --keep-free`` keeps it, 
 
 from __future__ import annotations
 
+import signal
+
 from materialize_helpers import cli_args, cli_env, copy_tree
 
 from ckptflow.archive.probe import run_probe
 from ckptflow.archive.publish import publish_artifact
 from ckptflow.jsonio import validate
+from ckptflow.lock import readers_of
 from ckptflow.store.local import LocalStore
 from helpers.artifacts import make_artifact
 from helpers.cli import finish, run_cli, start_cli, wait_for_file
@@ -50,3 +53,16 @@ def test_an_artifact_a_materialize_reads_in_place_is_kept_naming_it_then_freed(m
     proc = run_cli("prune-verified", "--runs-root", str(tmp_path / "runs"), "--keep-free", "100%")
     assert [r["path"] for r in proc.report["removed"]] == [str(read)] and not (read / "model.pt").exists()
     assert "newest" in {k["path"]: k["reason"] for k in proc.report["kept"]}[str(newest)]
+
+
+def test_a_killed_readers_mark_names_nobody_and_the_next_reader_removes_it(models, tmp_path):
+    art = copy_tree(models.artifact("qwen3", 1), tmp_path / "run" / "checkpoint_artifacts" / "iter_000300")
+    killed = run_cli(*cli_args(art, models.base(), tmp_path / "teacher"),
+                     env=cli_env(CKPTFLOW_TEST_KILL_AT="materialize:after-open"))
+    assert killed.returncode == -signal.SIGKILL
+    marks = [p.name for p in art.parent.iterdir() if p.name.endswith(".reading")]
+    assert len(marks) == 1 and marks[0].startswith(".iter_000300.")  # left by the killed reader
+    assert readers_of(art) == []  # its process is gone: it names nobody
+    proc = run_cli(*cli_args(art, models.base(), tmp_path / "teacher"))
+    assert proc.returncode == 0 and proc.report["status"] == "built", proc.stderr
+    assert sorted(p.name for p in art.parent.iterdir()) == ["iter_000300"]
