@@ -109,6 +109,13 @@ def get_all_prune_reports(wildcards):
     return [f"{REPORTS}/prune/{run}/{it}.json" for run, it in committed_artifacts()]
 
 
+def get_prune_all_input(wildcards):
+    """Every artifact's prune report, or with config prune.keep_free the one keep-free report."""
+    if ckptflow_workflow.keep_free_target(config) is None:
+        return get_all_prune_reports(wildcards)
+    return [f"{REPORTS}/prune/keep-free.json"]
+
+
 # ------------------------------------------------------------------ iteration-scoped targets
 
 

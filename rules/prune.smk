@@ -14,6 +14,23 @@ rule prune:
         "../scripts/prune.py"
 
 
+rule prune_keep_free:
+    input:
+        get_all_verify_reports,
+    output:
+        report=f"{REPORTS}/prune/keep-free.json",
+    log:
+        f"{LOGS}/prune/keep-free.log",
+    conda:
+        "../environment.yml"
+    params:
+        credentials=config["credentials"],
+        keep_free=config["prune"]["keep_free"],
+        keep_newest=config["prune"]["keep_newest"],
+    script:
+        "../scripts/prune_keep_free.py"
+
+
 rule prune_all:
     input:
-        get_all_prune_reports,
+        get_prune_all_input,

@@ -18,6 +18,12 @@ failed) the lock file goes, under the flock, only while it is still ours: the pa
 the record holds our token. So a finished or refused request leaves nothing beside the output; a
 SIGKILLed one leaves its record, which the next request replaces as above.
 
+Reader marks (``reading``, ``readers_of``) are the other kind of claim held here: a process reading an
+artifact in place (materialize ``--ckpt-dir``) creates ``.<iter_N>.<host>.<pid>.<token>.reading`` beside
+it for as long as it reads, and removes it after (and the marks of killed readers of this host). Any number of readers may hold one at once; a prune
+keeps an artifact a live reader names (removing files another process holds open would free no space
+and take the bytes from under it). A mark whose writer is gone (this host, dead pid) names nobody.
+
 The lock is an optimisation, not the guarantee: ``flock`` is silently ineffective on some cluster file
 systems; every publishing step stays one rename of a uniquely named tree, and merge re-checks its decision
 just before its commit, so two requests that both get the lock still never discard each other's published
@@ -43,6 +49,7 @@ from pathlib import Path
 
 from . import testhooks
 from .errors import Refused, UsageError
+from .fsutil import dead_temporaries, host_tag, parse_tagged_name, tagged_name, writer_gone
 
 log = logging.getLogger("ckptflow.lock")
 
@@ -184,3 +191,80 @@ def _acquire(fd: int, path: Path, wait_seconds: float, deadline: float, waited: 
             raise Refused(f"{busy} ({_holder(fd)}): {path} was still held after {wait_seconds:g} s "
                           "(--lock-wait-seconds); nothing was changed", path=str(path), remedy=remedy)
         time.sleep(min(POLL_SECONDS, left))
+
+
+READING_SUFFIX = ".reading"
+
+
+def held_by(path: Path) -> str | None:
+    """The holder of the lock file ``path`` (``pid P on host H, started T``) while some process holds its
+    flock; None when it is absent or free. Read-only: nothing is created, written or removed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _holder(fd)
+        except OSError:
+            return None  # a file system without flock: its holder cannot be seen this way
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def reading(target: Path) -> Iterator[Path | None]:
+    """Mark ``target`` (a directory) as read in place by this process for the block: a new, uniquely named
+    file beside it holding this process's lock record, removed when the block ends. Where the mark cannot
+    be created (a read-only or another user's directory, where this user could not prune either) the
+    block runs unmarked (yields None)."""
+    target = Path(target)
+    mark = target.with_name(tagged_name(f".{target.name}", READING_SUFFIX))
+    try:
+        fd = os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        log.info("reading %s unmarked: cannot create %s (%s)", target, mark, exc.strerror)
+        yield None
+        return
+    try:
+        started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        os.write(fd, (json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": started}) + "\n")
+                 .encode("utf-8"))
+    finally:
+        os.close(fd)
+    for dead in dead_temporaries(target.parent, [f".{target.name}"], READING_SUFFIX):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(dead)  # a killed reader's mark (this host, its pid gone): it names nobody
+    try:
+        yield mark
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(mark)  # the name is this process's own (tagged with its pid and a fresh token)
+
+
+def readers_of(target: Path) -> list[str]:
+    """Who reads ``target`` in place now: one ``pid P on host H, started T`` per live reader mark beside it.
+    A mark of another host counts (its reader may still run); one of this host whose pid is gone does not."""
+    target = Path(target)
+    try:
+        names = sorted(os.listdir(target.parent))
+    except FileNotFoundError:
+        return []
+    found = []
+    for name in names:
+        parsed = parse_tagged_name(name, READING_SUFFIX)
+        if parsed is None or parsed[0] != f".{target.name}":
+            continue
+        _, host, pid = parsed
+        if host == host_tag() and writer_gone(pid):
+            continue
+        try:
+            record = json.loads((target.parent / name).read_text(encoding="utf-8"))
+            found.append(f"pid {record['pid']} on host {record['host']}, started {record['started']}")
+        except (OSError, ValueError, KeyError, TypeError):
+            found.append(f"pid {pid} on host {host} (mark {target.parent / name})")
+    return found

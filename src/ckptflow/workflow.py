@@ -175,6 +175,13 @@ def normalise_config(config: Mapping[str, Any]) -> dict[str, Any]:
             if key in mat:
                 mat[key] = _as_bool(mat[key], f"config materialize.{key}")
         out["materialize"] = mat
+    if isinstance(out.get("prune"), Mapping):
+        prune = dict(out["prune"])
+        if "keep_newest" in prune:
+            prune["keep_newest"] = _as_int(prune["keep_newest"])
+        if prune.get("keep_free") is not None and not isinstance(prune["keep_free"], str):
+            prune["keep_free"] = str(prune["keep_free"])  # a YAML number of bytes
+        out["prune"] = prune
     return out
 
 
@@ -546,6 +553,32 @@ def restore_step(artifact_dir: str, credentials: str | None, report_path: str) -
     from .archive.restore import restore_artifact
 
     report = restore_artifact(Path(artifact_dir), store_factory(credentials), progress=False).to_report()
+    _write_report(report_path, report)
+    return report
+
+
+def keep_free_target(config: Mapping[str, Any]) -> Any:
+    """``prune: {keep_free}`` of a normalised configuration, parsed (``archive.keep_free.parse_target``; a wrong
+    spelling is a usage error at planning), or None: ``prune_all`` then prunes every verified artifact."""
+    from .archive.keep_free import parse_target
+
+    value = (config.get("prune") or {}).get("keep_free")
+    return None if value is None else parse_target(value)
+
+
+def keep_free_step(runs_root: str, keep_free: str, keep_newest: int, credentials: str | None,
+                   report_path: str) -> dict[str, Any]:
+    """Free verified artifacts under ``runs_root``, oldest first, to the ``keep_free`` target; a kept artifact
+    or an unmet target is a result (in the report), an inconsistent archive fails the job."""
+    from .archive.keep_free import keep_free as free_to_target
+    from .archive.keep_free import parse_target
+
+    report = free_to_target(Path(runs_root), parse_target(keep_free), store_factory(credentials),
+                            keep_newest=int(keep_newest)).to_report()
+    if report["status"] == "failed":
+        raise VerificationFailed(f"inconsistent remote objects under {runs_root}: "
+                                 f"{[k for k in report['kept'] if k.get('error')]}",
+                                 remedy="those artifacts were kept; inspect their archives")
     _write_report(report_path, report)
     return report
 

@@ -16,6 +16,12 @@ have their own retention). An artifact's payload files are removed only when all
 Each file is then unlinked only while it is still the file that was hashed (``release.unlink_checked``).
 A dry run writes nothing anywhere: where the real run would first probe the endpoint (no cached probe
 record), it runs every other check and says so in the entry's ``needs`` instead of probing.
+Freeing to a target (``keep_free.py``, ``in_use=True``) also keeps an artifact a live process reads in
+place (its reader mark, ``lock.reading``: a materialize from ``--ckpt-dir``) or writes (a held
+``iter_N.lock`` of a fetch into it, ``iter_N.merge.lock`` of a merge), naming that process, checked first
+and again just before the first unlink: files held open free no space, so the next artifact goes
+instead. A prune of named ``--paths`` goes ahead under a reader (its open descriptor keeps reading the
+same bytes, and a materialize that has not opened the file yet builds from the archive instead).
 Anything else keeps the copy with a reason; a failure on one path (an unsafe file, an unreachable
 endpoint) is a kept entry too, so the report always lists everything already removed. A kept entry is
 an error (the command exits 1) when the path does not exist, when the archive no longer matches the
@@ -34,6 +40,7 @@ from pathlib import Path
 from ..artifact import ITER_DIR_RE
 from ..errors import CkptflowError
 from ..fsutil import walk_files
+from ..lock import held_by, readers_of
 from ..records import manifest as manifest_record
 from ..records import receipt as receipt_record
 from ..records import verification as verification_record
@@ -55,6 +62,7 @@ class PruneReport:
     freed_bytes: int = 0
     dry_run: bool = False
     read_data: bool = False
+    keep_free: dict | None = None  # --keep-free: the target and the free space before and after
 
     @property
     def has_errors(self) -> bool:
@@ -68,7 +76,7 @@ class PruneReport:
             "removed": self.removed,
             "kept": self.kept,
             "freed_bytes": self.freed_bytes,
-        }
+        } | ({"keep_free": self.keep_free} if self.keep_free is not None else {})
 
 
 class _Keep(Exception):
@@ -92,11 +100,34 @@ def _check_location(artifact_dir: Path) -> None:
         raise _Keep(f"{artifact_dir} is not a directory; pass a {ARTIFACTS_DIR}/iter_N directory", error=True)
 
 
+# Locks a writer holds beside an artifact directory while it writes there: a fetch into it
+# (``archive.stage.stage_lock``: ``iter_N.lock``), a merge (``merge.run.lock_path``: ``iter_N.merge.lock``),
+# a restore refilling it (``archive.restore``: ``iter_N.restore.lock``).
+_WRITER_LOCKS = {".lock": "a fetch into it", ".merge.lock": "a merge", ".restore.lock": "a restore refilling it"}
+
+
+def _check_in_use(artifact_dir: Path) -> None:
+    """Keep an artifact another process is using now: one that reads it in place (its reader mark) or
+    writes it (its lock held)."""
+    readers = readers_of(artifact_dir)
+    if readers:
+        raise _Keep(f"being read in place by {'; '.join(readers[:3])}: its files stay until that reader ends "
+                    "(deleting them now would free no space while they are open); rerun prune-verified after it")
+    for suffix, who in _WRITER_LOCKS.items():
+        lock = artifact_dir.with_name(artifact_dir.name + suffix)
+        holder = held_by(lock)
+        if holder is not None:
+            raise _Keep(f"in use by {who} ({holder}, holding {lock}): its files stay until it ends; rerun "
+                        "prune-verified after it")
+
+
 def _plan_one(artifact_dir: Path, store_for, read: str, progress: bool | None,
-              dry_run: bool) -> tuple[Checked, str | None]:
+              dry_run: bool, in_use: bool) -> tuple[Checked, str | None]:
     """All the checks; returns the payload files proven (by identity) and, in a dry run, what the real
     run would still need (an endpoint probe, which writes), or raises _Keep."""
     _check_location(artifact_dir)
+    if in_use:
+        _check_in_use(artifact_dir)
     try:
         manifest = manifest_record.read_manifest(artifact_dir)
     except CkptflowError as exc:
@@ -155,38 +186,45 @@ def prune_verified(paths: list[Path], store_for, *, dry_run: bool = False, read_
         if key in seen:
             continue
         seen.add(key)
-        _prune_one(report, artifact_dir, store_for, READ_ALL if read_data else READ_NONE, progress)
+        prune_one(report, artifact_dir, store_for, READ_ALL if read_data else READ_NONE, progress)
     return report
 
 
-def _prune_one(report: PruneReport, artifact_dir: Path, store_for, read: str, progress: bool | None) -> None:
-    """One path's outcome into ``report``; a failure here never hides what other paths removed."""
+def prune_one(report: PruneReport, artifact_dir: Path, store_for, read: str, progress: bool | None, *,
+              in_use: bool = False) -> Checked | None:
+    """One path's outcome into ``report``; a failure here never hides what other paths removed. Returns
+    what was proven (and, but in a dry run, released), or None when the artifact was kept whole. With
+    ``in_use``, an artifact another process reads or writes now is kept (see the module doc)."""
     try:
-        checked, needs = _plan_one(artifact_dir, store_for, read, progress, report.dry_run)
+        checked, needs = _plan_one(artifact_dir, store_for, read, progress, report.dry_run, in_use)
+        if in_use and not report.dry_run:
+            _check_in_use(artifact_dir)  # again: proving took a while, and a reader may have started
     except _Keep as keep:
-        report.kept.append(_kept(artifact_dir, keep.reason, keep.error))
-        return
+        report.kept.append(kept_entry(artifact_dir, keep.reason, keep.error))
+        return None
     except (CkptflowError, OSError) as exc:
         log.warning("prune %s: %s", artifact_dir, exc)
-        report.kept.append(_kept(artifact_dir, str(exc), True))
-        return
+        report.kept.append(kept_entry(artifact_dir, str(exc), True))
+        return None
     files = sorted(checked.files)
     if report.dry_run:
         entry = {"path": str(artifact_dir), "files": files, "bytes": checked.size, "dry_run": True}
         report.removed.append(entry | ({"needs": needs} if needs else {}))
         report.freed_bytes += checked.size
-        return
+        return checked
     released = unlink_checked(artifact_dir, checked)  # per-file failures come back as kept reasons
     if released.removed:
         report.removed.append({"path": str(artifact_dir), "files": released.removed, "bytes": released.freed_bytes})
         report.freed_bytes += released.freed_bytes
     if released.kept:
-        report.kept.append(_kept(artifact_dir, "; ".join(released.kept), False))
+        report.kept.append(kept_entry(artifact_dir, "; ".join(released.kept), False))
     elif not released.removed:
         report.removed.append({"path": str(artifact_dir), "files": [], "bytes": 0})
+    return checked
 
 
-def _kept(artifact_dir: Path, reason: str, error: bool) -> dict:
+def kept_entry(artifact_dir: Path, reason: str, error: bool) -> dict:
+    """A ``kept`` entry of the report: the artifact, why, and whether that is an error (exit 1)."""
     entry = {"path": str(artifact_dir), "reason": reason}
     if error:
         entry["error"] = True

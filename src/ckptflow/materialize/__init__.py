@@ -6,6 +6,8 @@ that step 4 renames back an output a killed swap left aside)::
     1. source identity   --ckpt-dir: the local native manifest's ``model`` file component (size, sha256);
                          --artifact-uri: the remote native manifest alone (one small GET), no payload
     2. lock              ``<out>.lock`` (``lock.py``), waited for up to --lock-wait-seconds; held to the end;
+                         --ckpt-dir: a reader mark beside the artifact (``ckptflow.lock.reading``) from
+                         here to the end, so a prune keeps the files this request reads;
                          a local source is resolved again under it: a model.pt pruned meanwhile is read
                          from the archive its receipt names (``source.resolve_under_lock``)
     3. bind the source   --ckpt-dir: model.pt opened ONCE (``source.OpenedModel``); a manifest without a
@@ -92,6 +94,7 @@ from ..conversion import sidecars as hf_sidecars
 from ..digest import hash_files, sha256_bytes, sha256_file
 from ..errors import CkptflowError, NotFound, OutOfSpace, Refused, UsageError, VerificationFailed
 from ..fsutil import fsync_dir
+from ..lock import reading
 from ..records.inventory import FileEntry
 from ..records.materialized import BaseModelIdentity, Materialized, read_materialized, write_materialized
 from . import preflight, recovery
@@ -224,6 +227,8 @@ def materialize(
                        max_shard_bytes, progress, bool(unified_chat_template))
     with output_lock(out, wait), contextlib.ExitStack() as held:
         opened = None
+        if source.kind == "ckpt-dir":  # before the source is judged: a prune keeps what a reader marks
+            held.enter_context(reading(Path(source.location)))
         resolved = resolve_under_lock(source, credentials)  # a prune may have run while this waited
         if resolved.kind != source.kind:
             log.info("%s was removed while this request waited for %s; building from the archive its receipt "

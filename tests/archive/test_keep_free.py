@@ -1,0 +1,237 @@
+"""``prune-verified --runs-root R --keep-free SIZE|PCT``: free verified artifacts oldest first (iteration order
+within a run, publication time across runs) until R's file system has the target free, never the newest of
+a run, stopping as soon as the target is met; a dry run writes nothing.
+
+R lies on a real small tmpfs (``helpers.disks``: root only; failed, never skipped, when ``CI`` is set); the
+archive is a real SeaweedFS bucket or a ``file://`` directory; the command is the real CLI in a subprocess.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+import sys
+
+import pytest
+from archive_helpers import remote_snapshot
+
+from ckptflow.archive.keep_free import parse_target
+from ckptflow.archive.probe import run_probe
+from ckptflow.archive.publish import publish_artifact
+from ckptflow.errors import UsageError
+from ckptflow.jsonio import validate
+from ckptflow.records import receipt as receipt_record
+from ckptflow.store.credentials import load_credentials
+from ckptflow.store.local import LocalStore
+from ckptflow.store.s3 import S3Store
+from helpers.artifacts import make_artifact
+from helpers.cli import run_cli, wait_for_file
+from helpers.disks import tmpfs_mounts
+from helpers.trees import tree_bytes
+
+MiB = 1024 * 1024
+TS = "20261129T000000Z"
+# (run, iteration, publication time): run b's first artifact was published before run a's.
+PUBLISHED = [("a", 100, "2026-11-29T01:00:00Z"), ("a", 200, "2026-11-29T03:00:00Z"), ("a", 300, "2026-11-29T05:00:00Z"),
+             ("b", 100, "2026-11-29T00:00:00Z"), ("b", 200, "2026-11-29T02:00:00Z")]
+MODEL_BYTES = 6 * MiB
+
+
+def run_dir(runs, run):
+    return runs / "proj" / "group" / run / TS
+
+
+def art_of(runs, run, iteration):
+    return run_dir(runs, run) / "checkpoint_artifacts" / f"iter_{iteration:06d}"
+
+
+@pytest.fixture(params=["s3", "file"])
+def archive(request, tmp_path):
+    """(store, extra CLI arguments): a qualified SeaweedFS bucket, or a qualified ``file://`` directory."""
+    if request.param == "s3":
+        creds = request.getfixturevalue("seaweedfs_credentials_path")
+        store = S3Store(request.getfixturevalue("seaweedfs_bucket"), load_credentials(creds))
+        args = ("--credentials", str(creds))
+    else:
+        store = LocalStore(tmp_path / "archive")
+        store.root.mkdir()
+        args = ()
+    assert run_probe(store, "scratch").record.passed
+    return store, args
+
+
+@pytest.fixture
+def runs(tmp_path, archive):
+    """A runs root on a fresh 64 MiB tmpfs with five published artifacts in two runs (see PUBLISHED)."""
+    store, _ = archive
+    with tmpfs_mounts(tmp_path / "disks") as mount:
+        root = mount(64 * MiB) / "runs"
+        for seed, (run, iteration, at) in enumerate(PUBLISHED):
+            art = make_artifact(run_dir(root, run), iteration=iteration, model_bytes=MODEL_BYTES, seed=seed)
+            (art / "optim.pt").unlink()  # not in the manifest: it would keep the artifact
+            publish_artifact(art, store, f"proj/group/{run}/{TS}/checkpoints", progress=False)
+            rec = receipt_record.read_receipt(art)  # the publication time the order is taken from
+            receipt_record.write_receipt(art, receipt_record.Receipt(
+                rec.destination, rec.declaration_sha256, rec.files, at, rec.server_checksums, rec.earlier_destinations))
+        yield root
+
+
+def payload_bytes(art) -> int:
+    return sum(p.stat().st_size for p in art.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+
+def keep_free(runs, args, target, *more):
+    proc = run_cli("prune-verified", "--runs-root", str(runs), "--keep-free", str(target), *args, *more)
+    assert proc.report is not None, proc.stderr
+    validate(proc.report, "report_prune_verified", what="prune-verified report")
+    return proc
+
+
+def kept_reasons(report) -> dict[str, str]:
+    return {k["path"]: k["reason"] for k in report["kept"]}
+
+
+def test_frees_oldest_first_exactly_enough_and_keeps_the_newest_of_each_run(runs, archive):
+    _, args = archive
+    free = shutil.disk_usage(runs).free
+    one = payload_bytes(art_of(runs, "b", 100))
+    target = free + one + one // 2  # needs two artifacts, not three
+
+    proc = keep_free(runs, args, target)
+
+    assert proc.returncode == 0, proc.stderr
+    report = proc.report
+    first, second = art_of(runs, "b", 100), art_of(runs, "a", 100)  # published first, then a's oldest
+    assert [r["path"] for r in report["removed"]] == [str(first), str(second)]
+    assert payload_bytes(first) == payload_bytes(second) == 0
+    after = shutil.disk_usage(runs).free
+    kf = report["keep_free"]
+    assert kf["met"] and kf["free_before"] == free and kf["free_after"] == after >= target
+    assert after - report["removed"][-1]["bytes"] < target  # one artifact fewer would not have met it
+    reasons = kept_reasons(report)
+    assert set(reasons) == {str(art_of(runs, "a", 200)), str(art_of(runs, "a", 300)), str(art_of(runs, "b", 200))}
+    assert "not needed" in reasons[str(art_of(runs, "a", 200))]
+    for run, iteration in (("a", 300), ("b", 200)):
+        assert "newest" in reasons[str(art_of(runs, run, iteration))]
+        assert payload_bytes(art_of(runs, run, iteration)) > MODEL_BYTES
+
+    again = keep_free(runs, args, target)  # met already: nothing more goes
+    assert again.returncode == 0 and again.report["removed"] == [] and again.report["keep_free"]["met"]
+
+
+def test_an_unreachable_target_frees_all_but_the_newest_and_says_it_is_not_met(runs, archive):
+    _, args = archive
+    proc = keep_free(runs, args, "100%", "--keep-newest", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert [r["path"] for r in proc.report["removed"]] == [str(art_of(runs, "a", 100))]
+    assert not proc.report["keep_free"]["met"]
+    assert all("newest 2" in reason for reason in kept_reasons(proc.report).values())
+
+
+def test_percent_target_is_taken_of_the_file_systems_size(runs, archive):
+    _, args = archive
+    usage = shutil.disk_usage(runs)
+    one = payload_bytes(art_of(runs, "b", 100))
+    percent = math.floor((usage.free + one + one // 2) * 100 / usage.total)  # between one and two artifacts
+    assert usage.free + one < math.ceil(usage.total * percent / 100) <= usage.free + 2 * one
+
+    proc = keep_free(runs, args, f"{percent}%")
+
+    assert proc.returncode == 0, proc.stderr
+    assert [r["path"] for r in proc.report["removed"]] == [str(art_of(runs, "b", 100)), str(art_of(runs, "a", 100))]
+    assert proc.report["keep_free"]["target_bytes"] == math.ceil(usage.total * percent / 100)
+    assert shutil.disk_usage(runs).free * 100 >= usage.total * percent
+
+
+def test_dry_run_writes_nothing_and_computes_what_the_real_run_frees(runs, archive, probe_cache):
+    store, args = archive
+    free = shutil.disk_usage(runs).free
+    one = payload_bytes(art_of(runs, "b", 100))
+    target = free + one + one // 2
+    before = tree_bytes(runs), remote_snapshot(store, "proj"), tree_bytes(probe_cache)
+
+    dry = keep_free(runs, args, target, "--dry-run")
+
+    assert dry.returncode == 0, dry.stderr
+    assert (tree_bytes(runs), remote_snapshot(store, "proj"), tree_bytes(probe_cache)) == before
+    assert shutil.disk_usage(runs).free == free
+    planned = [r["path"] for r in dry.report["removed"]]
+    assert planned == [str(art_of(runs, "b", 100)), str(art_of(runs, "a", 100))]
+    assert all(r["dry_run"] for r in dry.report["removed"])
+    kf = dry.report["keep_free"]
+    assert kf["computed"] and kf["met"] and kf["free_before"] == free and kf["free_after"] >= target
+
+    real = keep_free(runs, args, target)
+    assert [r["path"] for r in real.report["removed"]] == planned
+    assert real.report["keep_free"]["free_after"] == kf["free_after"]  # the sizes, rounded to blocks
+
+
+def test_a_changed_local_payload_is_kept_with_its_reason_and_the_next_oldest_goes(runs, archive):
+    _, args = archive
+    changed = art_of(runs, "b", 100)
+    with open(changed / "model.pt", "r+b") as fh:
+        fh.write(b"retrained in place")
+    free = shutil.disk_usage(runs).free
+    one = payload_bytes(art_of(runs, "a", 100))
+
+    proc = keep_free(runs, args, free + one // 2)
+
+    assert [r["path"] for r in proc.report["removed"]] == [str(art_of(runs, "a", 100))]
+    assert "differ from the archived copy" in kept_reasons(proc.report)[str(changed)]
+    assert payload_bytes(changed) > MODEL_BYTES
+
+
+@pytest.mark.parametrize("value, nbytes, percent", [
+    ("20G", 20 << 30, None), ("512M", 512 << 20, None), ("1.5GiB", 3 << 29, None), ("1000", 1000, None),
+    ("15%", None, 15.0), (" 7.5 % ", None, 7.5),
+])
+def test_keep_free_spellings(value, nbytes, percent):
+    target = parse_target(value)
+    assert (target.nbytes, target.percent) == (nbytes, percent)
+
+
+@pytest.mark.parametrize("value", ["", "G", "-5G", "101%", "20X", "15%%"])
+def test_a_wrong_keep_free_is_a_usage_error(value):
+    with pytest.raises(UsageError, match="--keep-free"):
+        parse_target(value)
+
+
+def test_cli_usage_errors_write_nothing(tmp_path):
+    (tmp_path / "runs").mkdir()
+    for args in (("--runs-root", str(tmp_path / "runs")),
+                 ("--runs-root", str(tmp_path / "runs"), "--keep-free", "20Q"),
+                 ("--runs-root", str(tmp_path / "runs"), "--keep-free", "1G", "--keep-newest", "0"),
+                 ("--paths", str(tmp_path / "runs"), "--keep-free", "1G")):
+        proc = run_cli("prune-verified", *args)
+        assert proc.returncode == 2, (args, proc.stderr)
+    assert tree_bytes(tmp_path / "runs") == {}
+
+
+HOLD_STAGE_LOCK = """
+import sys, time
+from pathlib import Path
+from ckptflow.archive.stage import stage_lock
+with stage_lock(Path(sys.argv[1]), 0):
+    Path(sys.argv[2]).write_text("held")
+    while Path(sys.argv[2]).exists():
+        time.sleep(0.05)
+"""
+
+
+def test_an_artifact_whose_fetch_lock_is_held_is_kept_naming_the_holder(runs, archive, tmp_path):
+    _, args = archive
+    busy, flag = art_of(runs, "b", 100), tmp_path / "held"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_STAGE_LOCK, str(busy), str(flag)])
+    try:
+        wait_for_file(flag, holder)
+        proc = keep_free(runs, args, "100%")
+        reason = kept_reasons(proc.report)[str(busy)]
+        assert f"pid {holder.pid}" in reason and "iter_000100.lock" in reason
+        assert payload_bytes(busy) > MODEL_BYTES
+        assert str(art_of(runs, "a", 100)) in [r["path"] for r in proc.report["removed"]]
+    finally:
+        flag.unlink(missing_ok=True)
+        holder.wait(timeout=60)
+    again = keep_free(runs, args, "100%")
+    assert [r["path"] for r in again.report["removed"]] == [str(busy)]
