@@ -31,6 +31,7 @@ from .records import merge_progress, merge_record
 ITER_DIR_RE = re.compile(r"^iter_(\d+)$")
 COMPONENT_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 ARTIFACTS_DIR = "checkpoint_artifacts"  # a run's artifacts: <run>/checkpoint_artifacts/iter_N
+RUN_DEPTH = 4  # a run is named by its last segments: <project>/<group>/<run>/<ts>
 
 
 def find_runs(root: Path | str) -> dict[str, Path]:

@@ -146,3 +146,81 @@ def test_ls_of_a_missing_archive_root_is_refused_by_name(tmp_path):
     assert str(tmp_path / "nowhere") in proc.stderr
     bad = run_cli("ls", "ftp://host/x")
     assert bad.returncode == 2 and "ftp" in bad.stderr
+
+
+def test_ls_shows_a_declared_file_deleted_or_resized_on_the_store_as_damaged(archive, tmp_path):
+    store, root_uri, opts = archive
+    arts = {it: make_artifact(tmp_path / "runs" / RUN1, iteration=it, seed=it) for it in (10, 20)}
+    for art in arts.values():
+        assert publish(art, root_uri, opts).returncode == 0
+    where = f"{RUN1}/checkpoint_artifacts"
+    store.delete(f"{where}/iter_000010/model.pt")
+    store.delete(f"{where}/iter_000020/optim/__1_0.distcp")
+    put(store, f"{where}/iter_000020/optim/__1_0.distcp", b"shorter than declared")
+    proc = run_cli("ls", f"{root_uri}/proj", *opts)
+    assert proc.returncode == 0, proc.stderr
+    validate(proc.report, "report_ls", what="ls report")
+    got = rows(proc.report)
+    assert {k: a["state"] for k, a in got.items()} == {(RUN1, 10): "damaged", (RUN1, 20): "damaged"}
+    assert "model.pt missing" in got[(RUN1, 10)]["detail"]
+    assert "optim/__1_0.distcp has 21 bytes, declared 50001" in got[(RUN1, 20)]["detail"]
+    for it, art in arts.items():
+        assert (got[(RUN1, it)]["files"], got[(RUN1, it)]["bytes"]) == declared(art)
+        assert got[(RUN1, it)]["published_at"] is not None
+    assert proc.report["counts"]["damaged"] == 2 and proc.report["counts"]["committed"] == 0
+
+
+def test_ls_counts_a_legacy_archive_from_its_manifest(archive, tmp_path):
+    """A manifest and its payloads without a declaration, as the retired publisher left them."""
+    store, root_uri, opts = archive
+    art = make_artifact(tmp_path / "runs" / RUN1, iteration=50, seed=5)
+    where = f"{RUN1}/checkpoint_artifacts/iter_000050"
+    for f in read_manifest(art).physical_files():
+        put(store, f"{where}/{f.path}", (art / f.path).read_bytes())
+    put(store, f"{where}/{manifest_path(art).name}", manifest_path(art).read_bytes())
+    proc = run_cli("ls", f"{root_uri}/proj", *opts)
+    assert proc.returncode == 0, proc.stderr
+    validate(proc.report, "report_ls", what="ls report")
+    (row,) = proc.report["artifacts"]
+    assert (row["state"], row["files"], row["bytes"]) == ("legacy", *declared(art))
+    assert row["declared_at"] is None and row["published_at"] is not None
+    assert "older publisher" in row["detail"]
+    assert proc.report["counts"]["legacy"] == 1
+
+
+def _drop(store, prefix: str) -> None:
+    for info in store.list(prefix):
+        store.delete(info.key)
+
+
+def test_ls_never_shows_a_local_copy_bound_to_another_archive_as_local(archive, tmp_path):
+    """runs/ holds RUN1 iter 100 (published to another archive), iter 200 (published there and pruned),
+    iter 300 (published here) and iter 400 (published here, then the archive's copy was replaced by another
+    copy's publication); the listed archive holds another copy of 100 and 200."""
+    store, root_uri, opts = archive
+    other_root = tmp_path / "other-archive"
+    other_root.mkdir()
+    runs, spare = tmp_path / "runs" / RUN1, tmp_path / "spare" / RUN1
+    mine = {it: make_artifact(runs, iteration=it, seed=it) for it in (100, 200, 300, 400)}
+    theirs = {it: make_artifact(spare, iteration=it, seed=it + 1) for it in (100, 200, 400)}
+    assert publish(mine[100], f"file://{other_root}", []).returncode == 0
+    assert publish(mine[200], f"file://{other_root}", [], "--delete-local").returncode == 0
+    assert publish(mine[300], root_uri, opts).returncode == 0
+    assert publish(mine[400], root_uri, opts).returncode == 0
+    _drop(store, f"{RUN1}/checkpoint_artifacts/iter_000400/")
+    for it in (100, 200, 400):
+        assert publish(theirs[it], root_uri, opts).returncode == 0
+    proc = run_cli("ls", f"{root_uri}/proj", "--runs-root", str(tmp_path / "runs"), *opts)
+    assert proc.returncode == 0, proc.stderr
+    validate(proc.report, "report_ls", what="ls report")
+    got = rows(proc.report)
+    assert {it: (a["state"], a["local"]["state"]) for (_, it), a in got.items()} == {
+        100: ("committed", "elsewhere"), 200: ("committed", "elsewhere"), 300: ("committed", "local"),
+        400: ("committed", "differs")}
+    for it in (100, 200):
+        assert f"file://{other_root}/{RUN1}/checkpoint_artifacts/iter_{it:06d}" in got[(RUN1, it)]["local"]["detail"]
+    assert "published again from another copy" in got[(RUN1, 400)]["local"]["detail"]
+    assert "detail" not in got[(RUN1, 300)]["local"]
+    listed_there = run_cli("ls", f"file://{other_root}/proj", "--runs-root", str(tmp_path / "runs"))
+    assert {it: a["local"]["state"] for (_, it), a in rows(listed_there.report).items()} == {
+        100: "local", 200: "pruned"}

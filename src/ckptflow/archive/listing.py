@@ -19,20 +19,24 @@ digest), so a listing costs one GET per artifact, started as soon as the declara
 
 ``runs_root`` adds the local side: ``status.collect_status`` judges each local artifact (committed,
 incomplete, damaged, pruned, ...) and ``local_state`` reduces its row to one word (``local``, ``pruned``,
-``partial``, ``absent``, ...). Rows are matched by run, ``<project>/<group>/<run>/<ts>``: the last four path
+``partial``, ``absent``, ...). A local copy whose receipt names another destination is ``elsewhere``, one
+whose receipt binds another declaration than the one read here ``differs``: never ``local`` or ``pruned``
+for a copy of another archive. Rows are matched by run, ``<project>/<group>/<run>/<ts>``: the last four path
 segments before ``checkpoint_artifacts``, on both sides, as status names a run.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE
+from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE, RUN_DEPTH
+from ..digest import sha256_bytes
 from ..errors import CkptflowError, UsageError
 from ..records import (
     DECLARATION_FILENAME,
@@ -40,15 +44,19 @@ from ..records import (
     LegacyRecord,
     parse_declaration,
     parse_manifest,
+    read_receipt,
     utc_timestamp,
 )
-from ..status.collect import RUN_DEPTH, collect_status
-from ..status.report import CORRUPT, Row
+from ..records.receipt import ReceiptDestination
 from ..store.base import DEFAULT_CONCURRENCY, ObjectInfo, ObjectStore
 from ..store.uri import StoreURI, segment_prefix
 from .keys import object_key
 
+if TYPE_CHECKING:
+    from ..status.report import Row
+
 STATES = ("committed", "damaged", "incomplete", "legacy", "corrupt", "not-an-artifact")
+CORRUPT = "corrupt"
 # A record larger than this is not one of ours (a declaration of 100,000 files is about 15 MiB).
 MAX_RECORD_BYTES = 64 * 1024 * 1024
 SAMPLES = 5  # keys of other objects quoted in the report
@@ -133,7 +141,8 @@ def list_archive(store: ObjectStore, uri: StoreURI, *, runs_root: Path | None = 
     if runs_root is not None:
         rows = _local_rows(runs_root)
         for art in artifacts:
-            art.local = local_state(rows.get((_run_key(art.run), art.iteration)))
+            here = ReceiptDestination.at(store.destination, art.prefix)
+            art.local = local_state(rows.get((_run_key(art.run), art.iteration)), here, _declaration_bytes(art))
     return Listing(uri, artifacts, other, runs_root)
 
 
@@ -241,19 +250,28 @@ def _run_key(run: str) -> str:
 
 
 def _local_rows(runs_root: Path) -> dict[tuple[str, int], Row]:
+    from ..status.collect import collect_status  # only with --runs-root: the listing alone needs none of it
+
     status = collect_status(runs_root)
     return {(_run_key(r.run), r.iteration): r for r in status.rows if r.artifact_dir is not None}
 
 
-def local_state(row: Row | None) -> dict[str, Any]:
+def local_state(row: Row | None, here: ReceiptDestination | None = None,
+                declaration: bytes | None = None) -> dict[str, Any]:
     """One word for a local artifact, from status's judgement of it: ``absent`` (no directory), ``local``
     (committed, every payload here), ``pruned`` (payloads gone, receipt kept), ``partial``/``missing``
-    (some gone), or status's own state when the directory is not committed (incomplete, damaged, corrupt, ...)."""
+    (some gone), or status's own state when the directory is not committed (incomplete, damaged, corrupt, ...).
+
+    ``here`` is where the listed artifact lives and ``declaration`` the bytes read there: a local copy
+    whose receipt names neither this place is ``elsewhere``, one whose receipt binds another declaration
+    ``differs``; neither is shown as this archive's local (or pruned) copy."""
     if row is None:
         return {"state": "absent"}
     out: dict[str, Any] = {"path": str(row.artifact_dir)}
     if row.local["state"] != "committed":
         cell = row.local
+    elif (other := _bound_elsewhere(row, here, declaration)) is not None:
+        cell = other
     elif row.pruned["state"] in ("pruned", "partial", "missing"):
         cell = row.pruned
     else:
@@ -262,3 +280,44 @@ def local_state(row: Row | None) -> dict[str, Any]:
     if cell.get("detail"):
         out["detail"] = cell["detail"]
     return out
+
+
+def _declaration_bytes(art: ArchivedArtifact) -> bytes | None:
+    future = art.declaration
+    return future.result() if future is not None and future.done() and future.exception() is None else None
+
+
+def _place(dest: ReceiptDestination) -> tuple[str, ...]:
+    """A destination as one place: a file:// root and prefix name one path however the root was chosen."""
+    if dest.scheme == "file":
+        return "file", os.path.realpath(os.path.join(dest.endpoint, dest.prefix.strip("/")))
+    return dest.scheme, dest.endpoint, dest.bucket, dest.prefix.strip("/")
+
+
+def _where(dest: ReceiptDestination) -> str:
+    if dest.scheme == "file":
+        return f"file://{os.path.join(dest.endpoint, dest.prefix.strip('/'))}"
+    return f"{dest.scheme}://{dest.bucket}/{dest.prefix.strip('/')} at {dest.endpoint}"
+
+
+def _bound_elsewhere(row: Row, here: ReceiptDestination | None, declaration: bytes | None) -> dict[str, Any] | None:
+    """The local cell when the local copy's receipt (one status found to belong to it) does not bind the
+    listed artifact: ``elsewhere`` (it names other destinations) or ``differs`` (it names this one, but
+    another declaration: the archive was republished from another copy); None when it binds it or there
+    is no such receipt."""
+    if here is None or row.published["state"] != "receipt":
+        return None
+    try:
+        receipt = read_receipt(row.artifact_dir)
+    except (CkptflowError, OSError) as exc:
+        return {"state": CORRUPT, "detail": str(exc)}
+    if _place(here) not in {_place(d) for d in receipt.destinations}:
+        return {"state": "elsewhere", "detail": (
+            f"{row.artifact_dir}'s receipt names {_where(receipt.destination)}, not {_where(here)}: this local copy "
+            "was published there; list that archive to see it")}
+    if declaration is not None and sha256_bytes(declaration) != receipt.declaration_sha256:
+        return {"state": "differs", "detail": (
+            f"{row.artifact_dir}'s receipt binds declaration sha256 {receipt.declaration_sha256}, but "
+            f"{_where(here)} holds {sha256_bytes(declaration)}: the archive was published again from another "
+            "copy; run `ckptflow verify --artifact-dir` on this copy")}
+    return None

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..archive.verify import describe_failures, verify_artifact
-from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE, find_runs
+from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE, RUN_DEPTH, find_runs
 from ..errors import CkptflowError, NotFound, Refused
 from ..fsutil import require_directory
 from ..jsonio import decode_json_object, validate
@@ -31,7 +31,6 @@ from ..records.manifest import DcpComponent, Manifest, parse_manifest
 from ..records.receipt import check_belongs, read_receipt_digest
 from .report import CORRUPT, NONE, Row, StatusReport, cell
 
-RUN_DEPTH = 4  # <project>/<group>/<run>/<ts>
 _REPORT_RE = re.compile(r"^iter_(\d+)\.json$")
 
 

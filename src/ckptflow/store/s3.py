@@ -25,20 +25,23 @@ import hashlib
 import ipaddress
 import logging
 import os
+import platform
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import botocore
 import botocore.session
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from .. import __version__
 from ..digest import FileDigest, is_sha256_hex, sha256_bytes
 from ..errors import CkptflowError, NotFound, Refused, StoreError, UsageError, VerificationFailed
 from ..progress import ByteProgress
-from . import base, s3_uploads
+from . import base, s3_timestamps, s3_uploads
 from .credentials import Credentials, endpoint_authority
 from .s3_errors import (
     BAD_DIGEST,
@@ -76,6 +79,8 @@ MAX_SINGLE_PART = 64 * 1024 * 1024
 # buffers for the local shape (32 MiB ranges took a fetch's peak RSS over 300 MiB), 152 MiB remote.
 REMOTE_DOWNLOADS = (base.DEFAULT_CONCURRENCY, DEFAULT_RANGE_SIZE)
 LOCAL_DOWNLOADS = (3, 24 * 1024 * 1024)
+
+USER_AGENT = f"ckptflow/{__version__} Botocore/{botocore.__version__} Python/{platform.python_version()}"
 
 
 def _check_composite(value: str | None, parts: Sequence[bytes], where: str) -> None:
@@ -188,10 +193,14 @@ class S3Store(s3_uploads.UnfinishedUploads):
             retries={"mode": "standard", "max_attempts": max_attempts},
             s3={"addressing_style": "path" if path_style else "auto"},
             max_pool_connections=2 * max(concurrency, download_concurrency) + 2,
+            # A fixed User-Agent: botocore otherwise rebuilds and sanitizes its default one twice per
+            # request, a tenth of the CPU of a small GET (ls reads one declaration per artifact).
+            user_agent=USER_AGENT,
         )
         # A botocore session, not boto3's: boto3 adds nothing a client of ours uses and its import (which
         # loads s3transfer) cost each ckptflow process about 0.1 s.
         session = botocore.session.Session()
+        s3_timestamps.install(session)
         if credentials is not None:
             self._client_args = {
                 "endpoint_url": credentials.endpoint_url,
