@@ -132,3 +132,23 @@ def test_own_temporaries_are_dead_only_when_a_registry_proves_them_idle(tmp_path
     assert fsutil.dead_temporaries(tmp_path, {".model.pt"}, ".tmp") == []
     assert fsutil.dead_temporaries(tmp_path, {".model.pt"}, ".tmp", in_flight={own}) == []
     assert fsutil.dead_temporaries(tmp_path, {".model.pt"}, ".tmp", in_flight=set()) == [own]
+
+
+def test_temporaries_claimed_by_any_thread_are_in_flight_until_unclaimed(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    registry = fsutil.InFlight()
+    parts = [fsutil.unique_temp_path(tmp_path / f"shard-{i}", ".part") for i in range(64)]
+
+    def write(part):
+        part.write_bytes(b"x")
+        registry.claim(part)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(write, parts))
+    stems = {f".shard-{i}" for i in range(64)}
+    assert registry.snapshot() == frozenset(parts)
+    assert fsutil.dead_temporaries(tmp_path, stems, ".part", in_flight=registry.snapshot()) == []
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(registry.unclaim, parts[::2]))
+    assert fsutil.dead_temporaries(tmp_path, stems, ".part", in_flight=registry.snapshot()) == sorted(parts[::2])

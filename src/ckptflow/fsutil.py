@@ -1,4 +1,5 @@
-"""File-system primitives every step relies on: atomic writes, safe relative paths, no-symlink walks.
+"""File-system primitives every step relies on: atomic writes, safe relative paths, no-symlink walks,
+process-tagged temporaries and which of them are dead (``dead_temporaries``, ``InFlight``).
 
 Why unique temporaries and renames instead of locks: ``flock`` is silently a no-op on some Lustre, GPFS
 and NFS mounts, so correctness must come from names no other process can pick (pid + random suffix),
@@ -15,6 +16,7 @@ import re
 import secrets
 import socket
 import stat
+import threading
 import unicodedata
 from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path, PurePosixPath
@@ -78,6 +80,31 @@ def writer_gone(pid: int) -> bool:
     return False
 
 
+class InFlight:
+    """The temporaries this process is using now, one registry per kind, shared by all its threads.
+
+    Several calls may run in one process (threads, a library caller), and ``writer_gone`` can never call
+    this process's own temporaries dead by pid: a caller that ``claim``s every temporary it writes and
+    ``unclaim``s it when done passes ``snapshot()`` to ``dead_temporaries``, and its own temporaries
+    outside the snapshot are then known to be idle leftovers of an earlier, failed call."""
+
+    def __init__(self) -> None:
+        self._paths: set[Path] = set()
+        self._lock = threading.Lock()
+
+    def claim(self, path: Path) -> None:
+        with self._lock:
+            self._paths.add(path)
+
+    def unclaim(self, path: Path) -> None:
+        with self._lock:
+            self._paths.discard(path)
+
+    def snapshot(self) -> frozenset[Path]:
+        with self._lock:
+            return frozenset(self._paths)
+
+
 def dead_temporaries(
     directory: Path, stems: Iterable[str], suffix: str = "", *, kind: str = "file",
     in_flight: Collection[Path] | None = None,
@@ -85,9 +112,8 @@ def dead_temporaries(
     """Entries of ``directory`` named ``tagged_name(stem, suffix)`` for one of ``stems`` whose writer is gone.
 
     Only entries of ``kind`` (``"file"`` or ``"dir"``, never a symlink) written on this host count;
-    another host's writer may still run. A caller that registers every temporary it writes may pass
-    that registry as ``in_flight``: its own temporaries outside it are then known to be idle (left
-    by an earlier, failed call) and count as dead too. Sorted by path.
+    another host's writer may still run. ``in_flight`` (an ``InFlight.snapshot()``): this process's own
+    temporaries outside it are idle (left by an earlier, failed call) and count as dead too. Sorted by path.
     """
     stems, host = set(stems), host_tag()
     try:

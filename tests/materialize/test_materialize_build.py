@@ -152,14 +152,14 @@ def test_marker_is_inside_the_tree_before_it_is_published(models, tmp_path, monk
     import ckptflow.materialize.output as mo
 
     seen = []
-    real = mo.publish
+    real = mo.swap_into_place
 
     def spy(tmp, out, wanted, **kw):
         seen.append(marker.read_materialized(tmp))
         assert not out.exists()
         return real(tmp, out, wanted, **kw)
 
-    monkeypatch.setattr("ckptflow.materialize.publish", spy)
+    monkeypatch.setattr("ckptflow.materialize.build.swap_into_place", spy)
     out = tmp_path / "teacher"
     build(models, out)
     assert seen == [marker.read_materialized(out)]

@@ -191,7 +191,7 @@ def _download(store: ObjectStore, prefix: str, staged: Path, todo: list[FileEntr
             raise
         finally:
             for _, _, part, _, _ in jobs:
-                stage.release(part)
+                stage.unclaim_part(part)
     for _, final, _, _, _ in jobs:
         for leftover in stage.leftover_parts(final):  # older parts of files now in place
             leftover.unlink(missing_ok=True)

@@ -33,10 +33,10 @@ from ..records import receipt as receipt_record
 from ..store.base import ObjectStore
 from .verify import READ_NONE, ObjectState, check_binding, check_receipt, describe_failures
 
-Identity = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
+FileStat = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns: which file, in which state
 
 
-def _identity(st: os.stat_result) -> Identity:
+def _file_stat(st: os.stat_result) -> FileStat:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
@@ -50,9 +50,9 @@ class NotProven(VerificationFailed):
 
 @dataclass
 class Checked:
-    """Payload files hashed and proven, by the identity of the file that was hashed."""
+    """Payload files hashed and proven, by the ``FileStat`` of the file that was hashed."""
 
-    files: dict[str, Identity] = field(default_factory=dict)
+    files: dict[str, FileStat] = field(default_factory=dict)
     gone: list[str] = field(default_factory=list)  # vanished before they were hashed
 
     @property
@@ -72,8 +72,8 @@ def present_payload(artifact_dir: Path, manifest: manifest_record.Manifest) -> l
     return [e.path for e in manifest.physical_files() if os.path.lexists(artifact_dir / e.path)]
 
 
-def _hash_one(path: Path, bar: ByteProgress) -> tuple[Identity, str] | None:
-    """(identity, sha256) of the file at ``path``, read through one descriptor; None when it is gone."""
+def _hash_one(path: Path, bar: ByteProgress) -> tuple[FileStat, str] | None:
+    """(``FileStat``, sha256) of the file at ``path``, read through one descriptor; None when it is gone."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
@@ -89,9 +89,9 @@ def _hash_one(path: Path, bar: ByteProgress) -> tuple[Identity, str] | None:
         after = os.fstat(fd)
     finally:
         os.close(fd)
-    if _identity(before) != _identity(after) or digest.size != after.st_size:
-        return _identity(after), "written while it was hashed"
-    return _identity(after), digest.sha256
+    if _file_stat(before) != _file_stat(after) or digest.size != after.st_size:
+        return _file_stat(after), "written while it was hashed"
+    return _file_stat(after), digest.sha256
 
 
 def hash_bound(artifact_dir: Path, payload: list[str], receipt: receipt_record.Receipt,
@@ -167,7 +167,7 @@ def unlink_checked(artifact_dir: Path, checked: Checked) -> Released:
     return out
 
 
-def _unlink_if_same(artifact_dir: Path, rel: str, ident: Identity) -> str | None:
+def _unlink_if_same(artifact_dir: Path, rel: str, ident: FileStat) -> str | None:
     """"removed" when ``rel`` was still the file hashed; None when it is gone; else why it was kept."""
     path = artifact_dir / rel
     aside = unique_temp_path(path)
@@ -175,7 +175,7 @@ def _unlink_if_same(artifact_dir: Path, rel: str, ident: Identity) -> str | None
         os.rename(path, aside)
     except FileNotFoundError:
         return None
-    if _identity(os.lstat(aside)) == ident:
+    if _file_stat(os.lstat(aside)) == ident:
         os.unlink(aside)
         return "removed"
     try:  # not the file that was checked: put it back, never over a newer one

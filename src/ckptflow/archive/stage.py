@@ -21,13 +21,13 @@ import errno
 import logging
 import os
 import stat
-import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
 
 from ..digest import FileDigest, sha256_file, sha256_prefix
 from ..errors import ConflictError, InvalidRecord, Refused, UnsafePath
 from ..fsutil import (
+    InFlight,
     dead_temporaries,
     fsync_dir,
     parse_tagged_name,
@@ -58,8 +58,7 @@ PART_SUFFIX = ".part"
 # write left half-filled is never trusted as data (see ``resumable_prefix``).
 PREFIX_ALIGN = 1024 * 1024
 
-_active: set[Path] = set()  # parts this process is writing now (several fetches may share a process)
-_active_lock = threading.Lock()
+_writing = InFlight()  # parts this process is writing now (several fetches may share a process)
 
 
 def is_part_name(name: str) -> bool:
@@ -79,14 +78,13 @@ def part_of(name: str) -> str | None:
 def new_part(final: Path) -> Path:
     """A fresh, process-unique temporary beside ``final``, registered as being written."""
     part = unique_temp_path(final, PART_SUFFIX)
-    with _active_lock:
-        _active.add(part)
+    _writing.claim(part)
     return part
 
 
-def release(part: Path) -> None:
-    with _active_lock:
-        _active.discard(part)
+def unclaim_part(part: Path) -> None:
+    """This process no longer writes ``part``: if it is still there, ``leftover_parts`` lists it from now on."""
+    _writing.unclaim(part)
 
 
 def leftover_parts(final: Path) -> list[Path]:
@@ -94,11 +92,10 @@ def leftover_parts(final: Path) -> list[Path]:
 
     Parts written on another host are left alone: their writer may still be running.
     """
-    with _active_lock:
-        active = set(_active)
     # A part is named after the file's stem (``fsutil.temp_stem``), or after its whole name as earlier
     # versions spelled every part.
-    return dead_temporaries(final.parent, {f".{temp_stem(final.name)}", f".{final.name}"}, PART_SUFFIX, in_flight=active)
+    return dead_temporaries(final.parent, {f".{temp_stem(final.name)}", f".{final.name}"}, PART_SUFFIX,
+                            in_flight=_writing.snapshot())
 
 
 def resumable_prefix(part: Path, size: int) -> int:
@@ -169,7 +166,7 @@ def write_via_part(final: Path, data: bytes) -> None:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(part)
-        release(part)
+        unclaim_part(part)
 
 
 # --------------------------------------------------------------------------------------------- ownership

@@ -1,9 +1,9 @@
 """One materializer per output: ``<out>.lock`` beside the output (the shared mechanism, and what it may
 remove, is ``ckptflow.lock``).
 
-The lock is an optimisation, not the guarantee: every publishing step stays one rename of a uniquely
-named tree (``output.py``), so two requests that both get the lock (``flock`` is a no-op on some cluster
-file systems) still never discard each other's published export.
+The lock is an optimisation, not the guarantee: every step that puts a tree in place stays one rename of
+a uniquely named tree (``output.py``), so two requests that both get the lock (``flock`` is a no-op on some cluster
+file systems) still never discard each other's export.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The output side of ``materialize``: the identity of a build, what is at <out>, and the staged swap.
+"""The output side of ``materialize``: the decision on what is at <out>, ownership, and the staged swap.
 
 Sibling names beside ``<out>`` (same directory, so every rename stays on one file system)::
 
@@ -7,7 +7,7 @@ Sibling names beside ``<out>`` (same directory, so every rename stays on one fil
     teacher.previous.<host>.<pid>.<token>/    the replaced output during a swap, removed right after
 
 The names carry host and pid because ``flock`` is silently a no-op on some Lustre/GPFS/NFS mounts: no two
-processes can pick the same staged name, and each step that publishes is one ``rename``. A sibling whose
+processes can pick the same staged name, and each step that puts a tree in place is one ``rename``. A sibling whose
 writer is gone (this host, dead pid) is a leftover of a killed run: a staged tree is removed by the next
 build (one with a marker only once <out> is complete: ``recovery.py``); a previous tree is renamed back
 to <out> when <out> is absent (the kill fell between the swap's two renames), and otherwise removed by a
@@ -27,63 +27,22 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 from .. import testhooks
 from ..conversion import chat_template
 from ..conversion import shards as hf_shards
 from ..conversion import sidecars as hf_sidecars
 from ..errors import CkptflowError, ConflictError, InvalidRecord, NotFound, Refused
-from ..fsutil import dead_temporaries, fsync_dir, tagged_name
+from ..fsutil import InFlight, dead_temporaries, fsync_dir, tagged_name
 from ..records import LegacyRecord
 from ..records import materialized as marker
 from ..records.inventory import damaged_entry
-from ..records.materialized import BaseModelIdentity, Materialized, SourceIdentity
+from ..records.materialized import Materialized
+from .identity import Identity
 
 log = logging.getLogger("ckptflow.materialize")
 
-_active: set[Path] = set()  # staged trees this process is building now (several calls may share a process)
-
-
-@dataclass(frozen=True)
-class Identity:
-    """What decides whether an existing output may be reused (``base.path`` and ``source.uri`` are not part of it)."""
-
-    conversion_version: str
-    source: SourceIdentity
-    base: BaseModelIdentity
-    options: dict[str, Any]
-
-    @classmethod
-    def of(cls, record: Materialized) -> Identity:
-        return cls(record.conversion_version, record.source, record.base, dict(record.options))
-
-    def describe(self) -> str:
-        opts = ", ".join(f"{k}={v}" for k, v in sorted(self.options.items()))
-        index = self.base.index_sha256[:12] if self.base.index_sha256 else "none"
-        where = f" from {self.source.uri}" if self.source.uri else ""
-        return (f"[source sha256 {self.source.sha256[:12]} ({self.source.size} bytes{where}), base {self.base.path} "
-                f"(config {self.base.config_sha256[:12]}, index {index}), options {{{opts}}}, "
-                f"conversion {self.conversion_version}]")
-
-    def differences(self, other: Identity) -> list[str]:
-        diffs = []
-        if self.conversion_version != other.conversion_version:
-            diffs.append(f"conversion version {self.conversion_version} -> {other.conversion_version}")
-        if (self.source.sha256, self.source.size) != (other.source.sha256, other.source.size):
-            diffs.append("source model.pt")
-        if self.base.config_sha256 != other.base.config_sha256:
-            diffs.append("base config.json")
-        if self.base.index_sha256 != other.base.index_sha256:
-            diffs.append("base weight index")
-        for name in sorted(set(self.options) | set(other.options)):
-            if self.options.get(name) != other.options.get(name):
-                diffs.append(f"option {name} {self.options.get(name)} -> {other.options.get(name)}")
-        return diffs
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"conversion_version": self.conversion_version, "source": self.source.to_dict(),
-                "base": self.base.to_dict(), "options": dict(self.options)}
+building = InFlight()  # staged trees this process is building now (several calls may share a process)
 
 
 @dataclass(frozen=True)
@@ -98,7 +57,7 @@ class Decision:
 
 
 def decide(out: Path, wanted: Identity, base_dir: Path, *, force: bool) -> Decision:
-    """Skip, build, or raise ``Refused`` (nothing touched); see ``materialize``'s module doc for the table.
+    """Skip, build, or raise ``Refused`` (nothing touched); see ``run``'s module doc for the table.
 
     A build that replaces <out> is refused while <out> holds a file no build writes (``unaccounted``).
     """
@@ -288,19 +247,11 @@ def _sibling(out: Path, kind: str) -> Path:
 
 def dead_siblings(out: Path, kind: str) -> list[Path]:
     """``kind`` siblings of ``out`` whose writer is gone (this host, dead pid, or this process but idle)."""
-    return dead_temporaries(out.parent, {f"{out.name}.{kind}"}, kind="dir", in_flight=_active)
+    return dead_temporaries(out.parent, {f"{out.name}.{kind}"}, kind="dir", in_flight=building.snapshot())
 
 
 def own_staged_name(out: Path) -> Path:
     return _sibling(out, "tmp")
-
-
-def register_active(tree: Path) -> None:
-    _active.add(tree)
-
-
-def unregister_active(tree: Path) -> None:
-    _active.discard(tree)
 
 
 def has_marker(tree: Path) -> bool:
@@ -350,25 +301,25 @@ def _remove_previous(aside: Path, base_dir: Path) -> list[str]:
     return left
 
 
-# --------------------------------------------------------------------------------------------- stage + swap
+# --------------------------------------------------------------------------------------------- staged tree + swap
 
 
 @contextlib.contextmanager
 def staged_tree(out: Path) -> Iterator[Path]:
-    """A fresh, process-unique directory beside ``out``; removed on exit unless it was published."""
+    """A fresh, process-unique directory beside ``out``; removed on exit unless it was swapped into place."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = _sibling(out, "tmp")
     os.mkdir(tmp)
-    _active.add(tmp)
+    building.claim(tmp)
     try:
         yield tmp
     finally:
-        _active.discard(tmp)
+        building.unclaim(tmp)
         if os.path.lexists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def publish(tmp: Path, out: Path, wanted: Identity, *, replace: bool, base_dir: Path) -> Materialized | None:
+def swap_into_place(tmp: Path, out: Path, wanted: Identity, *, replace: bool, base_dir: Path) -> Materialized | None:
     """Put the complete staged tree at <out>. Returns None, or the record of a concurrent build of the same
     identity that took <out> first (then ``tmp`` is left for ``staged_tree`` to remove).
 

@@ -4,7 +4,7 @@ What a kill leaves, and what the next request (under the lock) does with it:
 
 * ``<out>.tmp.*`` without a marker (killed while converting): garbage of a dead run; removed by the next
   request that builds.
-* ``<out>.tmp.*`` with its marker (killed after the marker, before or during the publish) while <out> is
+* ``<out>.tmp.*`` with its marker (killed after the marker, before or during the swap) while <out> is
   not complete (absent or empty): the ONLY complete tree, never deleted while it is. A request of the
   same identity without ``force`` recovers it: the tree is adopted (renamed to this run's own staged
   name), its sidecars and config.json are re-synced from the base (each file through a temporary and a
@@ -12,7 +12,7 @@ What a kill leaves, and what the next request (under the lock) does with it:
   unified form under --unified-chat-template; never a shard), it gets the same verification as a fresh
   build (``verify_output``, tensor probes through the opened model.pt, the transformers loaders, every
   shard re-hashed against the marker; under --no-verify the shard sizes and the tensor count) and is
-  published by rename. A failed check refuses by name and keeps
+  swapped into place by rename. A failed check refuses by name and keeps
   the tree. ``force`` (or another identity) builds afresh; the dead tree goes only once <out> is complete.
 * ``<out>.tmp.*`` with its marker beside a complete <out>: not the only complete tree; removed by the next
   request that builds.
@@ -39,7 +39,8 @@ from ..fsutil import fsync_dir, tagged_name, unique_temp_path
 from ..records import materialized as marker
 from ..records.inventory import damaged_entry
 from ..records.materialized import Materialized
-from .output import Identity, dead_siblings, has_marker, own_staged_name, register_active
+from .identity import Identity
+from .output import building, dead_siblings, has_marker, own_staged_name
 
 if TYPE_CHECKING:
     from ..conversion import VerificationSummary
@@ -81,7 +82,7 @@ def adopt(tmp: Path, out: Path) -> Path | None:
         os.rename(tmp, own)
     except FileNotFoundError:
         return None
-    register_active(own)
+    building.claim(own)
     fsync_dir(out.parent)
     log.warning("adopted %s, the complete staged tree of a killed materialize, as %s", tmp, own)
     return own

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..archive import stage as fetch_stage
-from ..fsutil import dead_temporaries, tagged_name
+from ..fsutil import InFlight, dead_temporaries, tagged_name
 
 log = logging.getLogger("ckptflow.materialize")
 
-_active: set[Path] = set()  # private stages this process is using now
+_in_use = InFlight()  # private stages this process is using now
 
 
 @dataclass
@@ -49,15 +49,15 @@ def open_stage(named_root: Path, name: str, *, keep: bool) -> Stage:
         return Stage(named_root, named, private=False, created=not os.path.lexists(named))
     made = _make_dirs(named_root.parent)
     root = _adopt(named_root) or _new_private(named_root)
-    _active.add(root)
+    _in_use.claim(root)
     return Stage(root, root / name, private=True, created=True, made=made)
 
 
-def release(stage: Stage) -> bool:
+def close_stage(stage: Stage) -> bool:
     """Remove what this invocation may of ``stage``; returns whether anything of it is left (kept)."""
     if not stage.private:
         return True
-    _active.discard(stage.root)
+    _in_use.unclaim(stage.root)
     left: list[str] = []
     with contextlib.suppress(FileNotFoundError):
         for entry in sorted(os.scandir(stage.root), key=lambda e: e.name):
@@ -109,7 +109,7 @@ def _new_private(named_root: Path) -> Path:
 
 def _adopt(named_root: Path) -> Path | None:
     """Rename a dead invocation's private stage of ``named_root`` to a new own name; None when there is none."""
-    for path in dead_temporaries(named_root.parent, {named_root.name}, kind="dir", in_flight=_active):
+    for path in dead_temporaries(named_root.parent, {named_root.name}, kind="dir", in_flight=_in_use.snapshot()):
         root = _private_name(named_root)
         try:
             os.rename(path, root)

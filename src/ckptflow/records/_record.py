@@ -62,7 +62,7 @@ def record_path(source: Path | str, filename: str) -> Path:
     return path / filename if path.is_dir() else path
 
 
-def describe(path: Path, filename: str) -> str:
+def record_label(path: Path, filename: str) -> str:
     """How messages name a record: "`.uploaded` in /run/iter_5", or the full path for other names."""
     if path.name == filename:
         return f"`{filename}` in {path.parent}"
@@ -117,7 +117,7 @@ def read_bytes(path: Path, what: str) -> bytes:
 def read_record(kind: RecordKind, source: Path | str, parse: Callable[..., T]) -> T:
     """Read ``kind.filename`` in ``source`` (or the file ``source``) and hand its bytes to ``parse``."""
     path = record_path(source, kind.filename)
-    what = describe(path, kind.filename)
+    what = record_label(path, kind.filename)
     return parse(read_bytes(path, what), what=what)
 
 
@@ -130,7 +130,7 @@ def encode_record(record: _Record, *, what: str) -> bytes:
 
 def write_record(kind: RecordKind, path: Path, record: _Record) -> Path:
     """Validate, then write atomically: readers see the old record or the complete new one."""
-    data = encode_record(record, what=describe(path, kind.filename))
+    data = encode_record(record, what=record_label(path, kind.filename))
     fsutil.atomic_write_bytes(path, data)
     return path
 

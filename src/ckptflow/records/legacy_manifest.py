@@ -41,6 +41,6 @@ def read_legacy_manifest(source: Path | str) -> bytes:
 def write_legacy_manifest(directory: Path | str, original_bytes: bytes) -> Path:
     """Write ``original_bytes`` verbatim (atomically) once they are known to be one JSON object."""
     path = path_in(directory)
-    check_legacy_manifest(original_bytes, what=_record.describe(path, FILENAME))
+    check_legacy_manifest(original_bytes, what=_record.record_label(path, FILENAME))
     fsutil.atomic_write_bytes(path, bytes(original_bytes))
     return path
