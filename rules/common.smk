@@ -73,6 +73,7 @@ def get_pending_publications(wildcards):
     """The pending publications: a report per committed artifact without a receipt that belongs to it
     (missing, legacy, full-checkpoint, another artifact's); a legacy marker is replaced by publication.
     """
+    ckptflow_config.require_runs_root(RUNS)
     pending = [
         (run, it) for run, it in committed_artifacts() if not receipt_belongs(run, it)
     ]
@@ -131,6 +132,7 @@ def get_publication(wildcards):
 
 @ckptflow_config.one_line_errors
 def get_all_verify_reports(wildcards):
+    ckptflow_config.require_runs_root(RUNS)
     # Every verify job reads the archive.
     ckptflow_config.require_credentials(config["credentials"])
     return [f"{REPORTS}/verify/{run}/{it}.json" for run, it in committed_artifacts()]
@@ -138,6 +140,7 @@ def get_all_verify_reports(wildcards):
 
 @ckptflow_config.one_line_errors
 def get_all_prune_reports(wildcards):
+    ckptflow_config.require_runs_root(RUNS)
     # Every prune job reads the archive.
     ckptflow_config.require_credentials(config["credentials"])
     return [f"{REPORTS}/prune/{run}/{it}.json" for run, it in committed_artifacts()]
@@ -303,8 +306,8 @@ def get_records_fingerprint(wildcards):
     dry-run; the job itself prints nothing), and rewrites it when it plans without executing (--report,
     --summary, --dag), so those read the table of now.
     """
-    current = ckptflow_workflow.records_fingerprint(RUNS, REPORTS, STAGE, TEACHERS)
-    ckptflow_workflow.show_status(
+    ckptflow_config.require_runs_root(RUNS)
+    status = ckptflow_workflow.show_status(
         RUNS,
         REPORTS,
         STAGE,
@@ -313,4 +316,6 @@ def get_records_fingerprint(wildcards):
         rules.status.output.txt,
         executing=workflow.executor_plugin is not None,
     )
-    return current
+    return ckptflow_workflow.records_fingerprint(
+        RUNS, REPORTS, STAGE, TEACHERS, status=status
+    )

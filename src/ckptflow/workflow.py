@@ -181,12 +181,12 @@ def teacher_source(artifact_dir: str | Path, run: str, *, bucket: str | None, ha
 
 
 def records_fingerprint(runs_root: str | Path, reports_dir: str | Path, stage_dir: str | Path,
-                        teachers_dir: str | Path) -> str:
+                        teachers_dir: str | Path, status: Any = None) -> str:
     """The status rule's rerun trigger: a digest of what the status table would say now (the report of
     ``collect_status``, which stats every file a record names) and of the path, size and mtime of every
     record it reads (the artifacts', stages' and teachers' records and the step reports, not the table
     itself). A payload lost or pruned behind the workflow's back changes the first even when no record
-    changed."""
+    changed. ``status``: that report's ``collect_status`` result when the caller has it already."""
     from .status import collect_status
 
     names = {manifest_record.FILENAME, receipt_record.FILENAME, ".merge-complete.json", ".staged.json",
@@ -206,8 +206,9 @@ def records_fingerprint(runs_root: str | Path, reports_dir: str | Path, stage_di
                     continue
                 h.update(f"{dirpath}/{name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     if Path(runs_root).is_dir():
-        status = collect_status(Path(runs_root), reports_dir=Path(reports_dir), stage_dir=Path(stage_dir),
-                                teachers_dir=Path(teachers_dir))
+        if status is None:
+            status = collect_status(Path(runs_root), reports_dir=Path(reports_dir), stage_dir=Path(stage_dir),
+                                    teachers_dir=Path(teachers_dir))
         h.update(encode_json(status.to_report()))
     return h.hexdigest()
 
@@ -407,11 +408,12 @@ _shown: set[str] = set()  # tables already printed by this Snakemake process (pl
 
 
 def show_status(runs_root: str, reports_dir: str, stage_dir: str, teachers_dir: str, out_json: str, out_txt: str,
-                *, executing: bool) -> None:
+                *, executing: bool) -> Any:
     """The status table while Snakemake plans the status job (see rules/common.smk): when Snakemake will
     execute (a run or a dry-run), the current table on stdout, once per process, whether or not the job
     runs; when it plans without executing (``--report``, ``--summary``, ``--dag``), the table files
-    rewritten if they differ from the current table, so what those read is current."""
+    rewritten if they differ from the current table, so what those read is current. Returns the status
+    (``records_fingerprint`` digests it)."""
     from .status import collect_status
 
     status = collect_status(Path(runs_root), reports_dir=Path(reports_dir), stage_dir=Path(stage_dir),
@@ -422,7 +424,7 @@ def show_status(runs_root: str, reports_dir: str, stage_dir: str, teachers_dir: 
             _shown.add(out_txt)
             sys.stdout.write(text)
             sys.stdout.flush()
-        return
+        return status
     report = encode_json(status.to_report())
     for path, data in ((Path(out_json), report), (Path(out_txt), text.encode("utf-8"))):
         try:
@@ -432,4 +434,5 @@ def show_status(runs_root: str, reports_dir: str, stage_dir: str, teachers_dir: 
         if not same:
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(path, data)
+    return status
 

@@ -5,7 +5,7 @@ Owns, for the Snakemake workflow (a front end beside ``workflow.py``, which impo
 - ``checked_config``: command-line spellings typed (``normalise_config``), then the schema; an unknown key
   is named with the closest known one (``bucekt`` → ``bucket``), any other schema error in one line.
 - The checks a target needs before Snakemake plans a job, each naming the key and its remedy as
-  ``--config KEY=VALUE`` with the candidates found on disk: ``require_base``, ``require_bucket``,
+  ``--config KEY=VALUE`` with the candidates found on disk: ``require_runs_root``, ``require_base``, ``require_bucket``,
   ``require_credentials``, ``resolve_target`` (the run and the iteration). ``rules/common.smk`` calls them
   while planning (so a dry-run refuses what the run would) and the step functions call the same ones.
 - ``exit_with``: the one line Snakemake shows for such a refusal (planning, or inside a job, where the
@@ -248,6 +248,17 @@ def one_line_errors(fn: F) -> F:
 
 
 # --------------------------------------------------------------------------------------------- checks
+
+
+def require_runs_root(runs_root: str) -> Path:
+    """config ``runs_root``: an existing directory (a typo would otherwise find no artifact, silently)."""
+    path = Path(runs_root)
+    if not path.is_dir():
+        raise UsageError(f"config runs_root {runs_root} does not exist" if not path.exists() else
+                         f"config runs_root {runs_root} is not a directory",
+                         remedy="pass --config runs_root=<the directory holding <project>/<group>/<run>/<ts>/"
+                         f"{ARTIFACTS_DIR}>")
+    return path
 
 
 def require_base(base: str | None, *, key: str = "base") -> Path:

@@ -65,6 +65,9 @@ def test_an_unknown_key_is_named_with_the_closest_known_one(flow):
 def test_publication_needs_a_bucket_and_credentials_that_parse(flow, tmp_path):
     line = _refusal(flow, "publish_all")
     assert "config bucket is not set" in line and "--config bucket=s3://B" in line, line
+    missing = flow.root / "no-such-runs"
+    line = _refusal(flow, "publish_all", runs_root=missing, bucket="s3://b")
+    assert f"config runs_root {missing} does not exist" in line and "--config runs_root=" in line, line
     archive = tmp_path / "arch"
     archive.mkdir()
     line = _refusal(flow, "publish_all", bucket=f"file://{archive}", credentials=str(tmp_path / "nope.json"))
