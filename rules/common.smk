@@ -46,26 +46,41 @@ def is_legacy(run, iteration):
 
 
 @cache
+def own_receipt(run, iteration):
+    """The artifact's receipt when it is its own, else None (read once per planning)."""
+    return belonging_receipt(f"{RUNS}/{run}/checkpoint_artifacts/{iteration}")
+
+
 def receipt_belongs(run, iteration):
-    """True when the artifact holds a receipt that is its own (read once per planning)."""
-    return (
-        belonging_receipt(f"{RUNS}/{run}/checkpoint_artifacts/{iteration}") is not None
-    )
+    """True when the artifact holds a receipt that is its own."""
+    return own_receipt(run, iteration) is not None
 
 
 def publish_report(run, iteration):
     return f"{REPORTS}/publish/{run}/{iteration}.json"
 
 
-def require_destination(run, iteration):
-    """What the publication of an artifact without its own receipt needs, checked while planning with the
-    words the job would use: the bucket, unless a step report names the archive its receipt is re-derived
-    from; and credentials that parse, when some are configured.
+def archive_schemes(run, iteration):
+    """The schemes of the stores the jobs of one artifact open: its own receipt's destination; without one,
+    the destinations its step reports name (a lost receipt is re-derived there), else the bucket, which
+    must then be set. Checked while planning with the words the job would use.
     """
+    receipt = own_receipt(run, iteration)
+    if receipt is not None:
+        return [receipt.destination.scheme]
     reports = ckptflow_workflow.step_reports(REPORTS, run, iteration)
-    if not ckptflow_workflow.recorded_destinations(reports):
-        ckptflow_config.require_bucket(config["bucket"])
-    ckptflow_config.require_credentials(config["credentials"])
+    recorded = ckptflow_workflow.recorded_destinations(reports)
+    if recorded:
+        return [dest.scheme for dest in recorded]
+    return [ckptflow_config.require_bucket(config["bucket"]).scheme]
+
+
+def require_destination(run, iteration):
+    """What the jobs of one artifact need to reach its archive: the bucket when they publish it to the
+    bucket, and credentials that exist and parse when a configured file is what opens it.
+    """
+    schemes = archive_schemes(run, iteration)
+    ckptflow_config.require_credentials(config["credentials"], schemes)
 
 
 @ckptflow_config.one_line_errors
@@ -133,17 +148,21 @@ def get_publication(wildcards):
 @ckptflow_config.one_line_errors
 def get_all_verify_reports(wildcards):
     ckptflow_config.require_runs_root(RUNS)
-    # Every verify job reads the archive.
-    ckptflow_config.require_credentials(config["credentials"])
-    return [f"{REPORTS}/verify/{run}/{it}.json" for run, it in committed_artifacts()]
+    artifacts = committed_artifacts()
+    # Every verify job opens the archive (and publishes first without a receipt).
+    for run, it in artifacts:
+        require_destination(run, it)
+    return [f"{REPORTS}/verify/{run}/{it}.json" for run, it in artifacts]
 
 
 @ckptflow_config.one_line_errors
 def get_all_prune_reports(wildcards):
     ckptflow_config.require_runs_root(RUNS)
-    # Every prune job reads the archive.
-    ckptflow_config.require_credentials(config["credentials"])
-    return [f"{REPORTS}/prune/{run}/{it}.json" for run, it in committed_artifacts()]
+    artifacts = committed_artifacts()
+    # Every prune job opens the archive (and publishes first without a receipt).
+    for run, it in artifacts:
+        require_destination(run, it)
+    return [f"{REPORTS}/prune/{run}/{it}.json" for run, it in artifacts]
 
 
 # ------------------------------------------------------------------ iteration-scoped targets
@@ -201,7 +220,8 @@ def get_teacher_target(wildcards):
     source = teacher_source(run, name)
     ckptflow_config.require_base(config["base"])
     if source.kind == "archive":
-        ckptflow_config.require_credentials(config["credentials"])
+        scheme = source.uri.partition("://")[0]
+        ckptflow_config.require_credentials(config["credentials"], [scheme])
     return f"{REPORTS}/materialize/{run}/{name}.json"
 
 

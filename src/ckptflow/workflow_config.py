@@ -23,7 +23,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -34,8 +34,8 @@ from .errors import CkptflowError, UsageError
 from .jsonio import load_schema
 from .store import StoreURI
 from .store.credentials import ENV_VAR as CREDENTIALS_ENV
-from .store.credentials import load_credentials, resolve_credentials_path
-from .store.open import BUCKET_ENV
+from .store.credentials import resolve_credentials_path
+from .store.open import BUCKET_ENV, credentials_for
 from .store.uri import parse_store_uri
 
 RUN_REMEDY = "pass --config run=<project>/<group>/<run>/<ts> (the run's path under runs_root)"
@@ -293,19 +293,20 @@ def require_bucket(bucket: str | None) -> StoreURI:
     return uri
 
 
-def require_credentials(credentials: str | None) -> None:
-    """The credentials file of config ``credentials`` (``null``: ``$CKPTFLOW_CREDENTIALS``), when one is set,
-    exists and parses (``load_credentials``, what the steps read); none set is left to the store."""
-    path = resolve_credentials_path(credentials)
-    if path is None:
+def require_credentials(credentials: str | None, schemes: Iterable[str]) -> None:
+    """The credentials of config ``credentials`` (``null``: ``$CKPTFLOW_CREDENTIALS``), loaded as the steps
+    load them (``credentials_for``) for stores of ``schemes``: when one needs credentials and a file is set,
+    it exists and parses; none set is left to the store."""
+    if resolve_credentials_path(credentials) is None:
         return
     source = "config credentials" if credentials else f"${CREDENTIALS_ENV}"
-    try:
-        load_credentials(path)
-    except CkptflowError as exc:
-        raise UsageError(f"{source}: {exc.message}",
-                         remedy="pass --config credentials=<credentials JSON file> "
-                         '({"aws_access_key_id", "aws_secret_access_key", "endpoint_url", "region_name"})') from None
+    for scheme in sorted(set(schemes)):
+        try:
+            credentials_for(f"{scheme}://", credentials)
+        except CkptflowError as exc:
+            raise UsageError(f"{source}: {exc.message}",
+                             remedy="pass --config credentials=<credentials JSON file> "
+                             '({"aws_access_key_id", "aws_secret_access_key", "endpoint_url", "region_name"})') from None
 
 
 def _iterations(runs_root: str | Path, run: str | None = None) -> list[str]:

@@ -70,13 +70,15 @@ def test_publication_needs_a_bucket_and_credentials_that_parse(flow, tmp_path):
     assert f"config runs_root {missing} does not exist" in line and "--config runs_root=" in line, line
     archive = tmp_path / "arch"
     archive.mkdir()
-    line = _refusal(flow, "publish_all", bucket=f"file://{archive}", credentials=str(tmp_path / "nope.json"))
+    line = _refusal(flow, "publish_all", bucket="s3://b", credentials=str(tmp_path / "nope.json"))
     assert f"config credentials: credentials file {tmp_path / 'nope.json'} does not exist" in line, line
     assert "--config credentials=" in line, line
     bad = flow.root.parent / "bad-credentials.json"
-    line = _refusal(flow, "verify_all", credentials=str(bad))
+    line = _refusal(flow, "verify_all", bucket="s3://b", credentials=str(bad))
     assert f"config credentials: credentials file {bad}" in line and "--config credentials=" in line, line
-    assert sorted(flow.planned("publish_all", bucket=f"file://{archive}")) == ["publish"] * 3 + ["publish_all"]
+    # A file:// archive needs no credentials: the steps would not read the file, nor does planning.
+    planned = flow.planned("publish_all", bucket=f"file://{archive}", credentials=str(bad))
+    assert sorted(planned) == ["publish"] * 3 + ["publish_all"]
 
 
 def test_an_iteration_scoped_target_names_the_runs_and_iterations_there_are(flow):
