@@ -66,15 +66,15 @@ def test_publication_needs_a_bucket_and_credentials_that_parse(flow, tmp_path):
     line = _refusal(flow, "publish_all")
     assert "config bucket is not set" in line and "--config bucket=s3://B" in line, line
     missing = flow.root / "no-such-runs"
-    line = _refusal(flow, "publish_all", runs_root=missing, bucket="s3://b")
+    line = _refusal(flow, "publish_all", runs_root=missing, bucket="s3://ckpts")
     assert f"config runs_root {missing} does not exist" in line and "--config runs_root=" in line, line
     archive = tmp_path / "arch"
     archive.mkdir()
-    line = _refusal(flow, "publish_all", bucket="s3://b", credentials=str(tmp_path / "nope.json"))
+    line = _refusal(flow, "publish_all", bucket="s3://ckpts", credentials=str(tmp_path / "nope.json"))
     assert f"config credentials: credentials file {tmp_path / 'nope.json'} does not exist" in line, line
     assert "--config credentials=" in line, line
     bad = flow.root.parent / "bad-credentials.json"
-    line = _refusal(flow, "verify_all", bucket="s3://b", credentials=str(bad))
+    line = _refusal(flow, "verify_all", bucket="s3://ckpts", credentials=str(bad))
     assert f"config credentials: credentials file {bad}" in line and "--config credentials=" in line, line
     # A file:// archive needs no credentials: the steps would not read the file, nor does planning.
     planned = flow.planned("publish_all", bucket=f"file://{archive}", credentials=str(bad))
