@@ -199,7 +199,7 @@ def get_merge_target(wildcards):
     missing = [e for e in recipe["experts"] if not os.path.isfile(e)]
     if missing:
         raise UsageError(
-            f"config merge.{iteration}.experts: {', '.join(missing)} does not exist",
+            f"config merge.{iteration}.experts: no such file {', '.join(missing)}",
             remedy="fix the expert paths of the recipe (relative to the working directory)",
         )
     if recipe["mode"] == "tv":

@@ -94,6 +94,13 @@ def test_an_iteration_scoped_target_names_the_runs_and_iterations_there_are(flow
     assert "--config iter=400" in line, line
 
 
+def test_a_merge_needs_its_recipe_and_its_experts(flow):
+    line = _refusal(flow, "merge_experts", iter=300)
+    assert "config merge has no recipe for iteration 300" in line, line
+    line = _refusal(flow, "merge_experts", iter=300, merge='{"300": {"mode": "avg", "experts": "x.pt"}}')
+    assert "config merge.300.experts: no such file x.pt" in line, line
+
+
 def test_a_teacher_needs_a_base_that_holds_a_config(flow):
     line = _refusal(flow, "materialize_teacher", iter=300)
     assert "config base is not set" in line and "--config base=" in line, line
