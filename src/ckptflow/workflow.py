@@ -2,15 +2,17 @@
 
 Snakemake decides what is pending (a rule's report is missing or older than its input); these
 functions decide what is safe, with exactly the guarantees of the CLI verbs. A step that cannot
-complete raises, so Snakemake marks the job failed and removes its declared output. Every step writes
+complete raises; the shim's ``step_job`` ends the job with its one-line error (the traceback goes to the job
+log), so Snakemake marks the job failed and removes its declared output. Every step writes
 a small JSON report under ``reports_dir`` as its rule output, and only that: Snakemake deletes a job's
 outputs before a rerun, after a failure and on ``--delete-all-output``, so the library's own records
 (manifest, receipt, ``.merge-complete.json``, ``.staged.json``, ``.materialized``) are never outputs.
 A lost receipt is re-derived by publication from an archive a report or the configuration names.
 
-The planning helpers at the top (``normalise_config``, ``resolve_run``, ``teacher_source``,
-``records_fingerprint``) are what the named input functions of ``rules/common.smk`` call: they read
-records (and stat the files records name) only and never contact a store.
+The planning helpers (``teacher_source``, ``records_fingerprint``, ``show_status``; the configuration and
+its checks live in ``workflow_config``, re-exported here) are what the named input functions of
+``rules/common.smk`` call: they read records (and stat the files records name) only and never contact a
+store; ``show_status`` writes the status table only when Snakemake plans without executing (``--report``).
 """
 
 from __future__ import annotations
