@@ -1,17 +1,23 @@
 import os
-import sys
 from functools import cache
 
 from snakemake.utils import validate
 
 from ckptflow import workflow as ckptflow_workflow
-from ckptflow.errors import UsageError
+from ckptflow import workflow_config as ckptflow_config
+from ckptflow.errors import CkptflowError, UsageError
 from ckptflow.records.receipt import belonging_receipt, is_legacy_receipt
 
-# --config iter=300 arrives as an int, nested overrides as strings: type them before validating.
-config.update(ckptflow_workflow.normalise_config(config))
+# --config iter=300 arrives as an int, nested overrides as strings: type them, then validate, each mistake
+# one line naming the key (an unknown one with the closest known key), not Snakemake's traceback or the
+# schema dump. Every input function below that can refuse is wrapped the same way (one_line_errors).
+try:
+    config.update(ckptflow_config.checked_config(config))
+except CkptflowError as exc:
+    ckptflow_config.exit_with(exc)
 
 
+# Valid already: this fills in the defaults.
 validate(config, schema="../schemas/config.schema.json")
 
 RUNS = config["runs_root"].rstrip("/")
@@ -40,29 +46,61 @@ def is_legacy(run, iteration):
 
 
 @cache
+def own_receipt(run, iteration):
+    """The artifact's receipt when it is its own, else None (read once per planning)."""
+    return belonging_receipt(f"{RUNS}/{run}/checkpoint_artifacts/{iteration}")
+
+
 def receipt_belongs(run, iteration):
-    """True when the artifact holds a receipt that is its own (read once per planning)."""
-    return (
-        belonging_receipt(f"{RUNS}/{run}/checkpoint_artifacts/{iteration}") is not None
-    )
+    """True when the artifact holds a receipt that is its own."""
+    return own_receipt(run, iteration) is not None
 
 
 def publish_report(run, iteration):
     return f"{REPORTS}/publish/{run}/{iteration}.json"
 
 
+def archive_schemes(run, iteration):
+    """The schemes of the stores the jobs of one artifact open: its own receipt's destination; without one,
+    the destinations its step reports name (a lost receipt is re-derived there), else the bucket, which
+    must then be set. Checked while planning with the words the job would use.
+    """
+    receipt = own_receipt(run, iteration)
+    if receipt is not None:
+        return [receipt.destination.scheme]
+    reports = ckptflow_workflow.step_reports(REPORTS, run, iteration)
+    recorded = ckptflow_workflow.recorded_destinations(reports)
+    if recorded:
+        return [dest.scheme for dest in recorded]
+    return [ckptflow_config.require_bucket(config["bucket"]).scheme]
+
+
+def require_destination(run, iteration):
+    """What the jobs of one artifact need to reach its archive: the bucket when they publish it to the
+    bucket, and credentials that exist and parse when a configured file is what opens it.
+    """
+    schemes = archive_schemes(run, iteration)
+    ckptflow_config.require_credentials(config["credentials"], schemes)
+
+
+@ckptflow_config.one_line_errors
 def get_pending_publications(wildcards):
     """The pending publications: a report per committed artifact without a receipt that belongs to it
     (missing, legacy, full-checkpoint, another artifact's); a legacy marker is replaced by publication.
     """
+    ckptflow_config.require_runs_root(RUNS)
+    pending = [
+        (run, it) for run, it in committed_artifacts() if not receipt_belongs(run, it)
+    ]
+    for run, it in pending:
+        require_destination(run, it)
     return [
         (
             f"{REPORTS}/legacy-receipt/{run}/{it}.json"
             if is_legacy(run, it)
             else publish_report(run, it)
         )
-        for run, it in committed_artifacts()
-        if not receipt_belongs(run, it)
+        for run, it in pending
     ]
 
 
@@ -77,6 +115,7 @@ def get_publish_all_input(wildcards):
     return get_pending_publications(wildcards) + manifests
 
 
+@ckptflow_config.one_line_errors
 def get_receipt_input(wildcards):
     """What verify and prune take for the receipt. The set of files must not change when a publication
     completes (a changed set of inputs reruns a job): the publish report once it exists or while the
@@ -93,20 +132,37 @@ def get_receipt_input(wildcards):
     return [receipt]
 
 
+@ckptflow_config.one_line_errors
 def get_publication(wildcards):
-    """The publish job's rerun trigger (see rules/publish.smk)."""
+    """The publish job's rerun trigger (see rules/publish.smk); a job that will publish has its destination
+    checked here, while planning (verify_all and prune_all plan publications too).
+    """
+    if not receipt_belongs(wildcards.run, wildcards.iteration):
+        require_destination(wildcards.run, wildcards.iteration)
     return ckptflow_workflow.publication_number(
         get_artifact_dir(wildcards),
         publish_report(wildcards.run, wildcards.iteration),
     )
 
 
+@ckptflow_config.one_line_errors
 def get_all_verify_reports(wildcards):
-    return [f"{REPORTS}/verify/{run}/{it}.json" for run, it in committed_artifacts()]
+    ckptflow_config.require_runs_root(RUNS)
+    artifacts = committed_artifacts()
+    # Every verify job opens the archive (and publishes first without a receipt).
+    for run, it in artifacts:
+        require_destination(run, it)
+    return [f"{REPORTS}/verify/{run}/{it}.json" for run, it in artifacts]
 
 
+@ckptflow_config.one_line_errors
 def get_all_prune_reports(wildcards):
-    return [f"{REPORTS}/prune/{run}/{it}.json" for run, it in committed_artifacts()]
+    ckptflow_config.require_runs_root(RUNS)
+    artifacts = committed_artifacts()
+    # Every prune job opens the archive (and publishes first without a receipt).
+    for run, it in artifacts:
+        require_destination(run, it)
+    return [f"{REPORTS}/prune/{run}/{it}.json" for run, it in artifacts]
 
 
 def get_prune_all_input(wildcards):
@@ -121,32 +177,58 @@ def get_prune_all_input(wildcards):
 
 def get_iteration():
     """config iter, required by merge_experts and materialize_teacher."""
-    if config["iter"] is None:
-        raise UsageError(
-            "this target acts on one iteration and config iter is not set",
-            remedy="pass --config iter=300",
-        )
-    return config["iter"]
+    return ckptflow_config.require_iteration(config["iter"], RUNS)
 
 
 @cache
-def get_target():
-    """(run, iter_N) of config iter: config run, else the one run holding it."""
-    return ckptflow_workflow.resolve_run(RUNS, get_iteration(), config["run"])
+def get_target(may_be_new):
+    """(run, iter_N) of config iter: config run, else the one run holding it; a configured run or
+    iteration that is not on disk is refused unless the target writes or fetches it (may_be_new).
+    """
+    return ckptflow_config.resolve_target(
+        RUNS, get_iteration(), config["run"], may_be_new=may_be_new
+    )
 
 
+@ckptflow_config.one_line_errors
 def get_merge_target(wildcards):
-    run, name = get_target()
-    if ckptflow_workflow.merge_recipe(config, get_iteration()) is None:
+    """merge_experts: the recipe of config iter, its experts and (tv) its base, checked before planning."""
+    iteration = get_iteration()
+    recipe = ckptflow_workflow.merge_recipe(config, iteration)
+    if recipe is None:
+        recipes = sorted(int(k) for k in config["merge"])
+        listed = f" (recipes: {', '.join(map(str, recipes))})" if recipes else ""
         raise UsageError(
-            f"config merge has no recipe for iteration {get_iteration()}",
+            f"config merge has no recipe for iteration {iteration}{listed}",
             remedy="add one under merge: in config/config.yaml (see config/README.md)",
         )
+    run, name = get_target(True)
+    missing = [e for e in recipe["experts"] if not os.path.isfile(e)]
+    if missing:
+        raise UsageError(
+            f"config merge.{iteration}.experts: no such file {', '.join(missing)}",
+            remedy="fix the expert paths of the recipe (relative to the working directory)",
+        )
+    if recipe["mode"] == "tv":
+        key = f"merge.{iteration}.base" if recipe.get("base") else "base"
+        ckptflow_config.require_base(recipe.get("base") or config["base"], key=key)
     return f"{REPORTS}/merge/{run}/{name}.json"
 
 
+@ckptflow_config.one_line_errors
 def get_teacher_target(wildcards):
-    run, name = get_target()
+    """materialize_teacher: the iteration, the run, the base and, for a teacher built from the archive,
+    the bucket and credentials, checked before planning (what the materialize job needs).
+    """
+    iteration = get_iteration()
+    has_recipe = ckptflow_workflow.merge_recipe(config, iteration) is not None
+    bucket = config["bucket"] or os.environ.get("CKPTFLOW_BUCKET")
+    run, name = get_target(has_recipe or bool(bucket))
+    source = teacher_source(run, name)
+    ckptflow_config.require_base(config["base"])
+    if source.kind == "archive":
+        scheme = source.uri.partition("://")[0]
+        ckptflow_config.require_credentials(config["credentials"], [scheme])
     return f"{REPORTS}/materialize/{run}/{name}.json"
 
 
@@ -158,6 +240,7 @@ def get_artifact_dir(wildcards):
     return f"{RUNS}/{wildcards.run}/checkpoint_artifacts/{wildcards.iteration}"
 
 
+@ckptflow_config.one_line_errors
 def get_merge_recipe(wildcards):
     """The recipe of the iteration, a tv merge without its own base on the top-level base."""
     recipe = ckptflow_workflow.merge_recipe(config, iteration_of(wildcards))
@@ -188,6 +271,7 @@ def teacher_source(run, iteration):
     )
 
 
+@ckptflow_config.one_line_errors
 def get_teacher_input(wildcards):
     """The local artifact when its model payload is present with its recorded size (or the merge that
     writes it); nothing from the archive: materialize decides on the teacher first and fetches into
@@ -201,12 +285,14 @@ def get_teacher_input(wildcards):
     return []
 
 
+@ckptflow_config.one_line_errors
 def get_teacher_ckpt_dir(wildcards):
     """The local artifact materialize reads in place; None when it builds from the archive."""
     source = teacher_source(wildcards.run, wildcards.iteration)
     return None if source.kind == "archive" else str(source.artifact_dir)
 
 
+@ckptflow_config.one_line_errors
 def get_teacher_uri(wildcards):
     """The archive materialize builds from (fetched into the fetch rule's stage when a build needs it), so
     the teacher records the archive's identity; None when the local artifact is used in place.
@@ -215,6 +301,7 @@ def get_teacher_uri(wildcards):
     return source.uri if source.kind == "archive" else None
 
 
+@ckptflow_config.one_line_errors
 def get_fetch_uri(wildcards):
     """The archive of the artifact: named by its receipt, or under the bucket when there is no local copy."""
     source = teacher_source(wildcards.run, wildcards.iteration)
@@ -234,21 +321,31 @@ def get_teacher_out(wildcards):
     return f"{TEACHERS}/{wildcards.run}/{wildcards.iteration}"
 
 
+@ckptflow_config.one_line_errors
 def get_records_fingerprint(wildcards):
     """The status rule's rerun trigger: it reruns when what status would print changed (a record, or a
-    file a record names gone or resized). `--report` runs no job, so it refuses a table that is out of
-    date instead of embedding it.
+    file a record names gone or resized).
+
+    Evaluated whenever the status job is planned, which is how the table reaches the terminal on every
+    invocation and a report is never older than its table: Snakemake runs no job (and no onstart or
+    onsuccess hook) when the table is up to date, and `--report` runs no job at all, so the job alone
+    could do neither. show_status prints the current table here when Snakemake executes (a run or a
+    dry-run; the job itself prints nothing), and rewrites it when it plans without executing (--report,
+    --summary, --dag), so those read the table of now.
     """
-    current = ckptflow_workflow.records_fingerprint(RUNS, REPORTS, STAGE, TEACHERS)
-    if "--report" in sys.argv and os.path.exists(f"{REPORTS}/status.json"):
-        recorded = workflow.persistence.params(rules.status.output.json) or []
-        if not any(current in str(value) for value in recorded):
-            raise UsageError(
-                f"{REPORTS}/status.json is out of date: a record, or a file a record names, "
-                "changed since the status table was written",
-                remedy="run `snakemake` (the status table) first, then `snakemake --report`",
-            )
-    return current
+    ckptflow_config.require_runs_root(RUNS)
+    status = ckptflow_workflow.show_status(
+        RUNS,
+        REPORTS,
+        STAGE,
+        TEACHERS,
+        rules.status.output.json,
+        rules.status.output.txt,
+        executing=workflow.executor_plugin is not None,
+    )
+    return ckptflow_workflow.records_fingerprint(
+        RUNS, REPORTS, STAGE, TEACHERS, status=status
+    )
 
 
 # ------------------------------------------------------------------ restore
@@ -259,8 +356,10 @@ def get_restore_input(wildcards):
     return ckptflow_workflow.restore_inputs(get_artifact_dir(wildcards))
 
 
+@ckptflow_config.one_line_errors
 def get_restore_target(wildcards):
-    run, name = get_target()
+    """restore: the artifact of config iter, which must be on disk (restore refills it in place)."""
+    run, name = get_target(False)
     return f"{REPORTS}/restore/{run}/{name}.json"
 
 

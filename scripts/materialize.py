@@ -1,9 +1,9 @@
-"""Snakemake shim for rule materialize: the rule's log file gets its logs and any traceback; calls ckptflow.workflow.materialize_step."""
+"""Snakemake shim for rule materialize: the rule's log file gets its logs and any traceback, stderr the one-line error; calls ckptflow.workflow.materialize_step."""
 
-from ckptflow.workflow import materialize_step, step_log
+from ckptflow.workflow import materialize_step, step_job
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
-with step_log(snakemake.log[0]):
+with step_job(snakemake.log[0], snakemake.rule):
     p = snakemake.params
     # Credentials are read from the config (see rules/fetch.smk): where the keys live is not the request.
     materialize_step(p.base, p.out, p.ckpt_dir, p.artifact_uri, p.stage_root, snakemake.config.get("credentials"),

@@ -1,9 +1,9 @@
-"""Snakemake shim for rule publish: the rule's log file gets its logs and any traceback; calls ckptflow.workflow.publish_step."""
+"""Snakemake shim for rule publish: the rule's log file gets its logs and any traceback, stderr the one-line error; calls ckptflow.workflow.publish_step."""
 
-from ckptflow.workflow import artifact_path, publish_step, step_log, step_reports, upload_prefix
+from ckptflow.workflow import artifact_path, publish_step, step_job, step_reports, upload_prefix
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
-with step_log(snakemake.log[0]):
+with step_job(snakemake.log[0], snakemake.rule):
     config, w = snakemake.config, snakemake.wildcards
     # Not params (see rules/publish.smk): where to publish is not part of the rerun identity.
     publish_step(artifact_path(config["runs_root"], w.run, w.iteration), upload_prefix(w.run), config.get("bucket"),

@@ -1,9 +1,9 @@
-"""Snakemake shim for rule replace_legacy_receipt: the rule's log file gets its logs and any traceback; calls ckptflow.workflow.replace_legacy_receipt_step."""
+"""Snakemake shim for rule replace_legacy_receipt: the rule's log file gets its logs and any traceback, stderr the one-line error; calls ckptflow.workflow.replace_legacy_receipt_step."""
 
-from ckptflow.workflow import artifact_of, replace_legacy_receipt_step, step_log, step_reports, upload_prefix
+from ckptflow.workflow import artifact_of, replace_legacy_receipt_step, step_job, step_reports, upload_prefix
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
-with step_log(snakemake.log[0]):
+with step_job(snakemake.log[0], snakemake.rule):
     config, w = snakemake.config, snakemake.wildcards
     # Not params, as for rule publish: where to publish is not part of the rerun identity.
     replace_legacy_receipt_step(artifact_of(snakemake.input.manifest), upload_prefix(w.run), config.get("bucket"),

@@ -2,15 +2,17 @@
 
 Snakemake decides what is pending (a rule's report is missing or older than its input); these
 functions decide what is safe, with exactly the guarantees of the CLI verbs. A step that cannot
-complete raises, so Snakemake marks the job failed and removes its declared output. Every step writes
+complete raises; the shim's ``step_job`` ends the job with its one-line error (the traceback goes to the job
+log), so Snakemake marks the job failed and removes its declared output. Every step writes
 a small JSON report under ``reports_dir`` as its rule output, and only that: Snakemake deletes a job's
 outputs before a rerun, after a failure and on ``--delete-all-output``, so the library's own records
 (manifest, receipt, ``.merge-complete.json``, ``.staged.json``, ``.materialized``) are never outputs.
 A lost receipt is re-derived by publication from an archive a report or the configuration names.
 
-The planning helpers at the top (``normalise_config``, ``resolve_run``, ``teacher_source``,
-``records_fingerprint``) are what the named input functions of ``rules/common.smk`` call: they read
-records (and stat the files records name) only and never contact a store.
+The planning helpers (``teacher_source``, ``records_fingerprint``, ``show_status``; the configuration and
+its checks live in ``workflow_config``, re-exported here) are what the named input functions of
+``rules/common.smk`` call: they read records (and stat the files records name) only and never contact a
+store; ``show_status`` writes the status table only when Snakemake plans without executing (``--report``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import sys
 import traceback
 from collections.abc import Iterator, Mapping, Sequence
@@ -28,15 +29,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .artifact import ARTIFACTS_DIR, ITER_DIR_RE, committed_artifacts
-from .errors import CkptflowError, NotFound, Refused, UsageError, VerificationFailed
+from .artifact import ARTIFACTS_DIR, committed_artifacts  # rules/common.smk lists artifacts through it too
+from .errors import CkptflowError, NotFound, Refused, VerificationFailed
 from .fsutil import atomic_write_bytes
 from .jsonio import encode_json
 from .records import manifest as manifest_record
 from .records import receipt as receipt_record
-from .store import StoreURI
-from .store.open import BUCKET_ENV, credentials_for, open_bucket_arg, store_factory
-from .store.uri import parse_store_uri
+from .store.open import credentials_for, open_bucket_arg, store_factory
+from .workflow_config import (  # noqa: F401  (the planning names rules/common.smk and the shims use)
+    exit_with,
+    iteration_name,
+    merge_recipe,
+    normalise_config,
+    parse_iteration,
+    require_base,
+    require_bucket,
+    resolve_run,
+    runs_holding,
+)
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +73,18 @@ def step_log(path: str) -> Iterator[None]:
             sys.stderr = saved
 
 
+@contextlib.contextmanager
+def step_job(path: str, step: str) -> Iterator[None]:
+    """A rule's job: ``step_log``, and a failure ends the job with one line on stderr, the error and its
+    remedy in ``--config`` terms (``workflow_config.exit_with``), which Snakemake shows above its own
+    lines for the failed job; the traceback stays in the log."""
+    try:
+        with step_log(path):
+            yield
+    except Exception as exc:  # noqa: BLE001  every failure ends the job in one line; the log has the details
+        exit_with(exc, step, log=path)
+
+
 def _write_report(path: Path | str, report: dict[str, Any]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -71,7 +93,6 @@ def _write_report(path: Path | str, report: dict[str, Any]) -> None:
 
 # --------------------------------------------------------------------------------------------- planning
 
-RUN_REMEDY = "pass --config run=<project>/<group>/<run>/<ts> (the run's path under runs_root)"
 # Report subdirectories whose files are records of finished jobs (rerun triggers of the status rule).
 REPORT_KINDS = ("merge", "legacy-receipt", "verify", "prune", "fetch", "materialize")
 
@@ -97,141 +118,6 @@ def upload_prefix(run: str) -> str:
     from .archive.keys import run_upload_prefix
 
     return run_upload_prefix(run)
-
-
-def iteration_name(iteration: int) -> str:
-    """The directory name of a new artifact, stage or teacher for ``iteration``: ``iter_NNNNNN``."""
-    return f"iter_{iteration:06d}"
-
-
-def parse_iteration(value: Any, *, what: str = "config iter") -> int:
-    """``300``, ``"300"`` or ``"iter_000300"`` as an int; anything else is refused by name."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    text = str(value).strip() if isinstance(value, str) else ""
-    m = ITER_DIR_RE.match(text)
-    if m:
-        return int(m.group(1))
-    if text.isdigit():
-        return int(text)
-    raise UsageError(f"{what} is {value!r}, not an iteration number", remedy="pass --config iter=300")
-
-
-def _as_bool(value: Any, what: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("true", "yes", "1", "on"):
-        return True
-    if text in ("false", "no", "0", "off"):
-        return False
-    raise UsageError(f"{what} is {value!r}, not true or false")
-
-
-def _as_int(value: Any) -> Any:
-    """A string of digits as an int; anything else as it is (the schema names a wrong type)."""
-    return int(value) if isinstance(value, str) and re.fullmatch(r"\s*-?[0-9]+\s*", value) else value
-
-
-def _recipe(raw: Any, key: str) -> Any:
-    if not isinstance(raw, Mapping):
-        return raw  # the schema names the problem
-    recipe = dict(raw)
-    if isinstance(recipe.get("experts"), str):  # a nested --config override arrives as a string
-        recipe["experts"] = [e.strip() for e in recipe["experts"].split(",") if e.strip()]
-    if isinstance(recipe.get("lam"), str) and recipe["lam"].strip() not in ("", "null", "None"):
-        try:
-            recipe["lam"] = float(recipe["lam"])
-        except ValueError:
-            raise UsageError(f"config merge.{key}.lam is {recipe['lam']!r}, not a number") from None
-    elif recipe.get("lam") in ("null", "None", ""):
-        recipe["lam"] = None
-    if "force" in recipe:
-        recipe["force"] = _as_bool(recipe["force"], f"config merge.{key}.force")
-    return recipe
-
-
-def normalise_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The configuration with command-line spellings made typed, before schema validation.
-
-    ``--config iter=300`` arrives as an int, but nested overrides (``--config 'merge={...}'``) arrive as
-    strings, and YAML keys of ``merge`` may be ints: iterations become ints, ``merge`` keys strings of
-    the iteration number, numbers and booleans of nested keys their types.
-    """
-    out = dict(config)
-    if out.get("iter") is not None:
-        out["iter"] = parse_iteration(out["iter"])
-    if isinstance(out.get("run"), str):
-        out["run"] = out["run"].strip("/") or None
-    if isinstance(out.get("merge"), Mapping):
-        out["merge"] = {str(parse_iteration(k, what=f"config merge key {k!r}")): _recipe(v, str(k))
-                        for k, v in out["merge"].items()}
-    if isinstance(out.get("materialize"), Mapping):
-        mat = dict(out["materialize"])
-        for key in ("min_tensors", "expect_tensors"):
-            if key in mat:
-                mat[key] = _as_int(mat[key])
-        for key in ("verify", "force"):
-            if key in mat:
-                mat[key] = _as_bool(mat[key], f"config materialize.{key}")
-        out["materialize"] = mat
-    if isinstance(out.get("prune"), Mapping):
-        prune = dict(out["prune"])
-        if "keep_newest" in prune:
-            prune["keep_newest"] = _as_int(prune["keep_newest"])
-        if prune.get("keep_free") is not None and not isinstance(prune["keep_free"], str):
-            prune["keep_free"] = str(prune["keep_free"])  # a YAML number of bytes
-        out["prune"] = prune
-    return out
-
-
-def merge_recipe(config: Mapping[str, Any], iteration: int) -> dict[str, Any] | None:
-    """The merge recipe of ``iteration`` in a normalised configuration, or None."""
-    recipes = config.get("merge") or {}
-    return recipes.get(str(iteration))
-
-
-def runs_holding(runs_root: str | Path, iteration: int) -> list[tuple[str, str]]:
-    """``(run, iter_dir_name)`` of every run under ``runs_root`` holding a committed ``iter_<iteration>``.
-
-    The run is the path of the directory holding ``checkpoint_artifacts``, relative to ``runs_root``.
-    """
-    return [(run, name) for run, name in committed_artifacts(runs_root)
-            if int(ITER_DIR_RE.match(name).group(1)) == iteration]
-
-
-def resolve_run(runs_root: str | Path, iteration: int, run: str | None) -> tuple[str, str]:
-    """``(run, iter_dir_name)`` the iteration-scoped targets act on.
-
-    ``run`` given: it, with its existing directory for ``iteration`` (any zero padding) or ``iter_NNNNNN``.
-    Omitted: the one run holding a committed ``iter_<iteration>``; none or several is a ``UsageError``
-    that lists the candidates.
-    """
-    if run:
-        run = run.strip("/")
-        artifacts = Path(runs_root) / run / ARTIFACTS_DIR
-        names = sorted(n for n in (os.listdir(artifacts) if artifacts.is_dir() else [])
-                       if (m := ITER_DIR_RE.match(n)) and int(m.group(1)) == iteration)
-        if len(names) > 1:
-            raise UsageError(f"{artifacts} holds several directories of iteration {iteration}: {names}",
-                             remedy="keep one of them (move the others out of checkpoint_artifacts/)")
-        return run, names[0] if names else iteration_name(iteration)
-    candidates = runs_holding(runs_root, iteration)
-    if len(candidates) == 1:
-        return candidates[0]
-    listed = "; ".join(f"{r} ({n})" for r, n in candidates)
-    if not candidates:
-        raise UsageError(f"no run under {runs_root} holds a committed {ARTIFACTS_DIR}/iter_{iteration}", remedy=RUN_REMEDY)
-    raise UsageError(f"several runs under {runs_root} hold a committed {ARTIFACTS_DIR}/iter_{iteration}: {listed}",
-                     remedy=RUN_REMEDY)
-
-
-def bucket_uri(bucket: str | None) -> StoreURI:
-    """The configured bucket (``null``: ``$CKPTFLOW_BUCKET``) as a store URI; a bare name means S3."""
-    bucket = bucket or os.environ.get(BUCKET_ENV) or None
-    if not bucket:
-        raise UsageError("no bucket configured", remedy=f"pass --config bucket=s3://B (or file:///DIR), or set {BUCKET_ENV}")
-    return parse_store_uri(bucket, what="config bucket") if "://" in bucket else StoreURI("s3", bucket, "")
 
 
 @dataclass(frozen=True)
@@ -277,7 +163,7 @@ def teacher_source(artifact_dir: str | Path, run: str, *, bucket: str | None, ha
         if artifact_dir.exists():
             raise NotFound(f"{artifact_dir} has no {manifest_record.FILENAME}: it is not a committed artifact",
                            path=str(artifact_dir), remedy="wait for the save to finish, or seal the artifact")
-        uri = bucket_uri(bucket).child(f"{run}/{ARTIFACTS_DIR}/{artifact_dir.name}")
+        uri = require_bucket(bucket).child(f"{run}/{ARTIFACTS_DIR}/{artifact_dir.name}")
         return TeacherSource("archive", artifact_dir, str(uri), why=f"no local {artifact_dir}")
     present, why = _model_present(artifact_dir)
     if present:
@@ -297,12 +183,12 @@ def teacher_source(artifact_dir: str | Path, run: str, *, bucket: str | None, ha
 
 
 def records_fingerprint(runs_root: str | Path, reports_dir: str | Path, stage_dir: str | Path,
-                        teachers_dir: str | Path) -> str:
+                        teachers_dir: str | Path, status: Any = None) -> str:
     """The status rule's rerun trigger: a digest of what the status table would say now (the report of
     ``collect_status``, which stats every file a record names) and of the path, size and mtime of every
     record it reads (the artifacts', stages' and teachers' records and the step reports, not the table
     itself). A payload lost or pruned behind the workflow's back changes the first even when no record
-    changed."""
+    changed. ``status``: that report's ``collect_status`` result when the caller has it already."""
     from .status import collect_status
 
     names = {manifest_record.FILENAME, receipt_record.FILENAME, ".merge-complete.json", ".staged.json",
@@ -322,8 +208,9 @@ def records_fingerprint(runs_root: str | Path, reports_dir: str | Path, stage_di
                     continue
                 h.update(f"{dirpath}/{name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     if Path(runs_root).is_dir():
-        status = collect_status(Path(runs_root), reports_dir=Path(reports_dir), stage_dir=Path(stage_dir),
-                                teachers_dir=Path(teachers_dir))
+        if status is None:
+            status = collect_status(Path(runs_root), reports_dir=Path(reports_dir), stage_dir=Path(stage_dir),
+                                    teachers_dir=Path(teachers_dir))
         h.update(encode_json(status.to_report()))
     return h.hexdigest()
 
@@ -374,8 +261,7 @@ def materialize_step(base: str, out: str, ckpt_dir: str | None, artifact_uri: st
     fetched (by materialize, not by a fetch job before it) only when a build needs it."""
     from .materialize import materialize
 
-    if not base:
-        raise UsageError("no base configured for materialize_teacher", remedy="pass --config base=<HF base directory>")
+    require_base(base)  # what the planning of materialize_teacher checks, with the same words
     kwargs = {k: options[k] for k in ("min_tensors", "expect_tensors") if options.get(k) is not None}
     if artifact_uri:
         kwargs.update(artifact_uri=artifact_uri, stage_dir=stage_root, keep_staged=True,
@@ -468,6 +354,7 @@ def publish_step(artifact_dir: str, upload_prefix: str, bucket: str | None, cred
             report = result.to_report()
             break
         if report is None:
+            require_bucket(bucket)  # what planning checks when a publication is pending, in the same words
             store = open_bucket_arg(bucket, credentials)
             result = publish_artifact(artifact, store, upload_prefix, progress=False)
             log.info("publish %s: %s", artifact_dir, result.status)
@@ -598,3 +485,37 @@ def status_step(runs_root: str, reports_dir: str | None, stage_dir: str | None, 
     Path(out_txt).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(Path(out_txt), status.render().encode("utf-8"))
     return report
+
+
+_shown: set[str] = set()  # tables already printed by this Snakemake process (planning may ask twice)
+
+
+def show_status(runs_root: str, reports_dir: str, stage_dir: str, teachers_dir: str, out_json: str, out_txt: str,
+                *, executing: bool) -> Any:
+    """The status table while Snakemake plans the status job (see rules/common.smk): when Snakemake will
+    execute (a run or a dry-run), the current table on stdout, once per process, whether or not the job
+    runs; when it plans without executing (``--report``, ``--summary``, ``--dag``), the table files
+    rewritten if they differ from the current table, so what those read is current. Returns the status
+    (``records_fingerprint`` digests it)."""
+    from .status import collect_status
+
+    status = collect_status(Path(runs_root), reports_dir=Path(reports_dir), stage_dir=Path(stage_dir),
+                            teachers_dir=Path(teachers_dir))
+    text = status.render()
+    if executing:
+        if out_txt not in _shown:
+            _shown.add(out_txt)
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        return status
+    report = encode_json(status.to_report())
+    for path, data in ((Path(out_json), report), (Path(out_txt), text.encode("utf-8"))):
+        try:
+            same = path.read_bytes() == data
+        except OSError:
+            same = False
+        if not same:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(path, data)
+    return status
+

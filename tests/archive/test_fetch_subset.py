@@ -39,7 +39,7 @@ def status_cell(tmp_path, stage_root) -> tuple[dict, str]:
     assert proc.returncode == 0, proc.stderr
     validate(proc.report, "report_status", what="status report")
     [row] = proc.report["rows"]
-    table = run_on_terminal(*args)  # the table a terminal gets
+    table = run_on_terminal(*args, "--wide")  # the table a terminal gets, one line per row
     [line] = [x for x in table.stdout.splitlines() if x.startswith(RUN)]
     return row["staged"], line
 
