@@ -270,9 +270,9 @@ def test_each_backend_says_its_capabilities_explicitly(backend: Backend) -> None
     assert store.concurrency == DEFAULT_CONCURRENCY
     if backend.name == "file":
         assert store.multipart is None  # every file is copied whole
-        assert store.downloads == DownloadShape(DEFAULT_CONCURRENCY, MiB)
+        assert store.download_shape == DownloadShape(DEFAULT_CONCURRENCY, MiB)
         return
-    assert store.downloads.range_size == MiB  # given; the connections follow where the endpoint is
+    assert store.download_shape.range_size == MiB  # given; the connections follow where the endpoint is
     assert store.multipart.threshold == PART
     assert isinstance(store.multipart.resumable, ResumableUploads)
     assert store.multipart.resumable.resumable_part_size("p/none.bin", 3 * PART) is None  # nothing journaled
@@ -291,7 +291,7 @@ def test_a_gcs_store_says_its_capabilities_without_building_its_s3_client() -> N
     assert isinstance(gcs, StoreCapabilities)
     # Parts from the same threshold as S3, but nothing journaled to resume or sweep and no part checksums.
     assert gcs.multipart == MultipartUploads(PART, resumable=None, part_checksums_enforced=None)
-    assert gcs.downloads == DownloadShape(DEFAULT_CONCURRENCY, MiB)  # a remote endpoint: eight connections
+    assert gcs.download_shape == DownloadShape(DEFAULT_CONCURRENCY, MiB)  # a remote endpoint: eight connections
     assert gcs.concurrency == DEFAULT_CONCURRENCY
     assert GCSStore("bucket", Credentials("GOOG1ID", "secret", None)).multipart.threshold == DEFAULT_MULTIPART_THRESHOLD
     assert gcs._s3_obj is None

@@ -61,12 +61,12 @@ class _FileProgress:
 
 def download_range_size(store: ObjectStore) -> int:
     """The range size a download (fetch, or a read back by verify) uses with ``store``."""
-    return store.downloads.range_size
+    return store.download_shape.range_size
 
 
 def download_connections(store: ObjectStore) -> int:
     """The connections a download (fetch, or a read back by verify) keeps busy with ``store``."""
-    return store.downloads.connections
+    return store.download_shape.connections
 
 
 def put_in_place(part: Path, final: Path, expected: FileDigest, *, no_clobber: bool) -> None:

@@ -133,7 +133,7 @@ class StoreCapabilities(Protocol):
     #: None: every file is written whole (``file://``).
     multipart: MultipartUploads | None
     #: How ``download_file`` and ranged reads (fetch, verify's read back) are cut.
-    downloads: DownloadShape
+    download_shape: DownloadShape
     #: Requests a batch of small operations keeps in flight (the parts of an upload, the GETs of a listing).
     concurrency: int
 

@@ -51,7 +51,7 @@ from ..progress import ByteProgress
 from . import gcs_sign
 from .base import DEFAULT_CONCURRENCY, DEFAULT_MULTIPART_THRESHOLD, Destination, MultipartUploads, ObjectInfo
 from .credentials import Credentials, endpoint_authority
-from .s3_shape import download_shape
+from .s3_shape import shape_for
 from .uri import validate_key
 
 if TYPE_CHECKING:
@@ -162,7 +162,7 @@ class GCSStore:
         self._timeout = timeout
         self._s3_kwargs = s3_kwargs
         self.multipart = MultipartUploads(s3_kwargs.get("multipart_threshold", DEFAULT_MULTIPART_THRESHOLD))
-        self.downloads = download_shape(endpoint, s3_kwargs.get("download_concurrency"),
+        self.download_shape = shape_for(endpoint, s3_kwargs.get("download_concurrency"),
                                         s3_kwargs.get("download_range_size"))
         self.concurrency: int = s3_kwargs.get("concurrency", DEFAULT_CONCURRENCY)
         self._s3_obj: S3Store | None = None

@@ -67,7 +67,7 @@ class LocalStore:
         self.root = root
         self.concurrency = concurrency
         self.range_size = range_size
-        self.downloads = base.DownloadShape(concurrency, range_size)
+        self.download_shape = base.DownloadShape(concurrency, range_size)
         self.creator_wait_s = creator_wait_s
         self.destination = base.Destination("file", str(root), "")
 

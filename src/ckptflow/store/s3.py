@@ -44,7 +44,7 @@ from .s3_errors import (
 )
 from .s3_put import b64_sha256
 from .s3_retries import announce_retries
-from .s3_shape import LOCAL_DOWNLOADS, REMOTE_DOWNLOADS, download_shape, downloads_for
+from .s3_shape import LOCAL_DOWNLOADS, REMOTE_DOWNLOADS, downloads_for, shape_for
 from .transfer import MIN_PART_SIZE, download_ranges, part_size_for, retry_call
 from .uri import validate_key, validate_prefix
 
@@ -83,7 +83,7 @@ class S3Store:
     """One bucket on one S3 endpoint. Thread-safe: the botocore client is shared by the worker threads.
 
     Capabilities: ``multipart`` (threshold, resumable uploads through ``unfinished``, the part-checksum
-    check), ``downloads`` (by where the endpoint is, ``s3_shape``) and ``concurrency``."""
+    check), ``download_shape`` (by where the endpoint is, ``s3_shape``) and ``concurrency``."""
 
     def __init__(
         self,
@@ -110,7 +110,7 @@ class S3Store:
             raise UsageError(f"multipart_threshold {multipart_threshold} is above {MAX_SINGLE_PART}: a single-part "
                              "upload is read whole and checked against its digest before it is sent",
                              remedy=f"use at most {MAX_SINGLE_PART} bytes; larger files go in parts")
-        download_concurrency, download_range_size = download_shape(
+        download_concurrency, download_range_size = shape_for(
             credentials.endpoint_url if credentials is not None else None, download_concurrency, download_range_size)
         if min(concurrency, list_page_size, download_concurrency, download_range_size, multipart_threshold,
                max_attempts) < 1:
@@ -124,7 +124,7 @@ class S3Store:
         self.list_page_size = list_page_size
         self.download_concurrency = download_concurrency
         self.download_range_size = download_range_size
-        self.downloads = base.DownloadShape(download_concurrency, download_range_size)
+        self.download_shape = base.DownloadShape(download_concurrency, download_range_size)
         self.supports_checksum_sha256 = checksum_sha256
         self.part_checksums = part_checksums and checksum_sha256
         self._part_check: bool | None = None

@@ -32,7 +32,7 @@ def downloads_for(endpoint_url: str | None) -> DownloadShape:
         return REMOTE_DOWNLOADS
 
 
-def download_shape(endpoint_url: str | None, connections: int | None = None,
+def shape_for(endpoint_url: str | None, connections: int | None = None,
                    range_size: int | None = None) -> DownloadShape:
     """The shape given, each part of it that is None taken from ``downloads_for(endpoint_url)``."""
     shape = downloads_for(endpoint_url)
