@@ -185,10 +185,8 @@ class GCSStore:
                         self._credentials,
                         **{**self._s3_kwargs, "scheme": "gs", "checksum_sha256": False},
                     )
-                    client = getattr(s3, "_client", None)
-                    if client is not None:
-                        for op in ("HeadObject", "GetObject"):
-                            client.meta.events.register(f"after-call.s3.{op}", _goog_metadata_as_amz)
+                    for op in ("HeadObject", "GetObject"):
+                        s3._client.meta.events.register(f"after-call.s3.{op}", _goog_metadata_as_amz)
                     self._s3_obj = s3
         return self._s3_obj
 
