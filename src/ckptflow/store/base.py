@@ -10,7 +10,8 @@ What a backend offers beyond the protocol's operations is part of the contract t
 which ``ObjectStore`` includes): multipart uploads (their threshold, a journal that resumes and sweeps
 unfinished ones, the server check of part checksums), the shape of ranged downloads, and how many
 requests a batch keeps in flight. A backend without one says so with ``None``; callers ask these
-attributes, never probe a store for methods.
+attributes, never probe a store for methods. A paged listing (``iter_list``) is an operation of every
+backend (a ``file://`` tree is one page).
 """
 
 from __future__ import annotations

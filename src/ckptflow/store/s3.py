@@ -282,6 +282,8 @@ class S3Store:
         return s3_put.put_files(self, files, progress=progress, on_stored=on_stored, uploads=uploads)
 
     # ------------------------------------------------------------------ unfinished uploads (s3_uploads)
+    # The component's operations for direct users of an S3 store; the archive reaches the resumable ones
+    # through ``multipart.resumable``, which every backend has (or lacks) alike.
 
     def resumable_part_size(self, key: str, size: int) -> int | None:
         return self.unfinished.resumable_part_size(key, size)

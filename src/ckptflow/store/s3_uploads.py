@@ -203,7 +203,7 @@ class UnfinishedUploads:
         return translate(exc, op, self._where(key), self.bucket)
 
     def resume(self, held: Claim | None, key: str, digest: FileDigest, part_size: int, checked: bool,
-                uploads: base.UploadLog | None) -> tuple[str | None, dict[int, str]]:
+               uploads: base.UploadLog | None) -> tuple[str | None, dict[int, str]]:
         """The journaled unfinished upload of ``key`` to resume and its proven parts; ``(None, {})`` when
         there is none to resume. One left for other bytes (or another part size or checksum mode) is
         aborted: it can never be completed as this file."""
