@@ -15,6 +15,14 @@ from ckptflow.digest import FileDigest, sha256_bytes, sha256_file
 from ckptflow.errors import NotFound, Refused, VerificationFailed
 from ckptflow.progress import ByteProgress
 from ckptflow.store import LocalStore, ObjectStore, S3Store, load_credentials
+from ckptflow.store.base import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_MULTIPART_THRESHOLD,
+    DownloadShape,
+    MultipartUploads,
+    ResumableUploads,
+    StoreCapabilities,
+)
 
 MiB = 1024 * 1024
 PART = 5 * MiB  # S3's minimum part size keeps the multipart files small
@@ -252,3 +260,38 @@ def test_only_stores_are_object_stores(tmp_path: Path) -> None:
     assert not hasattr(gcs, "put_bytes_wrong_checksum")
     assert not hasattr(gcs, "no_such_method")
     assert gcs._s3_obj is None  # and asking did not build the S3-interop client
+
+
+def test_each_backend_says_its_capabilities_explicitly(backend: Backend) -> None:
+    """Multipart uploads, the download shape and the concurrency are attributes of every store: present,
+    or None where the backend has none, so no caller probes a store for methods."""
+    store = backend.make(small_parts=True)
+    assert isinstance(store, StoreCapabilities)
+    assert store.concurrency == DEFAULT_CONCURRENCY
+    if backend.name == "file":
+        assert store.multipart is None  # every file is copied whole
+        assert store.download_shape == DownloadShape(DEFAULT_CONCURRENCY, MiB)
+        return
+    assert store.download_shape.range_size == MiB  # given; the connections follow where the endpoint is
+    assert store.multipart.threshold == PART
+    assert isinstance(store.multipart.resumable, ResumableUploads)
+    assert store.multipart.resumable.resumable_part_size("p/none.bin", 3 * PART) is None  # nothing journaled
+    assert store.multipart.resumable.sweep_uploads("p/", older_than=3600, dry_run=True) == ([], [])
+    # FACTS: SeaweedFS refuses a part under a wrong ChecksumSHA256, moto stores it.
+    assert store.multipart.part_checksums_enforced("p/part-check") is (backend.name == "seaweedfs")
+    assert store.head("p/part-check") is None
+
+
+def test_a_gcs_store_says_its_capabilities_without_building_its_s3_client() -> None:
+    from ckptflow.store.credentials import Credentials
+    from ckptflow.store.gcs import GCSStore
+
+    gcs = GCSStore("bucket", Credentials("GOOG1ID", "secret", "https://storage.example.org"),
+                   multipart_threshold=PART, download_range_size=MiB)
+    assert isinstance(gcs, StoreCapabilities)
+    # Parts from the same threshold as S3, but nothing journaled to resume or sweep and no part checksums.
+    assert gcs.multipart == MultipartUploads(PART, resumable=None, part_checksums_enforced=None)
+    assert gcs.download_shape == DownloadShape(DEFAULT_CONCURRENCY, MiB)  # a remote endpoint: eight connections
+    assert gcs.concurrency == DEFAULT_CONCURRENCY
+    assert GCSStore("bucket", Credentials("GOOG1ID", "secret", None)).multipart.threshold == DEFAULT_MULTIPART_THRESHOLD
+    assert gcs._s3_obj is None

@@ -21,10 +21,10 @@ from ckptflow.store.s3 import (
     LOCAL_DOWNLOADS,
     MAX_SINGLE_PART,
     REMOTE_DOWNLOADS,
-    _check_composite,
     _full_object_sha256,
     downloads_for,
 )
+from ckptflow.store.s3_put import _check_composite
 from helpers import servers
 
 MiB = 1024 * 1024

@@ -37,8 +37,8 @@ from ..errors import ConflictError, OutOfSpace, VerificationFailed
 from ..fsutil import fsync_file, payload_fsync_enabled
 from ..progress import ByteProgress
 from ..records.inventory import FileEntry
-from ..store.base import DEFAULT_CONCURRENCY, ObjectStore
-from ..store.transfer import DEFAULT_RANGE_SIZE, RangedFile, download_batch
+from ..store.base import ObjectStore
+from ..store.transfer import RangedFile, download_batch
 from . import space, stage
 from .keys import object_key
 
@@ -61,12 +61,12 @@ class _FileProgress:
 
 def download_range_size(store: ObjectStore) -> int:
     """The range size a download (fetch, or a read back by verify) uses with ``store``."""
-    return getattr(store, "download_range_size", None) or getattr(store, "range_size", None) or DEFAULT_RANGE_SIZE
+    return store.download_shape.range_size
 
 
 def download_connections(store: ObjectStore) -> int:
     """The connections a download (fetch, or a read back by verify) keeps busy with ``store``."""
-    return getattr(store, "download_concurrency", None) or getattr(store, "concurrency", None) or DEFAULT_CONCURRENCY
+    return store.download_shape.connections
 
 
 def put_in_place(part: Path, final: Path, expected: FileDigest, *, no_clobber: bool) -> None:

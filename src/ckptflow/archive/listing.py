@@ -48,7 +48,7 @@ from ..records import (
     utc_timestamp,
 )
 from ..records.receipt import ReceiptDestination
-from ..store.base import DEFAULT_CONCURRENCY, ObjectInfo, ObjectStore
+from ..store.base import ObjectInfo, ObjectStore
 from ..store.uri import StoreURI, segment_prefix
 from .keys import object_key
 
@@ -132,7 +132,7 @@ def list_archive(store: ObjectStore, uri: StoreURI, *, runs_root: Path | None = 
     # A file:// URI is its own root: its path's segments place the keys in the archive's layout.
     base = uri.bucket.strip("/").split("/") if uri.scheme == "file" else []
     key_prefix = "" if uri.scheme == "file" else segment_prefix(uri.key, what=f"prefix of {uri}")
-    workers = max(1, getattr(store, "concurrency", DEFAULT_CONCURRENCY))
+    workers = max(1, store.concurrency)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptflow-ls") as pool:
         # Each declaration's GET starts as soon as its key is listed, so the reads overlap the next pages.
         artifacts, other = _group(store.iter_list(key_prefix), base, uri,

@@ -153,7 +153,7 @@ def _check_wrong_checksum(store: ObjectStore, key: str, reasons: list[str]) -> s
 def _check_part_checksums(store: ObjectStore, key: str) -> str:
     """Informational, never a failure: where parts are not checked by the server, uploads hash what
     they send themselves."""
-    check = getattr(store, "part_checksums_enforced", None)
+    check = store.multipart.part_checksums_enforced if store.multipart is not None else None
     if check is None or not store.supports_checksum_sha256:
         return "not-offered"
     return "enforced" if check(key) else "not-enforced"

@@ -287,7 +287,7 @@ def _upload_payloads(
         # Large files go as one stream of concurrent parts (memory stays bounded by the store's part
         # window, and no file boundary idles the connections); small files go concurrently, since
         # each is one request.
-        threshold = getattr(store, "multipart_threshold", DEFAULT_MULTIPART_THRESHOLD)
+        threshold = store.multipart.threshold if store.multipart is not None else DEFAULT_MULTIPART_THRESHOLD
         large = [e for e in todo if e.size >= threshold]
         small = [e for e in todo if e.size < threshold]
         if large:
@@ -400,11 +400,12 @@ def publish_artifact(
 
         require_qualified(store, prefix)  # before any remote write: fail closed on unqualified endpoints
 
-    resumable = getattr(store, "resumable_part_size", None)
+    resumable = store.multipart.resumable if store.multipart is not None else None
     uploads = UploadLog() if resumable is not None else None
     inv = build_local_inventory(
         artifact_dir, progress=progress, part_size_for=store.part_digest_size,
-        md5_parts_for=(lambda rel, size: resumable(object_key(prefix, rel), size)) if resumable else None)
+        md5_parts_for=(lambda rel, size: resumable.resumable_part_size(object_key(prefix, rel), size))
+        if resumable else None)
     decl_sha = sha256_bytes(inv.declaration_bytes)
     result = PublishResult("published", artifact_dir, dest, inv.files, decl_sha, earlier_destinations=earlier)
 
@@ -478,7 +479,7 @@ def _clean_uploads(store: ObjectStore, prefix: str, stale_age: float, uploads: U
     result.sent_bytes = result.uploaded_bytes
     if uploads is None:
         return
-    aborted, kept = store.sweep_uploads(prefix + "/", older_than=stale_age, journaled_any_age=True)
+    aborted, kept = store.multipart.resumable.sweep_uploads(prefix + "/", older_than=stale_age, journaled_any_age=True)
     for row in kept:
         log.info("%s: left unfinished upload %s alone: %s", row["key"], row["upload_id"], row["reason"])
     rel = len(prefix) + 1

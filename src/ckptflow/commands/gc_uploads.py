@@ -105,11 +105,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     older_than = check_age(parse_age(args.older_than), args.force_age)
     dry_run = sys.stdout.isatty() if args.dry_run is None else args.dry_run
     store = open_bucket_arg(args.bucket, args.credentials)
-    sweep = getattr(store, "sweep_uploads", None)
-    if sweep is None:
+    resumable = store.multipart.resumable if store.multipart is not None else None
+    if resumable is None:
         raise UsageError(f"{store.destination.scheme}://{store.destination.bucket} keeps no multipart uploads "
                          "that ckptflow can list", remedy="gc-uploads works on S3 endpoints")
-    aborted, kept = sweep(prefix, older_than=older_than, dry_run=dry_run)
+    aborted, kept = resumable.sweep_uploads(prefix, older_than=older_than, dry_run=dry_run)
     return {"status": "dry-run" if dry_run else "done", "destination": store.destination.as_dict(),
             "prefix": prefix, "scope": args.scope, "older_than_s": older_than, "aborted": aborted, "kept": kept}
 

@@ -1,4 +1,4 @@
-"""Object stores: the ``ObjectStore`` protocol, URIs, credentials, and opening a store.
+"""Object stores: the ``ObjectStore`` protocol and its capabilities, URIs, credentials, and opening a store.
 
 Opening a store (from ``--bucket``, ``--credentials``, the environment or a recorded destination) is
 decided in ``open.py`` alone; this package re-exports its entry points.
@@ -11,8 +11,12 @@ from .base import (
     DEFAULT_MULTIPART_THRESHOLD,
     DEFAULT_PART_SIZE,
     Destination,
+    DownloadShape,
+    MultipartUploads,
     ObjectInfo,
     ObjectStore,
+    ResumableUploads,
+    StoreCapabilities,
 )
 from .credentials import Credentials, endpoint_authority, load_credentials, resolve_credentials_path
 from .local import LocalStore
@@ -26,10 +30,14 @@ __all__ = [
     "SCHEMES",
     "Credentials",
     "Destination",
+    "DownloadShape",
     "LocalStore",
+    "MultipartUploads",
     "ObjectInfo",
     "ObjectStore",
+    "ResumableUploads",
     "S3Store",
+    "StoreCapabilities",
     "StoreURI",
     "endpoint_authority",
     "load_credentials",

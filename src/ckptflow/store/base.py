@@ -5,6 +5,13 @@ store never interprets artifact layout; the archive modules build keys from a pr
 relative paths. ``sha256`` is the lowercase hex SHA-256 of the whole object, carried as user metadata
 (``x-amz-meta-sha256`` on S3 and the S3-interop GCS API; on ``file://`` a JSON sidecar in
 ``<dir>/.ckptflow-meta/`` beside each object).
+
+What a backend offers beyond the protocol's operations is part of the contract too (``StoreCapabilities``,
+which ``ObjectStore`` includes): multipart uploads (their threshold, a journal that resumes and sweeps
+unfinished ones, the server check of part checksums), the shape of ranged downloads, and how many
+requests a batch keeps in flight. A backend without one says so with ``None``; callers ask these
+attributes, never probe a store for methods. A paged listing (``iter_list``) is an operation of every
+backend (a ``file://`` tree is one page).
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from ..digest import FileDigest
 from ..progress import ByteProgress
@@ -85,6 +92,53 @@ class Destination:
         return {"scheme": self.scheme, "endpoint": self.endpoint, "bucket": self.bucket}
 
 
+class DownloadShape(NamedTuple):
+    """How a store's downloads are cut: the connections kept busy and the size of each ranged GET (or read)."""
+
+    connections: int
+    range_size: int
+
+
+@runtime_checkable
+class ResumableUploads(Protocol):
+    """Multipart uploads that outlive their process, journaled on this machine (S3). A store that has them
+    takes ``put_files(..., uploads=UploadLog())``: a journaled unfinished upload of the same bytes is
+    resumed, one of other bytes aborted."""
+
+    def resumable_part_size(self, key: str, size: int) -> int | None:
+        """The part size of a journaled unfinished upload of ``key`` for a file of ``size`` bytes (the
+        hashing pass then takes per-part MD5s to prove its stored parts); None when there is none."""
+
+    def sweep_uploads(self, prefix: str, *, older_than: float, journaled_any_age: bool = False,
+                      dry_run: bool = False) -> tuple[list[dict], list[dict]]:
+        """Abort the unfinished uploads under ``prefix`` that no live process uses; ``(aborted, kept)``."""
+
+
+@dataclass(frozen=True)
+class MultipartUploads:
+    """How a store sends large files: in parts, from ``threshold`` bytes on."""
+
+    threshold: int
+    #: Unfinished uploads journaled, resumed and swept (S3); None where none are kept (GCS interop).
+    resumable: ResumableUploads | None = None
+    #: ``part_checksums_enforced(key)``: whether the endpoint refuses a part whose bytes do not match its
+    #: ``ChecksumSHA256`` (asked once per store, at a scratch upload under ``key``); None where parts never
+    #: carry one.
+    part_checksums_enforced: Callable[[str], bool] | None = None
+
+
+@runtime_checkable
+class StoreCapabilities(Protocol):
+    """What a backend offers beyond the operations of ``ObjectStore``; each one present or explicitly None."""
+
+    #: None: every file is written whole (``file://``).
+    multipart: MultipartUploads | None
+    #: How ``download_file`` and ranged reads (fetch, verify's read back) are cut.
+    download_shape: DownloadShape
+    #: Requests a batch of small operations keeps in flight (the parts of an upload, the GETs of a listing).
+    concurrency: int
+
+
 class RangeReader(Protocol):
     """What ``open_range`` yields: ``readinto`` of the next bytes of the range (0 at its end)."""
 
@@ -92,7 +146,7 @@ class RangeReader(Protocol):
 
 
 @runtime_checkable
-class ObjectStore(Protocol):
+class ObjectStore(StoreCapabilities, Protocol):
     destination: Destination
     #: True when single-part puts carry a server-verified SHA-256 (S3 ``ChecksumSHA256``).
     supports_checksum_sha256: bool

@@ -49,8 +49,9 @@ from ..digest import FileDigest, is_sha256_hex, sha256_bytes
 from ..errors import StoreError, UsageError
 from ..progress import ByteProgress
 from . import gcs_sign
-from .base import Destination, ObjectInfo
+from .base import DEFAULT_CONCURRENCY, DEFAULT_MULTIPART_THRESHOLD, Destination, MultipartUploads, ObjectInfo
 from .credentials import Credentials, endpoint_authority
+from .s3_shape import shape_for
 from .uri import validate_key
 
 if TYPE_CHECKING:
@@ -109,9 +110,10 @@ class GCSStore:
     first use (create-once alone never needs botocore). ``clock`` and ``sleep`` are injectable for tests.
 
     Composition, not inheritance: create-once is this class's own (GOOG4 XML PUT); every other method
-    of the protocol, and the tuning attributes the archive reads, are forwarded explicitly below.
-    Nothing else is: S3-only operations (the probe's wrong-checksum PUT, part-checksum checks) do not
-    exist on a GCS store.
+    of the protocol is forwarded explicitly below. Nothing else is: S3-only operations (the probe's
+    wrong-checksum PUT, part-checksum checks) do not exist on a GCS store. Its capabilities are said
+    without building the S3-interop client: multipart uploads from the same threshold, but none kept
+    to resume or sweep and no part checksums (the interop API verifies none).
     """
 
     supports_checksum_sha256 = False
@@ -159,6 +161,10 @@ class GCSStore:
         self._backoff_cap_s = backoff_cap_s
         self._timeout = timeout
         self._s3_kwargs = s3_kwargs
+        self.multipart = MultipartUploads(s3_kwargs.get("multipart_threshold", DEFAULT_MULTIPART_THRESHOLD))
+        self.download_shape = shape_for(endpoint, s3_kwargs.get("download_concurrency"),
+                                        s3_kwargs.get("download_range_size"))
+        self.concurrency: int = s3_kwargs.get("concurrency", DEFAULT_CONCURRENCY)
         self._s3_obj: S3Store | None = None
         self._s3_lock = threading.Lock()
 
@@ -179,10 +185,8 @@ class GCSStore:
                         self._credentials,
                         **{**self._s3_kwargs, "scheme": "gs", "checksum_sha256": False},
                     )
-                    client = getattr(s3, "_client", None)
-                    if client is not None:
-                        for op in ("HeadObject", "GetObject"):
-                            client.meta.events.register(f"after-call.s3.{op}", _goog_metadata_as_amz)
+                    for op in ("HeadObject", "GetObject"):
+                        s3._client.meta.events.register(f"after-call.s3.{op}", _goog_metadata_as_amz)
                     self._s3_obj = s3
         return self._s3_obj
 
@@ -220,22 +224,6 @@ class GCSStore:
 
     def open_range(self, key: str, offset: int, length: int):
         return self._s3.open_range(key, offset, length)
-
-    @property
-    def concurrency(self) -> int:
-        return self._s3.concurrency
-
-    @property
-    def download_concurrency(self) -> int:
-        return self._s3.download_concurrency
-
-    @property
-    def download_range_size(self) -> int:
-        return self._s3.download_range_size
-
-    @property
-    def multipart_threshold(self) -> int:
-        return self._s3.multipart_threshold
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         return self._s3.list(prefix)

@@ -55,9 +55,11 @@ log = logging.getLogger(__name__)
 
 
 class LocalStore:
-    """Objects as files under ``root``; ``destination`` is ``Destination("file", "<root>", "")``."""
+    """Objects as files under ``root``; ``destination`` is ``Destination("file", "<root>", "")``. Every file
+    is copied whole (``multipart`` None); reads are cut in ``range_size`` ranges, ``concurrency`` at a time."""
 
     supports_checksum_sha256 = False
+    multipart = None
 
     def __init__(self, root: Path | str, *, concurrency: int = base.DEFAULT_CONCURRENCY,
                  range_size: int = DEFAULT_RANGE_SIZE, creator_wait_s: float = 5.0):
@@ -65,6 +67,7 @@ class LocalStore:
         self.root = root
         self.concurrency = concurrency
         self.range_size = range_size
+        self.download_shape = base.DownloadShape(concurrency, range_size)
         self.creator_wait_s = creator_wait_s
         self.destination = base.Destination("file", str(root), "")
 

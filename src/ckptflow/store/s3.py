@@ -1,17 +1,13 @@
-"""The S3 backend (botocore): AWS and S3-compatible servers (SeaweedFS, Ceph RGW, ...).
-(Over 500 lines: every protocol method shares one client, retry policy and checksum negotiation; error
-translation and body reading already live in s3_errors.py.)
+"""The S3 backend (botocore): AWS and S3-compatible servers (SeaweedFS, Ceph RGW, ...): one bucket on
+one endpoint, its client, and the capabilities it offers (``base.StoreCapabilities``).
 
 Checksums are computed only when an operation requires them (botocore >= 1.36 otherwise adds CRC headers
 that many S3-compatible servers reject); ckptflow sends its own ``ChecksumSHA256`` on single-part puts,
 so the server refuses corrupted bytes on receipt where it verifies checksums. Multipart uploads carry
-the whole-file ``sha256`` as user metadata. Where the caller's hashing pass also took per-part digests
-(``part_digest_size``) and the endpoint is seen to enforce part checksums, every part carries its
-digest as ``ChecksumSHA256`` (signed; the body is sent ``UNSIGNED-PAYLOAD``), so the server refuses a
-part whose bytes changed since they were hashed; otherwise the parts are hashed in order as they are
-sent and compared before completing. Either way a file that changed after it was hashed aborts the
-upload before it is completed. A conditional multipart complete is never used: concurrent completes
-are not atomic on common servers.
+the whole-file ``sha256`` as user metadata; how files are sent, and whether parts carry their own
+checked digests, is ``s3_put.py``. Either way a file that changed after it was hashed aborts the upload
+before it is completed. Unfinished multipart uploads (journal, resume, sweep) are the ``s3_uploads``
+component the store holds; how downloads are cut is ``s3_shape.py``.
 
 Every botocore failure becomes a ckptflow error that names the object, the endpoint authority and the
 error code, never a key or a server-provided message (which may quote request details): ``s3_errors.py``.
@@ -21,16 +17,11 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import hashlib
-import ipaddress
 import logging
-import os
 import platform
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from datetime import datetime, timezone
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import botocore
 import botocore.session
@@ -41,7 +32,7 @@ from .. import __version__
 from ..digest import FileDigest, is_sha256_hex, sha256_bytes
 from ..errors import CkptflowError, NotFound, Refused, StoreError, UsageError, VerificationFailed
 from ..progress import ByteProgress
-from . import base, s3_timestamps, s3_uploads
+from . import base, s3_put, s3_timestamps, s3_uploads
 from .credentials import Credentials, endpoint_authority
 from .s3_errors import (
     BAD_DIGEST,
@@ -54,53 +45,21 @@ from .s3_errors import (
     http_status,
     translate,
 )
+from .s3_put import b64_sha256
 from .s3_retries import announce_retries
-from .transfer import (
-    DEFAULT_RANGE_SIZE,
-    MIN_PART_SIZE,
-    PartedFile,
-    download_ranges,
-    part_size_for,
-    retry_call,
-    upload_batch,
-)
+from .s3_shape import LOCAL_DOWNLOADS, REMOTE_DOWNLOADS, downloads_for, shape_for
+from .transfer import MIN_PART_SIZE, download_ranges, part_size_for, retry_call
 from .uri import validate_key, validate_prefix
 
 log = logging.getLogger(__name__)
 
+__all__ = ["LOCAL_DOWNLOADS", "MAX_SINGLE_PART", "REMOTE_DOWNLOADS", "S3Store", "downloads_for"]
+
 # A single-part upload is held in memory while it is checked and sent, so it stays small.
 MAX_SINGLE_PART = 64 * 1024 * 1024
-# How downloads are cut, by where the endpoint is: (connections, range size). Over a network each
-# connection's throughput is the limit, so eight connections with 8 MiB ranges. An endpoint on this host
-# serves a connection at memory speed from the same cores, so what costs is each request (a signed GET
-# here, a lookup there): on loopback SeaweedFS three connections with 24-32 MiB ranges fetched 2 GiB in
-# 3.3-3.9 s instead of 4.4-5.0 s, with about 25 % less CPU on each side. A stream holds at most
-# 2 x connections + 3 ranges (running, waiting for the in-order hash, queued for it): 216 MiB of
-# buffers for the local shape (32 MiB ranges took a fetch's peak RSS over 300 MiB), 152 MiB remote.
-REMOTE_DOWNLOADS = (base.DEFAULT_CONCURRENCY, DEFAULT_RANGE_SIZE)
-LOCAL_DOWNLOADS = (3, 24 * 1024 * 1024)
-
 USER_AGENT = f"ckptflow/{__version__} Botocore/{botocore.__version__} Python/{platform.python_version()}"
 
 
-def _check_composite(value: str | None, parts: Sequence[bytes], where: str) -> None:
-    """A completed upload's composite ``ChecksumSHA256`` (sha256 of the part digests, ``-N``), where the
-    endpoint returns one, must be the one of the part digests that were sent."""
-    if not value:
-        return
-    expected = _b64(hashlib.sha256(b"".join(parts)).digest())
-    if value.split("-", 1)[0] != expected:
-        raise VerificationFailed(f"{where}: the completed upload's checksum {value} is not that of the parts "
-                                 f"sent ({expected}-{len(parts)}); the object was deleted",
-                                 remedy="the endpoint assembled other parts; publish again")
-
-
-def _b64(raw: bytes) -> str:
-    return base64.b64encode(raw).decode("ascii")
-
-
-def _b64_sha256(hex_digest: str) -> str:
-    return _b64(bytes.fromhex(hex_digest))
 
 
 def _full_object_sha256(value: str | None, checksum_type: str | None) -> str | None:
@@ -126,20 +85,11 @@ def _reported_checksum(value: str | None) -> str | None:
     return value if ok else None
 
 
-def downloads_for(endpoint_url: str | None) -> tuple[int, int]:
-    """(connections, range size) of downloads from ``endpoint_url``: ``LOCAL_DOWNLOADS`` for an endpoint on
-    this host (a loopback address or ``localhost``), else ``REMOTE_DOWNLOADS`` (AWS's default endpoint too)."""
-    host = (urlsplit(endpoint_url).hostname or "") if endpoint_url else ""
-    if host == "localhost":
-        return LOCAL_DOWNLOADS
-    try:
-        return LOCAL_DOWNLOADS if ipaddress.ip_address(host).is_loopback else REMOTE_DOWNLOADS
-    except ValueError:  # a host name
-        return REMOTE_DOWNLOADS
+class S3Store:
+    """One bucket on one S3 endpoint. Thread-safe: the botocore client is shared by the worker threads.
 
-
-class S3Store(s3_uploads.UnfinishedUploads):
-    """One bucket on one S3 endpoint. Thread-safe: the botocore client is shared by the worker threads."""
+    Capabilities: ``multipart`` (threshold, resumable uploads through ``unfinished``, the part-checksum
+    check), ``download_shape`` (by where the endpoint is, ``s3_shape``) and ``concurrency``."""
 
     def __init__(
         self,
@@ -166,9 +116,8 @@ class S3Store(s3_uploads.UnfinishedUploads):
             raise UsageError(f"multipart_threshold {multipart_threshold} is above {MAX_SINGLE_PART}: a single-part "
                              "upload is read whole and checked against its digest before it is sent",
                              remedy=f"use at most {MAX_SINGLE_PART} bytes; larger files go in parts")
-        shape = downloads_for(credentials.endpoint_url if credentials is not None else None)
-        download_concurrency = shape[0] if download_concurrency is None else download_concurrency
-        download_range_size = shape[1] if download_range_size is None else download_range_size
+        download_concurrency, download_range_size = shape_for(
+            credentials.endpoint_url if credentials is not None else None, download_concurrency, download_range_size)
         if min(concurrency, list_page_size, download_concurrency, download_range_size, multipart_threshold,
                max_attempts) < 1:
             raise UsageError("concurrency, list_page_size, download_concurrency, download_range_size, "
@@ -181,6 +130,7 @@ class S3Store(s3_uploads.UnfinishedUploads):
         self.list_page_size = list_page_size
         self.download_concurrency = download_concurrency
         self.download_range_size = download_range_size
+        self.download_shape = base.DownloadShape(download_concurrency, download_range_size)
         self.supports_checksum_sha256 = checksum_sha256
         self.part_checksums = part_checksums and checksum_sha256
         self._part_check: bool | None = None
@@ -225,6 +175,10 @@ class S3Store(s3_uploads.UnfinishedUploads):
             authority = self._client.meta.endpoint_url.split("://", 1)[-1].split("/", 1)[0]
         self.destination = base.Destination(scheme, authority, bucket)
         announce_retries(self._client, f"{scheme}://{bucket} at {authority}", max_attempts)
+        self.unfinished = s3_uploads.UnfinishedUploads(self._client, self.destination,
+                                                       threshold=multipart_threshold, part_size=part_size)
+        self.multipart = base.MultipartUploads(multipart_threshold, resumable=self.unfinished,
+                                               part_checksums_enforced=self.part_checksums_enforced)
 
     def __repr__(self) -> str:
         return f"S3Store({self.scheme}://{self.bucket} at {self.destination.endpoint})"
@@ -232,7 +186,7 @@ class S3Store(s3_uploads.UnfinishedUploads):
     # ------------------------------------------------------------------ errors
 
     def _where(self, key: str) -> str:
-        return f"{self.scheme}://{self.bucket}/{key} at {self.destination.endpoint}"
+        return s3_uploads.object_label(self.destination, key)
 
     def _error(self, exc: Exception, op: str, key: str) -> CkptflowError:
         return translate(exc, op, self._where(key), self.bucket)
@@ -300,7 +254,7 @@ class S3Store(s3_uploads.UnfinishedUploads):
         kwargs = {"Bucket": self.bucket, "Key": key, "Body": data, "IfNoneMatch": "*",
                   "Metadata": {"sha256": sha256}, "ContentLength": len(data)}
         if self.supports_checksum_sha256:
-            kwargs["ChecksumSHA256"] = _b64_sha256(sha256)
+            kwargs["ChecksumSHA256"] = b64_sha256(sha256)
 
         def once() -> bool:
             try:
@@ -335,143 +289,25 @@ class S3Store(s3_uploads.UnfinishedUploads):
         With ``uploads``, multipart uploads are journaled and an unfinished one a killed run left for
         the same bytes is resumed: only its parts not proven to hold them are sent (``s3_uploads``);
         one left for other bytes is aborted. ``uploads`` records both and the bytes sent."""
-        infos: list[base.ObjectInfo | None] = [None] * len(files)
-        parted: list[PartedFile] = []
-        index: list[int] = []
-        journals: list[s3_uploads.Claim | None] = []  # per parted file: its held journal entry
-        try:
-            for i, (key, path, digest) in enumerate(files):
-                validate_key(key)
-                size = os.stat(path).st_size
-                if size != digest.size:
-                    raise VerificationFailed(f"{path} has {size} bytes but was hashed at {digest.size}",
-                                             remedy="the file changed after it was hashed; hash it again",
-                                             path=str(path))
-                if size >= self.multipart_threshold and size > 0:
-                    parted.append(self._parted(key, Path(path), digest, progress, uploads, journals))
-                    index.append(i)
-            return self._put_all(files, infos, parted, index, progress, on_stored, uploads, journals)
-        finally:
-            for held in journals:
-                if held is not None:
-                    held.release()
+        return s3_put.put_files(self, files, progress=progress, on_stored=on_stored, uploads=uploads)
 
-    def _put_all(self, files, infos, parted, index, progress, on_stored, uploads, journals) -> list[base.ObjectInfo]:
+    # ------------------------------------------------------------------ unfinished uploads (s3_uploads)
+    # The component's operations for direct users of an S3 store; the archive reaches the resumable ones
+    # through ``multipart.resumable``, which every backend has (or lacks) alike.
 
-        def commit(j: int, etags: list[str], sent: str | None) -> None:
-            key, path, digest = files[index[j]]
-            if sent is not None and sent != digest.sha256:
-                raise VerificationFailed(
-                    f"{path} changed after it was hashed (its bytes now hash to {sent}, not {digest.sha256})",
-                    remedy="hash it again and retry; the multipart upload was aborted", path=str(path))
-            parts = [{"ETag": etag, "PartNumber": n} for n, etag in enumerate(etags, start=1)]
-            if sent is None:  # every part was checked by the server against the digest taken when hashing
-                for part, raw in zip(parts, digest.parts, strict=True):
-                    part["ChecksumSHA256"] = _b64(raw)
-            done = self._call("CompleteMultipartUpload", key, self._client.complete_multipart_upload,
-                              Bucket=self.bucket, Key=key, UploadId=parted[j].handle, MultipartUpload={"Parts": parts})
-            if journals[j] is not None:
-                journals[j].clear()
-            if sent is None:
-                try:
-                    _check_composite(done.get("ChecksumSHA256"), digest.parts, self._where(key))
-                except VerificationFailed:
-                    # Completed from other bytes than the parts sent: it must not stay under this digest.
-                    self.delete(key)
-                    raise
-            infos[index[j]] = self._check_stored(key, digest)
-            if on_stored is not None:
-                on_stored(key)
+    def resumable_part_size(self, key: str, size: int) -> int | None:
+        return self.unfinished.resumable_part_size(key, size)
 
-        if parted:
-            upload_batch(parted, concurrency=self.concurrency, finish=commit)
-        for i, (key, path, digest) in enumerate(files):
-            if infos[i] is None:
-                # A single part is below the multipart threshold: it is read whole and its bytes are
-                # checked against the digest before they are sent, so a file changed after hashing is
-                # refused here too, also on endpoints that do not verify ChecksumSHA256.
-                with open(path, "rb") as fh:
-                    data = fh.read(digest.size + 1)
-                if len(data) != digest.size or sha256_bytes(data) != digest.sha256:
-                    raise VerificationFailed(
-                        f"{path} changed after it was hashed (it now holds {len(data)} bytes with sha256 "
-                        f"{sha256_bytes(data)}, not {digest.size} bytes with {digest.sha256})",
-                        remedy="hash it again and retry; nothing was uploaded", path=str(path))
-                kwargs = {"Bucket": self.bucket, "Key": key, "ContentLength": digest.size,
-                          "Metadata": {"sha256": digest.sha256}}
-                if self.supports_checksum_sha256:
-                    kwargs["ChecksumSHA256"] = _b64_sha256(digest.sha256)
-                self._call("PUT", key, self._client.put_object, Body=data, **kwargs)
-                if uploads is not None:
-                    uploads.sent(digest.size)
-                if progress is not None:
-                    progress.update(digest.size)
-                infos[i] = self._check_stored(key, digest)
-                if on_stored is not None:
-                    on_stored(key)
-        return infos  # type: ignore[return-value]
+    def list_uploads(self, prefix: str) -> list[s3_uploads.PendingUpload]:
+        return self.unfinished.list_uploads(prefix)
 
-    def _check_stored(self, key: str, digest: FileDigest) -> base.ObjectInfo:
-        info = self.head(key)
-        if info is None or info.size != digest.size or info.sha256 != digest.sha256:
-            raise VerificationFailed(
-                f"{self._where(key)} does not show the size and sha256 just uploaded",
-                remedy="the endpoint dropped the upload or its metadata; run `ckptflow probe` on it")
-        return info
+    def upload_is_live(self, key: str, upload_id: str) -> bool | None:
+        return self.unfinished.upload_is_live(key, upload_id)
 
-    def _parted(self, key: str, path: Path, digest: FileDigest, progress: ByteProgress | None,
-                uploads: base.UploadLog | None, journals: list) -> PartedFile:
-        """A multipart upload of ``path`` to ``key``, created when its first part is sent (or, with
-        ``uploads``, the unfinished one a killed run left for these bytes, see ``_resume``).
-
-        Where the digest carries per-part digests of this upload's part size and the endpoint refuses a
-        part that does not match its ``ChecksumSHA256``, each part is sent with the digest taken when
-        the file was hashed (and without a signature hash of the body): a byte changed since then, or
-        on the way, makes the server refuse the part. Otherwise the sent bytes are hashed in order here
-        and compared before the upload is completed.
-        """
-        part_size = part_size_for(digest.size, self.part_size)
-        checked = (self.part_checksums and digest.parts is not None and digest.part_size == part_size
-                   and len(digest.parts) == -(-digest.size // part_size) and self.part_checksums_enforced(key))
-        client = self._unsigned() if checked else self._client
-        extra = {"ChecksumAlgorithm": "SHA256"} if checked else {}
-        held = s3_uploads.claim(self.destination, key) if uploads is not None else None
-        journals.append(held)  # at once: put_files releases it whatever happens next
-        handle, reused = self._resume(held, key, digest, part_size, checked, uploads)
-
-        def begin() -> None:
-            if parted.handle is not None:  # resumed
-                return
-            created = self._call("CreateMultipartUpload", key, client.create_multipart_upload,
-                                 Bucket=self.bucket, Key=key, Metadata={"sha256": digest.sha256}, **extra)
-            parted.handle = created["UploadId"]
-            if held is not None:
-                now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-                held.write(s3_uploads.UploadEntry(parted.handle, digest.size, digest.sha256, part_size, checked, now))
-
-        def send(number: int, data: bytearray) -> str:
-            checksum = {"ChecksumSHA256": _b64(digest.parts[number - 1])} if checked else {}
-            try:
-                resp = self._call(f"UploadPart {number}", key, client.upload_part, Bucket=self.bucket, Key=key,
-                                  UploadId=parted.handle, PartNumber=number, Body=data, ContentLength=len(data),
-                                  **checksum)
-            except VerificationFailed as exc:
-                raise VerificationFailed(
-                    f"{path} changed after it was hashed, or part {number} was damaged on the way: {exc.message}",
-                    remedy="hash it again and retry; the multipart upload was aborted", path=str(path)) from None
-            if uploads is not None:
-                uploads.sent(len(data))
-            return resp["ETag"]
-
-        def abort() -> None:
-            with contextlib.suppress(ClientError, BotoCoreError):
-                self._client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=parted.handle)
-            if held is not None:
-                held.clear()
-
-        parted = PartedFile(path, digest.size, part_size, send, begin=begin, abort=abort, progress=progress,
-                            hash_sent=not checked, handle=handle, reused=reused)
-        return parted
+    def sweep_uploads(self, prefix: str, *, older_than: float, journaled_any_age: bool = False,
+                      dry_run: bool = False) -> tuple[list[dict], list[dict]]:
+        return self.unfinished.sweep_uploads(prefix, older_than=older_than, journaled_any_age=journaled_any_age,
+                                             dry_run=dry_run)
 
     # ------------------------------------------------------------------ verified part checksums
 
@@ -489,35 +325,11 @@ class S3Store(s3_uploads.UnfinishedUploads):
         uploads then hash what they send themselves."""
         with self._part_check_lock:
             if self._part_check is None:
-                self._part_check = self._check_part_checksums(key)
+                self._part_check = s3_put.check_part_checksums(self._unsigned(), self.bucket, key)
                 log.info("%s %s part checksums: %s", self.destination.endpoint, self.bucket,
                          "enforced, each part is checked by the server" if self._part_check
                          else "not enforced, parts are hashed here as they are sent")
             return self._part_check
-
-    def _check_part_checksums(self, key: str) -> bool:
-        client = self._unsigned()
-        body = b"ckptflow: part checksum check\n"
-        try:
-            upload_id = client.create_multipart_upload(Bucket=self.bucket, Key=key,
-                                                       ChecksumAlgorithm="SHA256")["UploadId"]
-        except (ClientError, BotoCoreError):
-            return False
-        try:
-            part = {"Bucket": self.bucket, "Key": key, "UploadId": upload_id, "PartNumber": 1, "Body": body}
-            try:
-                client.upload_part(**part, ChecksumSHA256=_b64_sha256(sha256_bytes(body + b"?")))
-                return False  # stored under a checksum its bytes do not have
-            except ClientError as exc:
-                if error_code(exc) not in BAD_DIGEST:
-                    return False
-            client.upload_part(**part, ChecksumSHA256=_b64_sha256(sha256_bytes(body)))
-            return True
-        except (ClientError, BotoCoreError):
-            return False
-        finally:
-            with contextlib.suppress(ClientError, BotoCoreError):
-                client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
 
     def _unsigned(self):
         """A client that signs part requests without hashing their bodies (``UNSIGNED-PAYLOAD``). Used
@@ -542,7 +354,7 @@ class S3Store(s3_uploads.UnfinishedUploads):
         wrong = sha256_bytes(data + b"\x00")
         try:
             self._client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentLength=len(data),
-                                    ChecksumSHA256=_b64_sha256(wrong))
+                                    ChecksumSHA256=b64_sha256(wrong))
         except ClientError as exc:
             if http_status(exc) in (400, 422) or error_code(exc) in BAD_DIGEST:
                 return False

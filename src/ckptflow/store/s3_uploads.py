@@ -22,6 +22,10 @@ A stored part counts as proven only when the server reports a checksum for it eq
 of the same byte range taken in this run's hashing pass: its ``ChecksumSHA256`` where ListParts
 reports one (AWS), else its ETag compared with the range's MD5 (SeaweedFS reports only the ETag,
 which is the hex MD5 of the part's bytes). Any other listed part is sent again.
+
+``UnfinishedUploads`` is the component an ``S3Store`` holds for all of this: built from the store's client,
+its destination (bucket, and the journal's and messages' names) and its part geometry, it is the store's
+``multipart.resumable`` (``base.ResumableUploads``).
 """
 
 from __future__ import annotations
@@ -41,10 +45,10 @@ from pathlib import Path
 from botocore.exceptions import BotoCoreError, ClientError
 
 from ..digest import FileDigest
-from ..errors import NotFound, Refused
+from ..errors import CkptflowError, NotFound, Refused
 from ..fsutil import atomic_write_bytes
 from . import base
-from .s3_errors import NOT_FOUND, error_code
+from .s3_errors import NOT_FOUND, error_code, translate
 from .transfer import part_size_for
 from .transfer.stream import split_ranges
 from .uri import segment_prefix
@@ -184,10 +188,22 @@ def proven_parts(listed: list[dict], digest: FileDigest, part_size: int) -> dict
 
 
 class UnfinishedUploads:
-    """``S3Store``'s handling of unfinished multipart uploads (mixed in; uses its client and errors)."""
+    """The unfinished multipart uploads of one bucket: resumed, listed, aborted and swept through ``client``.
+    Files of ``threshold`` bytes or more go in parts of ``part_size_for(size, part_size)``."""
 
-    def _resume(self, held: Claim | None, key: str, digest: FileDigest, part_size: int, checked: bool,
-                uploads: base.UploadLog | None) -> tuple[str | None, dict[int, str]]:
+    def __init__(self, client, destination: base.Destination, *, threshold: int, part_size: int):
+        self._client, self.destination = client, destination
+        self.bucket = destination.bucket
+        self.threshold, self.part_size = threshold, part_size
+
+    def _where(self, key: str) -> str:
+        return object_label(self.destination, key)
+
+    def _error(self, exc: Exception, op: str, key: str) -> CkptflowError:
+        return translate(exc, op, self._where(key), self.bucket)
+
+    def resume(self, held: Claim | None, key: str, digest: FileDigest, part_size: int, checked: bool,
+               uploads: base.UploadLog | None) -> tuple[str | None, dict[int, str]]:
         """The journaled unfinished upload of ``key`` to resume and its proven parts; ``(None, {})`` when
         there is none to resume. One left for other bytes (or another part size or checksum mode) is
         aborted: it can never be completed as this file."""
@@ -232,7 +248,7 @@ class UnfinishedUploads:
         """The part size of a journaled unfinished upload of ``key`` for a file of ``size`` bytes (the
         hashing pass then takes per-part MD5s to prove its parts); None when there is none."""
         entry = peek(self.destination, key)
-        if entry is None or entry.size != size or size < self.multipart_threshold:
+        if entry is None or entry.size != size or size < self.threshold:
             return None
         return entry.part_size if entry.part_size == part_size_for(size, self.part_size) else None
 
@@ -335,6 +351,11 @@ class UnfinishedUploads:
             else:
                 kept.append(row | {"reason": "taken up by a live process on this machine meanwhile"})
         return done, kept
+
+
+def object_label(destination: base.Destination, key: str) -> str:
+    """How messages name ``key`` of an S3 (or GCS interop) store: ``s3://bucket/key at endpoint``."""
+    return f"{destination.scheme}://{destination.bucket}/{key} at {destination.endpoint}"
 
 
 def _server_date(page: dict) -> datetime | None:
