@@ -32,31 +32,31 @@ An artifact whose receipt names another destination is refused before anything i
 (the receipt may be the only record of where the archive lives), unless ``add_destination`` says the
 artifact is archived at this destination as well: the new receipt then keeps the earlier destinations
 (``earlier_destinations``). Any receipt this function rewrites keeps them.
+
+Modules: this one talks to the store (steps 3–5) and writes the receipt; ``publish_inventory.py`` builds
+the local inventory (steps 1–2); ``publish_plan.py`` is the dry run.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import testhooks
-from ..artifact import iteration_from_dir, merge_in_progress, refuse_unrestorable_names
-from ..digest import FileDigest, hash_files, sha256_bytes
-from ..errors import ConflictError, NotFound, Refused, UnsafePath
-from ..fsutil import resolve_inside
+from ..artifact import merge_in_progress
+from ..digest import FileDigest, sha256_bytes
+from ..errors import ConflictError, NotFound, Refused
 from ..progress import ByteProgress
-from ..records import LegacyRecord, merge_progress, merge_record, utc_timestamp
 from ..records import declaration as declaration_record
-from ..records import legacy_manifest as legacy_record
 from ..records import manifest as manifest_record
+from ..records import merge_progress, merge_record, utc_timestamp
 from ..records import receipt as receipt_record
 from ..records.inventory import FileEntry
 from ..store.base import DEFAULT_MULTIPART_THRESHOLD, ObjectStore, UploadLog, server_checksums_of
 from .keys import artifact_prefix, object_key, upload_prefix_for
+from .publish_inventory import LocalInventory, build_local_inventory
 from .verify import (
     READ_UNPROVEN,
     ObjectState,
@@ -109,67 +109,6 @@ class PublishResult:
         }
 
 
-# --------------------------------------------------------------------------------------------- selection
-
-
-def _selected_paths(artifact_dir: Path, manifest: manifest_record.Manifest) -> tuple[list[str], list[FileEntry]]:
-    """The selected files on disk, and the manifest's payload files that are gone (pruned) but whose
-    size and digest the manifest records. Any other missing file is refused."""
-    pruned = [e for e in manifest.physical_files()
-              if e.sha256 is not None and not os.path.lexists(artifact_dir / e.path)]
-    gone = {e.path for e in pruned}
-    paths = [e.path for e in manifest.physical_files() if e.path not in gone]
-    if merge_record.path_in(artifact_dir).exists():
-        paths.append(merge_record.FILENAME)
-        diag = merge_record.read_merge_record(artifact_dir).diag
-        if diag is not None and (artifact_dir / diag).is_file():
-            paths.append(diag)
-    if legacy_record.path_in(artifact_dir).exists():
-        paths.append(legacy_record.FILENAME)
-    for rel in paths:
-        target = resolve_inside(artifact_dir, rel, what=f"artifact file {rel}")
-        if not target.exists():
-            raise NotFound(
-                f"{target} is listed by the manifest but missing",
-                remedy="the artifact is incomplete; restore the file or re-save the artifact",
-            )
-        if not target.is_file():
-            raise UnsafePath(f"{target} is not a regular file", remedy="artifacts hold regular files only")
-    return sorted(set(paths)), pruned
-
-
-def _check_against_manifest(
-    artifact_dir: Path, manifest: manifest_record.Manifest, digests: dict[str, FileDigest], write: bool = True,
-) -> manifest_record.Manifest:
-    """Refuse payloads that contradict the manifest; return it with missing file digests filled in
-    (written to the local manifest unless ``write`` is False: a dry run)."""
-    for entry in manifest.physical_files():
-        got = digests.get(entry.path)
-        if got is None:  # pruned: the manifest's own digest stands for it
-            continue
-        if got.size != entry.size or (entry.sha256 is not None and got.sha256 != entry.sha256):
-            raise Refused(
-                f"{artifact_dir / entry.path} contradicts {manifest_record.FILENAME}: found size {got.size} "
-                f"sha256 {got.sha256}, manifest says size {entry.size} sha256 {entry.sha256}",
-                remedy="the payload changed after the manifest was committed; nothing was uploaded — "
-                "restore the original bytes or save a new artifact",
-            )
-    components = dict(manifest.components)
-    changed = False
-    for name, comp in components.items():
-        if isinstance(comp, manifest_record.FileComponent) and comp.sha256 is None:
-            components[name] = manifest_record.FileComponent(comp.path, comp.size, digests[comp.path].sha256)
-            changed = True
-    if not changed:
-        return manifest
-    filled = manifest_record.Manifest(iteration=manifest.iteration, components=components, producer=manifest.producer)
-    if not write:
-        return filled
-    manifest_record.write_manifest(artifact_dir, filled)
-    log.info("added missing component digests to %s", manifest_record.path_in(artifact_dir))
-    return filled
-
-
 def refuse_merge_in_progress(artifact_dir: Path) -> None:
     """Before any read or write of the archive: a merge in progress (or killed) is not committed."""
     if merge_in_progress(artifact_dir):
@@ -177,72 +116,6 @@ def refuse_merge_in_progress(artifact_dir: Path) -> None:
             f"{artifact_dir} holds {merge_progress.FILENAME} and no {merge_record.FILENAME}: a merge is writing it "
             "or was killed while it did, so it is not a committed artifact; nothing was uploaded",
             path=str(artifact_dir), remedy="let the merge finish, or rerun the same merge to complete it, then publish")
-
-
-def _read_native_manifest(artifact_dir: Path) -> manifest_record.Manifest:
-    path = manifest_record.path_in(artifact_dir)
-    if not path.exists():
-        raise NotFound(
-            f"{path} does not exist: the artifact is not committed (an interrupted save?)",
-            remedy="only committed artifacts are published; seal it with `ckptflow seal` if its files are complete",
-        )
-    try:
-        return manifest_record.read_manifest(artifact_dir)
-    except LegacyRecord:
-        from .legacy import convert_legacy_manifest
-
-        return convert_legacy_manifest(artifact_dir)
-
-
-@dataclass(frozen=True)
-class LocalInventory:
-    manifest: manifest_record.Manifest
-    manifest_bytes: bytes
-    declaration: declaration_record.Declaration
-    declaration_bytes: bytes
-    # The payload digests of the hashing pass, with per-part digests where the store asked for them.
-    digests: dict[str, FileDigest] = field(default_factory=dict, compare=False, repr=False)
-    # Payload files gone locally (pruned after an earlier publication), declared from the manifest's digests.
-    pruned: tuple[str, ...] = ()
-
-    @property
-    def files(self) -> tuple[FileEntry, ...]:
-        return self.declaration.files
-
-
-def build_local_inventory(artifact_dir: Path, *, progress: bool | None = None,
-                          part_size_for: Callable[[int], int | None] | None = None,
-                          md5_parts_for: Callable[[str, int], int | None] | None = None,
-                          write: bool = True) -> LocalInventory:
-    """Steps 1–2: select, hash once, check against the manifest, and build the declaration.
-
-    ``part_size_for`` is the store's ``part_digest_size``: the same pass also takes the per-part digests
-    that let the server refuse any part whose bytes differ from those hashed here. ``md5_parts_for(path,
-    size)`` names the files (and part size) whose per-part MD5s the pass also takes, to prove the parts
-    of an unfinished upload a killed run left. ``write`` False (a dry run): nothing local is written."""
-    manifest = _read_native_manifest(artifact_dir)
-    if iteration_from_dir(artifact_dir) != manifest.iteration:
-        raise Refused(
-            f"{manifest_record.path_in(artifact_dir)} records iteration {manifest.iteration}, "
-            f"but the directory is {artifact_dir.name}",
-            remedy="publish the directory the manifest belongs to",
-        )
-    refuse_unrestorable_names(artifact_dir, [e.path for e in manifest.physical_files()])
-    selected, pruned = _selected_paths(artifact_dir, manifest)
-    digests = hash_files(artifact_dir, selected, progress=progress, desc="publish sha256", part_size_for=part_size_for,
-                         md5_parts_for=md5_parts_for)
-    checked = _check_against_manifest(artifact_dir, manifest, digests, write)
-    manifest_bytes = (manifest_record.path_in(artifact_dir).read_bytes() if write or checked is manifest
-                      else manifest_record.encode_manifest(checked))
-    manifest = checked
-    manifest_sha = sha256_bytes(manifest_bytes)
-    entries = [FileEntry(p, d.size, d.sha256) for p, d in digests.items()] + pruned
-    entries.append(FileEntry(manifest_record.FILENAME, len(manifest_bytes), manifest_sha))
-    declaration = declaration_record.Declaration(
-        manifest_sha256=manifest_sha, iteration=manifest.iteration, files=tuple(entries)
-    )
-    return LocalInventory(manifest, manifest_bytes, declaration, declaration_record.encode_declaration(declaration),
-                          digests, tuple(e.path for e in pruned))
 
 
 # --------------------------------------------------------------------------------------------- remote

@@ -20,7 +20,8 @@ from ..records import declaration as declaration_record
 from ..records import manifest as manifest_record
 from ..store.base import ObjectStore
 from .keys import object_key
-from .publish import adopt_pruned, build_local_inventory, check_destination, receipt_matches
+from .publish import adopt_pruned, check_destination, receipt_matches
+from .publish_inventory import build_local_inventory
 from .verify import check_remote_inventory
 
 

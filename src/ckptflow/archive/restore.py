@@ -8,14 +8,14 @@
    (``verify.check_binding``). The remote declaration must exist and hash to the receipt's
    ``declaration_sha256``: an archive that is gone (deleted bucket, removed ``file://`` root, objects
    deleted) is a ``NotFound`` naming the receipt and the destination. The declaration and the remote
-   manifest are then read and checked like any fetch (``fetch.read_plan``), and the remote manifest must be
+   manifest are then read and checked like any fetch (``fetch_plan.read_plan``), and the remote manifest must be
    byte-identical to the local one.
 2. Judge each payload file the manifest names (every component's files, DCP shards included; the records
    beside them are never pruned, so never restored): absent → to download; present → hashed, kept when it
    matches the declaration, and when it does not the whole restore is **refused by name** (a local file is
    never overwritten, whatever it holds). Something that is not a regular file where a payload or its
    directory belongs is refused too (``stage.check_room``). Every object still to download is HEAD-checked
-   (``fetch.require_remote``) and must fit on the file system (``space.check_space``). All of this is
+   (``fetch_plan.require_remote``) and must fit on the file system (``space.check_space``). All of this is
    read-only: a refusal, and a ``dry_run``, write nothing anywhere (no lock file either).
 3. Under the lock ``checkpoint_artifacts/iter_N.restore.lock`` (``lock.held_lock``; it avoids two restores
    downloading the same bytes, it is not the guarantee) judge again, then download through fetch's
@@ -52,7 +52,7 @@ from ..records.inventory import FileEntry
 from ..store.base import ObjectStore
 from . import space, stage
 from .download import download_files
-from .fetch import FetchPlan, read_plan, require_remote
+from .fetch_plan import FetchPlan, read_plan, require_remote
 from .keys import receipt_archive_uri
 from .verify import check_binding, check_declaration
 

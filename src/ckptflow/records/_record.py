@@ -1,9 +1,10 @@
 """The pattern every record module shares: locate, read, check protocol, validate, encode, write.
 
 A record module declares a ``RecordKind`` (file name, schema name, protocol) and a frozen dataclass
-whose ``from_dict(data, what=...)`` calls ``check_object`` and then does its semantic checks. Reading,
-parsing remote bytes, encoding and writing all go through that one ``from_dict``, so a record is checked
-by the same code when it is written and when it is read back.
+whose ``from_dict(data, what=...)`` calls ``check_object`` and then does its semantic checks, then binds
+the two in a ``RecordFile`` whose methods are the module's ``parse_*``, ``read_*``, ``encode_*`` and
+``write_*`` (``path_in`` is the kind's). Reading, parsing remote bytes, encoding and writing all go through that one
+``from_dict``, so a record is checked by the same code when it is written and when it is read back.
 
 The protocol is checked by name *before* the schema, so a record from a newer or older tool is
 refused with a message that says which protocol was found and what to do, instead of a schema error.
@@ -14,18 +15,19 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from .. import fsutil
 from ..digest import is_sha256_hex
 from ..errors import InvalidRecord, NotFound
-from ..jsonio import encode_json, validate
+from ..jsonio import decode_json_object, encode_json, validate
 
 T = TypeVar("T")
+R = TypeVar("R", bound="_Record")
 
 _VERSIONED = re.compile(r"^(?P<family>.+)\.v(?P<version>[0-9]+)$")
 _UTC_TIMESTAMP = re.compile(
@@ -50,6 +52,20 @@ class RecordKind:
     # Runs before the schema, for checks whose schema error would echo a value that must never be
     # printed (an endpoint that carries a credential).
     precheck: Callable[[Mapping[str, Any], str], None] | None = None
+
+    def path_in(self, directory: Path | str) -> Path:
+        """Where this record lives in ``directory``."""
+        return Path(directory) / self.filename
+
+
+class Flat:
+    """Base of a flat record part whose JSON object is exactly its fields, by name (no protocol, no
+    nesting): one ``to_dict`` instead of a hand-written copy of the field list that can drift from it."""
+
+    __slots__ = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
 
 
 class _Record(Protocol):
@@ -133,6 +149,36 @@ def write_record(kind: RecordKind, path: Path, record: _Record) -> Path:
     data = encode_record(record, what=record_label(path, kind.filename))
     fsutil.atomic_write_bytes(path, data)
     return path
+
+
+@dataclass(frozen=True)
+class RecordFile(Generic[R]):
+    """One record file bound to its dataclass: the module-level functions every record module exports.
+
+    ``label`` names bytes that were not read from a path (what ``encode`` checks; default the file name);
+    ``parse_what`` is the default name ``parse`` gives its bytes (default ``label``; "remote ..." for
+    records that are fetched from an archive).
+    """
+
+    kind: RecordKind
+    record: type[R]
+    label: str = ""
+    parse_what: str = ""
+
+    def parse(self, data: bytes, *, what: str = "") -> R:
+        what = what or self.parse_what or self.label or self.kind.filename
+        return self.record.from_dict(decode_json_object(data, what=what), what=what)  # type: ignore[attr-defined]
+
+    def read(self, source: Path | str) -> R:
+        """Read the record in directory ``source`` (or the record file ``source``)."""
+        return read_record(self.kind, source, self.parse)
+
+    def encode(self, record: R) -> bytes:
+        return encode_record(record, what=self.label or self.kind.filename)
+
+    def write(self, directory: Path | str, record: R) -> Path:
+        """Validate, then write atomically into ``directory``."""
+        return write_record(self.kind, self.kind.path_in(directory), record)
 
 
 # --- field checks shared by several records -------------------------------------------------------

@@ -25,12 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..digest import sha256_bytes
 from ..errors import InvalidRecord
-from ..jsonio import decode_json_object
 from . import _record
 from .inventory import FileEntry, inventory_from_list, inventory_to_list, sorted_entries
 from .manifest import FILENAME as MANIFEST_FILENAME
@@ -80,20 +78,12 @@ class Declaration:
         }
 
 
-def path_in(directory: Path | str) -> Path:
-    return Path(directory) / FILENAME
-
-
-def parse_declaration(data: bytes, *, what: str = f"remote {FILENAME}") -> Declaration:
-    return Declaration.from_dict(decode_json_object(data, what=what), what=what)
-
-
-def read_declaration(source: Path | str) -> Declaration:
-    return _record.read_record(KIND, source, parse_declaration)
-
-
-def encode_declaration(record: Declaration) -> bytes:
-    return _record.encode_record(record, what=FILENAME)
+_FILE = _record.RecordFile(KIND, Declaration, parse_what=f"remote {FILENAME}")
+path_in = KIND.path_in
+parse_declaration = _FILE.parse
+read_declaration = _FILE.read
+encode_declaration = _FILE.encode
+write_declaration = _FILE.write
 
 
 def declaration_digest(record: Declaration) -> str:
@@ -103,7 +93,3 @@ def declaration_digest(record: Declaration) -> str:
     bytes; for a declaration read from elsewhere, hash the bytes as fetched instead.
     """
     return sha256_bytes(encode_declaration(record))
-
-
-def write_declaration(directory: Path | str, record: Declaration) -> Path:
-    return _record.write_record(KIND, path_in(directory), record)

@@ -21,10 +21,7 @@ from . import _record
 FILENAME = ".posttrain-checkpoint-artifact.legacy.json"
 
 KIND = _record.RecordKind(filename=FILENAME, schema="legacy_manifest", protocol=None)
-
-
-def path_in(directory: Path | str) -> Path:
-    return Path(directory) / FILENAME
+path_in = KIND.path_in
 
 
 def check_legacy_manifest(data: bytes, *, what: str = FILENAME) -> bytes:

@@ -29,12 +29,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 from ..errors import InvalidRecord
 from ..fsutil import safe_relpath
-from ..jsonio import decode_json_object
 from . import _record
 from .inventory import FileEntry, inventory_from_list, inventory_to_list, sorted_entries, validate_inventory
 
@@ -169,23 +167,10 @@ def _check_layout(manifest: Manifest, what: str) -> None:
             )
 
 
-def path_in(directory: Path | str) -> Path:
-    return Path(directory) / FILENAME
-
-
-def parse_manifest(data: bytes, *, what: str = f"remote {FILENAME}") -> Manifest:
-    return Manifest.from_dict(decode_json_object(data, what=what), what=what)
-
-
-def read_manifest(source: Path | str) -> Manifest:
-    """Read the manifest in artifact directory ``source`` (or the manifest file ``source``)."""
-    return _record.read_record(KIND, source, parse_manifest)
-
-
-def encode_manifest(manifest: Manifest) -> bytes:
-    return _record.encode_record(manifest, what=FILENAME)
-
-
-def write_manifest(directory: Path | str, manifest: Manifest) -> Path:
-    """Write atomically; the caller commits the manifest only after every component is in place."""
-    return _record.write_record(KIND, path_in(directory), manifest)
+# The caller of write_manifest commits the manifest only after every component is in place.
+_FILE = _record.RecordFile(KIND, Manifest, parse_what=f"remote {FILENAME}")
+path_in = KIND.path_in
+parse_manifest = _FILE.parse
+read_manifest = _FILE.read
+encode_manifest = _FILE.encode
+write_manifest = _FILE.write

@@ -34,11 +34,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidRecord
-from ..jsonio import decode_json_object
 from . import _record
 from .inventory import FileEntry, inventory_from_list, inventory_to_list, sorted_entries
 
@@ -51,7 +49,7 @@ KIND = _record.RecordKind(
 
 
 @dataclass(frozen=True, slots=True)
-class SourceIdentity:
+class SourceIdentity(_record.Flat):
     uri: str | None
     sha256: str
     size: int
@@ -64,18 +62,12 @@ class SourceIdentity:
             size=_record.require_size(data["size"], what, "source.size"),
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"uri": self.uri, "sha256": self.sha256, "size": self.size}
-
 
 @dataclass(frozen=True, slots=True)
-class BaseModelIdentity:
+class BaseModelIdentity(_record.Flat):
     path: str
     config_sha256: str
     index_sha256: str | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "config_sha256": self.config_sha256, "index_sha256": self.index_sha256}
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,22 +124,10 @@ class Materialized:
         return out
 
 
-def path_in(directory: Path | str) -> Path:
-    return Path(directory) / FILENAME
-
-
-def parse_materialized(data: bytes, *, what: str = FILENAME) -> Materialized:
-    return Materialized.from_dict(decode_json_object(data, what=what), what=what)
-
-
-def read_materialized(source: Path | str) -> Materialized:
-    return _record.read_record(KIND, source, parse_materialized)
-
-
-def encode_materialized(record: Materialized) -> bytes:
-    return _record.encode_record(record, what=FILENAME)
-
-
-def write_materialized(directory: Path | str, record: Materialized) -> Path:
-    """Write atomically inside the staged tree, before the tree is swapped into place."""
-    return _record.write_record(KIND, path_in(directory), record)
+# write_materialized writes inside the staged tree, before the tree is swapped into place.
+_FILE = _record.RecordFile(KIND, Materialized)
+path_in = KIND.path_in
+parse_materialized = _FILE.parse
+read_materialized = _FILE.read
+encode_materialized = _FILE.encode
+write_materialized = _FILE.write

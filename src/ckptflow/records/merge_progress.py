@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..jsonio import decode_json_object
 from . import _record
 
 FILENAME = ".merge-in-progress.json"
@@ -31,7 +30,7 @@ KIND = _record.RecordKind(filename=FILENAME, schema="merge_progress", protocol=P
 
 
 @dataclass(frozen=True, slots=True)
-class FileState:
+class FileState(_record.Flat):
     device: int
     inode: int
     size: int
@@ -42,9 +41,6 @@ class FileState:
         """The identity of the file at ``path`` itself (a symlink is not followed)."""
         st = os.stat(path, follow_symlinks=False)
         return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"device": self.device, "inode": self.inode, "size": self.size, "mtime_ns": self.mtime_ns}
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,17 +67,7 @@ class MergeProgress:
             return False
 
 
-def path_in(directory: Path | str) -> Path:
-    return Path(directory) / FILENAME
-
-
-def parse_merge_progress(data: bytes, *, what: str = FILENAME) -> MergeProgress:
-    return MergeProgress.from_dict(decode_json_object(data, what=what), what=what)
-
-
-def read_merge_progress(source: Path | str) -> MergeProgress:
-    return _record.read_record(KIND, source, parse_merge_progress)
-
-
-def write_merge_progress(directory: Path | str, record: MergeProgress) -> Path:
-    return _record.write_record(KIND, path_in(directory), record)
+_FILE = _record.RecordFile(KIND, MergeProgress)
+path_in = KIND.path_in
+read_merge_progress = _FILE.read
+write_merge_progress = _FILE.write

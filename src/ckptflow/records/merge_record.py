@@ -29,12 +29,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..digest import sha256_bytes
 from ..fsutil import safe_relpath
-from ..jsonio import decode_json_object, encode_json
+from ..jsonio import encode_json
 from . import _record
 from ._record import LegacyRecord
 from .inventory import FileEntry, inventory_from_list, inventory_to_list, sorted_entries
@@ -67,22 +66,16 @@ KIND = _record.RecordKind(
 
 
 @dataclass(frozen=True, slots=True)
-class Expert:
+class Expert(_record.Flat):
     path: str
     size: int
     sha256: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "size": self.size, "sha256": self.sha256}
-
 
 @dataclass(frozen=True, slots=True)
-class BaseIdentity:
+class BaseIdentity(_record.Flat):
     config_sha256: str
     index_sha256: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"config_sha256": self.config_sha256, "index_sha256": self.index_sha256}
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,22 +164,10 @@ def request_identity(request: Mapping[str, Any]) -> str:
     return sha256_bytes(encode_json(dict(request)))
 
 
-def path_in(directory: Path | str) -> Path:
-    return Path(directory) / FILENAME
-
-
-def parse_merge_record(data: bytes, *, what: str = FILENAME) -> MergeRecord:
-    return MergeRecord.from_dict(decode_json_object(data, what=what), what=what)
-
-
-def read_merge_record(source: Path | str) -> MergeRecord:
-    return _record.read_record(KIND, source, parse_merge_record)
-
-
-def encode_merge_record(record: MergeRecord) -> bytes:
-    return _record.encode_record(record, what=FILENAME)
-
-
-def write_merge_record(directory: Path | str, record: MergeRecord) -> Path:
-    """Write atomically; only after the merged output was verified."""
-    return _record.write_record(KIND, path_in(directory), record)
+# write_merge_record is called only after the merged output was verified.
+_FILE = _record.RecordFile(KIND, MergeRecord)
+path_in = KIND.path_in
+parse_merge_record = _FILE.parse
+read_merge_record = _FILE.read
+encode_merge_record = _FILE.encode
+write_merge_record = _FILE.write

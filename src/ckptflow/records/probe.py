@@ -37,7 +37,6 @@ from typing import Any
 
 from ..digest import sha256_bytes
 from ..errors import InvalidRecord
-from ..jsonio import decode_json_object
 from . import _record
 
 PROTOCOL = "ckptflow.probe.v1"
@@ -53,7 +52,7 @@ KIND = _record.RecordKind(
 
 
 @dataclass(frozen=True, slots=True)
-class ProbeDestination:
+class ProbeDestination(_record.Flat):
     scheme: str
     endpoint: str
     bucket: str
@@ -64,9 +63,6 @@ class ProbeDestination:
         if isinstance(destination, Mapping):
             return cls(destination["scheme"], destination["endpoint"], destination["bucket"])
         return cls(destination.scheme, destination.endpoint, destination.bucket)
-
-    def to_dict(self) -> dict[str, str]:
-        return {"scheme": self.scheme, "endpoint": self.endpoint, "bucket": self.bucket}
 
     def key(self) -> str:
         return sha256_bytes(f"{self.scheme}|{self.endpoint}|{self.bucket}".encode())
@@ -171,12 +167,9 @@ def probe_record_path(destination: Any) -> Path:
     return probe_cache_dir() / f"{ProbeDestination.of(destination).key()}.json"
 
 
-def parse_probe_record(data: bytes, *, what: str = "probe record") -> ProbeRecord:
-    return ProbeRecord.from_dict(decode_json_object(data, what=what), what=what)
-
-
-def encode_probe_record(record: ProbeRecord) -> bytes:
-    return _record.encode_record(record, what="probe record")
+_FILE = _record.RecordFile(KIND, ProbeRecord, label="probe record")
+parse_probe_record = _FILE.parse
+encode_probe_record = _FILE.encode
 
 
 def write_probe_record(record: ProbeRecord) -> Path:

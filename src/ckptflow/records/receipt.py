@@ -118,7 +118,7 @@ class NotAnArtifactReceipt(InvalidRecord):
 
 
 @dataclass(frozen=True, slots=True)
-class ReceiptDestination:
+class ReceiptDestination(_record.Flat):
     """Where the archive lives: the non-secret identity of the store plus the artifact's key prefix."""
 
     scheme: str
@@ -132,14 +132,6 @@ class ReceiptDestination:
         return cls(
             scheme=destination.scheme, endpoint=destination.endpoint, bucket=destination.bucket, prefix=prefix
         )
-
-    def to_dict(self) -> dict[str, str]:
-        return {
-            "scheme": self.scheme,
-            "endpoint": self.endpoint,
-            "bucket": self.bucket,
-            "prefix": self.prefix,
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +193,7 @@ class Receipt:
 
 
 @dataclass(frozen=True, slots=True)
-class FileIdentity:
+class FileIdentity(_record.Flat):
     """What ``lstat`` shows of a file: inode, size, modification and change time (nanoseconds)."""
 
     ino: int
@@ -213,9 +205,6 @@ class FileIdentity:
     def of(cls, path: Path | str) -> FileIdentity:
         st = os.lstat(path)
         return cls(st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-    def to_dict(self) -> dict[str, int]:
-        return {"ino": self.ino, "size": self.size, "mtime_ns": self.mtime_ns, "ctime_ns": self.ctime_ns}
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,8 +294,9 @@ def _checksums(data: Mapping[str, Any], what: str) -> dict[str, str] | None:
     return checksums
 
 
-def path_in(directory: Path | str) -> Path:
-    return Path(directory) / FILENAME
+# Both kinds of receipt are encoded and written by this one binding; parsing picks the kind (below).
+_FILE = _record.RecordFile(KIND, Receipt)
+path_in = KIND.path_in
 
 
 def _looks_legacy(data: bytes) -> bool:
@@ -370,14 +360,10 @@ def read_any_receipt(source: Path | str) -> Receipt | CheckpointReceipt:
     return _record.read_record(KIND, source, parse_any_receipt)
 
 
-def encode_receipt(record: Receipt | CheckpointReceipt) -> bytes:
-    return _record.encode_record(record, what=FILENAME)
-
-
-def write_receipt(directory: Path | str, record: Receipt | CheckpointReceipt) -> Path:
-    """Write atomically; an artifact receipt only after the remote copy was verified against the
-    declaration, a full-checkpoint receipt only after the checkpoint's upload finished."""
-    return _record.write_record(KIND, path_in(directory), record)
+# write_receipt writes an artifact receipt only after the remote copy was verified against the
+# declaration, a full-checkpoint receipt only after the checkpoint's upload finished.
+encode_receipt = _FILE.encode
+write_receipt = _FILE.write
 
 
 def check_belongs(receipt: Receipt, artifact_dir: Path | str, *, expected_prefix: str | None = None,

@@ -26,11 +26,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidRecord
-from ..jsonio import decode_json_object
 from . import _record
 from .inventory import FileEntry, inventory_from_list, inventory_to_list, sorted_entries
 
@@ -93,21 +91,9 @@ def _components(value: Any, what: str) -> tuple[str, ...] | None:
     return tuple(value)
 
 
-def path_in(directory: Path | str) -> Path:
-    return Path(directory) / FILENAME
-
-
-def parse_staging(data: bytes, *, what: str = FILENAME) -> StagingRecord:
-    return StagingRecord.from_dict(decode_json_object(data, what=what), what=what)
-
-
-def read_staging(source: Path | str) -> StagingRecord:
-    return _record.read_record(KIND, source, parse_staging)
-
-
-def encode_staging(record: StagingRecord) -> bytes:
-    return _record.encode_record(record, what=FILENAME)
-
-
-def write_staging(directory: Path | str, record: StagingRecord) -> Path:
-    return _record.write_record(KIND, path_in(directory), record)
+_FILE = _record.RecordFile(KIND, StagingRecord)
+path_in = KIND.path_in
+parse_staging = _FILE.parse
+read_staging = _FILE.read
+encode_staging = _FILE.encode
+write_staging = _FILE.write

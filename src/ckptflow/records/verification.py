@@ -16,10 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from ..jsonio import decode_json_object
 from . import _record
 
 FILENAME = ".verified.json"
@@ -51,17 +49,7 @@ class Verification:
                 "receipt_sha256": self.receipt_sha256}
 
 
-def path_in(directory: Path | str) -> Path:
-    return Path(directory) / FILENAME
-
-
-def parse_verification(data: bytes, *, what: str = FILENAME) -> Verification:
-    return Verification.from_dict(decode_json_object(data, what=what), what=what)
-
-
-def read_verification(source: Path | str) -> Verification:
-    return _record.read_record(KIND, source, parse_verification)
-
-
-def write_verification(directory: Path | str, record: Verification) -> Path:
-    return _record.write_record(KIND, path_in(directory), record)
+_FILE = _record.RecordFile(KIND, Verification)
+path_in = KIND.path_in
+read_verification = _FILE.read
+write_verification = _FILE.write

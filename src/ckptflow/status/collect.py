@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..archive.verify import describe_failures, verify_artifact
 from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE, RUN_DEPTH, find_runs
@@ -31,6 +31,7 @@ from ..records.manifest import DcpComponent, Manifest, parse_manifest
 from ..records.receipt import check_belongs, read_receipt_digest
 from .report import CORRUPT, NONE, Row, StatusReport, cell
 
+T = TypeVar("T")
 _REPORT_RE = re.compile(r"^iter_(\d+)\.json$")
 
 
@@ -340,14 +341,20 @@ def _read_prune_report(row: Row, path: Path) -> None:
         row.pruned = cell("kept", kept[0], report=str(path), report_at=at)
 
 
-def _read_staged(row: Row, path: Path) -> None:
+def _read_commit_record(read: Callable[[Path], T], path: Path, missing: str) -> tuple[T | None, dict[str, Any]]:
+    """The commit record in ``path``, or None and the cell that says why there is none: ``unrecorded``
+    (no record: ``missing`` says what that means) or ``corrupt``."""
     try:
-        record = read_staging(path)
+        return read(path), {}
     except NotFound:
-        row.staged = cell("unrecorded", f"{path} has no .staged.json: fetch did not write it", path=str(path))
+        return None, cell("unrecorded", f"{path} has no {missing}", path=str(path))
     except (CkptflowError, OSError) as exc:
-        row.staged = cell(CORRUPT, str(exc), path=str(path))
-    else:
+        return None, cell(CORRUPT, str(exc), path=str(path))
+
+
+def _read_staged(row: Row, path: Path) -> None:
+    record, row.staged = _read_commit_record(read_staging, path, ".staged.json: fetch did not write it")
+    if record is not None:
         fields = {"path": str(path), "source_uri": record.source_uri, "bytes": sum(f.size for f in record.files)}
         if record.components is not None:  # a copy of named components: its files are all it vouches for
             fields["components"] = list(record.components)
@@ -360,13 +367,8 @@ def _read_staged(row: Row, path: Path) -> None:
 
 
 def _read_teacher(row: Row, path: Path) -> None:
-    try:
-        record = read_materialized(path)
-    except NotFound:
-        row.materialized = cell("unrecorded", f"{path} has no .materialized: not a finished build", path=str(path))
-    except (CkptflowError, OSError) as exc:
-        row.materialized = cell(CORRUPT, str(exc), path=str(path))
-    else:
+    record, row.materialized = _read_commit_record(read_materialized, path, ".materialized: not a finished build")
+    if record is not None:
         fields = {"path": str(path), "source_uri": record.source.uri,
                   "source": "archive" if record.source.uri else "local", "tensors": record.tensor_count}
         row.teacher_sha256 = record.source.sha256

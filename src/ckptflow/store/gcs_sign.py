@@ -78,13 +78,20 @@ UNSIGNED_HEADERS = frozenset(
 
 @dataclass(frozen=True, slots=True)
 class SigningScheme:
-    """The names that distinguish GOOG4 from AWS4; the arithmetic is shared."""
+    """The names that distinguish GOOG4 from AWS4; the arithmetic is shared. The algorithm and the scope
+    terminator are spelled from the key prefix in both specifications (``X-HMAC-SHA256``, ``x_request``)."""
 
-    algorithm: str
     key_prefix: str
     service: str
-    terminator: str
     header_prefix: str
+
+    @property
+    def algorithm(self) -> str:
+        return f"{self.key_prefix}-HMAC-SHA256"
+
+    @property
+    def terminator(self) -> str:
+        return f"{self.key_prefix.lower()}_request"
 
     @property
     def date_header(self) -> str:
@@ -95,20 +102,8 @@ class SigningScheme:
         return f"{self.header_prefix}-content-sha256"
 
 
-GOOG4 = SigningScheme(
-    algorithm="GOOG4-HMAC-SHA256",
-    key_prefix="GOOG4",
-    service="storage",
-    terminator="goog4_request",
-    header_prefix="x-goog",
-)
-AWS4 = SigningScheme(
-    algorithm="AWS4-HMAC-SHA256",
-    key_prefix="AWS4",
-    service="s3",
-    terminator="aws4_request",
-    header_prefix="x-amz",
-)
+GOOG4 = SigningScheme(key_prefix="GOOG4", service="storage", header_prefix="x-goog")
+AWS4 = SigningScheme(key_prefix="AWS4", service="s3", header_prefix="x-amz")
 
 
 # --------------------------------------------------------------------------------------------- pieces

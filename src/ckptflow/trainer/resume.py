@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,28 +83,25 @@ class ResumeDecision:
         return {"status": "may-start" if self.may_start else "refused", **asdict(self)}
 
 
-def committed_artifacts(attempt_dir: Path) -> dict[int, Path]:
-    """Every ``checkpoint_artifacts/iter_N`` holding its manifest (interrupted saves are ignored)."""
-    root = attempt_dir / ARTIFACTS_DIR
+def _iterations(root: Path, complete: Callable[[Path], bool]) -> dict[int, Path]:
+    """The ``iter_N`` directories under ``root`` that ``complete`` accepts, by iteration."""
     found: dict[int, Path] = {}
     if root.is_dir():
         for d in root.iterdir():
             m = ITER_DIR_RE.match(d.name)
-            if m and d.is_dir() and manifest_record.path_in(d).is_file():
+            if m and complete(d):
                 found[int(m.group(1))] = d
     return dict(sorted(found.items()))
+
+
+def committed_artifacts(attempt_dir: Path) -> dict[int, Path]:
+    """Every ``checkpoint_artifacts/iter_N`` holding its manifest (interrupted saves are ignored)."""
+    return _iterations(attempt_dir / ARTIFACTS_DIR, lambda d: d.is_dir() and manifest_record.path_in(d).is_file())
 
 
 def resumable_checkpoints(attempt_dir: Path) -> dict[int, Path]:
     """Complete full checkpoints under ``checkpoints/`` (``checkpoints.is_complete_checkpoint``)."""
-    root = attempt_dir / CHECKPOINTS_DIR
-    found: dict[int, Path] = {}
-    if root.is_dir():
-        for d in root.iterdir():
-            m = ITER_DIR_RE.match(d.name)
-            if m and is_complete_checkpoint(d):
-                found[int(m.group(1))] = d
-    return dict(sorted(found.items()))
+    return _iterations(attempt_dir / CHECKPOINTS_DIR, is_complete_checkpoint)
 
 
 def is_full_plan_artifact(artifact_dir: Path) -> bool:
