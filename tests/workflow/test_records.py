@@ -154,7 +154,7 @@ def test_a_lost_receipt_is_re_derived_from_the_archive_a_report_or_the_config_na
         k: v for k, v in receipt.items() if k != "uploaded_at"}
     assert list(walk_files(tmp_path / "arch-b")) == []
     flow.ok("prune_all", "verify_all")
-    assert flow.planned("publish_all") == [] and flow.planned("prune_all") == []
+    flow.nothing_planned("publish_all", "prune_all")
 
     # Lost again, with every report gone too: the configured bucket is the one left to name the archive.
     (art / ".uploaded").unlink()
@@ -178,8 +178,7 @@ def test_a_full_checkpoint_receipt_in_an_artifact_is_pending_and_replaced_by_pub
     receipt = json.loads((art / ".uploaded").read_text())
     assert "kind" not in receipt and receipt["destination"]["scheme"] == "file"
     assert sorted(walk_files(art)) == [".posttrain-checkpoint-artifact.json", ".uploaded"]
-    for target in ("publish_all", "verify_all", "prune_all"):
-        assert flow.planned(target) == [], target
+    flow.nothing_planned("publish_all", "verify_all", "prune_all")
 
 
 def test_two_working_directories_on_one_runs_root_never_delete_each_others_receipts(tmp_path):
@@ -222,8 +221,7 @@ def test_two_working_directories_on_one_runs_root_never_delete_each_others_recei
         assert {k: v for k, v in now.items() if k != "uploaded_at"} == {
             k: v for k, v in json.loads(receipts[it]).items() if k != "uploaded_at"}
     a.ok("verify_all", "prune_all")
-    for target in ("publish_all", "verify_all", "prune_all"):
-        assert a.planned(target) == [], target
+    a.nothing_planned("publish_all", "verify_all", "prune_all")
     assert b.planned("publish_all") == []
 
 
