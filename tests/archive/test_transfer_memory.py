@@ -16,9 +16,8 @@ from helpers import REPO
 from helpers.artifacts import ARTIFACT_PREFIX, UPLOAD_PREFIX, make_artifact
 from helpers.memory import peak_rss_anon
 
-# Memory ceilings: sampled RssAnon of a child; run apart from the other memory-heavy tests. Slow (hundreds of
-# MiB of input, 15-60 s each): `make test` runs them, the inner loop (`make test-fast`) does not.
-pytestmark = [pytest.mark.alone, pytest.mark.slow]
+# Memory ceilings: sampled RssAnon of a child; run apart from the other memory-heavy tests.
+pytestmark = pytest.mark.alone
 
 MiB = 1024 * 1024
 CEILING = 300 * MiB

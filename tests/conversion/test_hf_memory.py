@@ -16,9 +16,8 @@ import pytest
 from ckptflow.conversion.verify import verify_output
 from helpers import tiny_models as tm
 
-# Memory ceilings: sampled RssAnon of a child; run apart from the other memory-heavy tests. Slow (hundreds of
-# MiB of input, 15-60 s each): `make test` runs them, the inner loop (`make test-fast`) does not.
-pytestmark = [pytest.mark.alone, pytest.mark.slow]
+# Memory ceilings: sampled RssAnon of a child; run apart from the other memory-heavy tests.
+pytestmark = pytest.mark.alone
 
 MiB = 1 << 20
 

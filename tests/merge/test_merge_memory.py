@@ -20,9 +20,8 @@ from ckptflow.merge.reader import SINGLE_NAME
 from helpers import REPO
 from helpers.memory import peak_rss_anon
 
-# Memory ceilings: sampled RssAnon of a child; run apart from the other memory-heavy tests. Slow (hundreds of
-# MiB of input, 15-60 s each): `make test` runs them, the inner loop (`make test-fast`) does not.
-pytestmark = [pytest.mark.alone, pytest.mark.slow]
+# Memory ceilings: sampled RssAnon of a child; run apart from the other memory-heavy tests.
+pytestmark = pytest.mark.alone
 
 MiB = 1 << 20
 SHAPE = (4096, 4096)  # 32 MiB in bf16
