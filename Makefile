@@ -37,8 +37,8 @@ lint: setup
 # the whole suite, and stops Slurm's daemons and both servers by PID whatever pytest's outcome; exits with
 # pytest's status. Where Slurm cannot run (not root, no apt-get) the slurm tests skip, except under CI
 # (the variable CI set), where they must run: there a Slurm that does not come up fails `make test`.
-# The suite runs on PYTEST_WORKERS pytest-xdist workers (`--dist loadgroup`: the `alone` and `slurm`
-# tests go, one after another, to one worker; tests/conftest.py). The core legs run meanwhile, in the
+# The suite runs on PYTEST_WORKERS pytest-xdist workers (`--dist loadgroup`: the `alone` tests go, one
+# after another, to one worker, the `slurm` tests to another; tests/conftest.py). The core legs run meanwhile, in the
 # background, on the same servers; their summary (and the whole log of a leg that failed) is printed
 # after pytest's. `make test` exits non-zero when pytest or a core leg failed.
 PYTEST_WORKERS ?= 4

@@ -7,9 +7,10 @@ running: a silently skipped store test would hide exactly the guarantees it exis
 The suite runs in parallel (``pytest -n N --dist loadgroup``, pytest-xdist). What keeps the workers apart:
 every SeaweedFS test has its own bucket, every pytest process (each worker, each core leg) its own
 ``CKPTFLOW_CACHE_DIR`` (probe records, upload journals) under its own base temporary directory, and the
-tests that must not share the machine's time with each other (Slurm jobs, memory ceilings, crashes whose
-outcome depends on how fast a server settles) carry the ``alone`` marker (or ``slurm``) and are sent, in
-order, to one worker (``xdist_group``). A test still never sees another test's objects or files.
+tests that must not run beside each other (memory ceilings, crashes whose outcome depends on how fast a
+server settles) carry the ``alone`` marker and are sent, in order, to one worker (``xdist_group``); the
+``slurm`` tests, which share the single-node Slurm's two CPUs, likewise to one other worker. A test still
+never sees another test's objects or files.
 """
 
 from __future__ import annotations
@@ -46,14 +47,24 @@ def _state_file() -> Path:
 
 
 ALONE_GROUP = "alone"
+SLURM_GROUP = "slurm"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The ``alone`` and ``slurm`` tests share one xdist group, so they run one after another on one worker."""
+    """The ``alone`` tests form one xdist group and the ``slurm`` tests another: each group runs one test after
+    another on one worker, the two groups side by side (nothing but a machine's time is shared between a
+    memory ceiling and a Slurm job). In a worker, the ``slow`` tests come first."""
     if not config.pluginmanager.hasplugin("xdist"):  # the core legs run without pytest-xdist
         return
+    if hasattr(config, "workerinput"):
+        # The scheduler hands out tests in this order (after the largest group): a long test started last
+        # would keep its worker busy after the others ran dry, so the long ones start first (stable sort:
+        # the same order in every worker, as xdist requires).
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     for item in items:
-        if item.get_closest_marker("alone") or item.get_closest_marker("slurm"):
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group(SLURM_GROUP))
+        elif item.get_closest_marker("alone"):
             item.add_marker(pytest.mark.xdist_group(ALONE_GROUP))
 
 

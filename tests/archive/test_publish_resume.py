@@ -18,7 +18,7 @@ from helpers.artifacts import ARTIFACT_PREFIX, make_artifact
 from helpers.cli import run_cli, start_cli, wait_for_file
 
 # A killed upload's parts settle on the server at the speed the machine allows: run apart from the
-# memory-heavy and Slurm tests.
+# memory-heavy tests (the Slurm tests have their own worker).
 pytestmark = pytest.mark.alone
 
 MiB = 1024 * 1024

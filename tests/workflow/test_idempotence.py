@@ -26,17 +26,15 @@ def test_after_success_every_target_has_nothing_to_do_and_unrelated_files_rerun_
     flow.ok("materialize_teacher", iter=300)  # from the archive: the payload was pruned
     art = flow.artifact()
     assert "model.pt" not in list(walk_files(art))
-    for target in TARGETS:
-        assert flow.planned(target) == [], target
-    assert flow.planned("merge_experts", iter=300) == [] and flow.planned("materialize_teacher", iter=300) == []
+    flow.nothing_planned(*TARGETS)
+    flow.nothing_planned("merge_experts", "materialize_teacher", iter=300)
 
     (art / "NOTES.md").write_text("an operator's note\n", encoding="utf-8")
     (art.parent.parent / "train.log").write_text("unrelated\n", encoding="utf-8")
     (flow.root / "reports" / "other.json").write_text("{}", encoding="utf-8")
     (flow.staged().parent / "scratch.txt").write_text("unrelated\n", encoding="utf-8")
-    for target in TARGETS:
-        assert flow.planned(target) == [], target
-    assert flow.planned("merge_experts", iter=300) == [] and flow.planned("materialize_teacher", iter=300) == []
+    flow.nothing_planned(*TARGETS)
+    flow.nothing_planned("merge_experts", "materialize_teacher", iter=300)
     # Published and pruned: not republished, whatever the bucket is spelled like now.
     assert flow.planned("publish_all", bucket=f"file://{archive}/") == []
 
@@ -67,8 +65,7 @@ def test_a_legacy_receipt_is_replaced_by_publication_before_verify_and_prune_pas
     receipt = json.loads((art / ".uploaded").read_text())  # JSON now: a receipt bound to the archive
     assert receipt["protocol"] == "posttrain.archive-marker.v1"
     assert json.loads(flow.report("verify").read_text())["status"] == "verified"
-    assert flow.planned("publish_all") == [] and flow.planned("verify_all") == []
+    flow.nothing_planned("publish_all", "verify_all")
     flow.ok("prune_all")
     assert sorted(walk_files(art)) == [".posttrain-checkpoint-artifact.json", ".uploaded"]
-    for target in TARGETS:
-        assert flow.planned(target) == [], target
+    flow.nothing_planned(*TARGETS)

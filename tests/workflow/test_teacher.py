@@ -59,7 +59,7 @@ def test_a_pruned_artifact_materializes_from_the_archive_its_receipt_names(
     assert json.loads((flow.teacher() / ".materialized").read_text())["source"]["uri"] == uri
     assert (flow.staged() / ".staged.json").is_file()  # the fetch rule's stage is kept, not removed
     assert flow.planned("materialize_teacher", iter=300) == []
-    assert flow.planned("prune_all") == [] and flow.planned("publish_all") == []
+    flow.nothing_planned("prune_all", "publish_all")
 
 
 @pytest.mark.slow

@@ -106,6 +106,12 @@ class Flow:
         assert rules or NOTHING in out, out
         return rules
 
+    def nothing_planned(self, *targets: str, **overrides) -> None:
+        """Require that a dry run of ``targets`` executes nothing, in one Snakemake process rather than one per
+        target: the plan for several targets is the union of each one's, so it is empty only when each is."""
+        plan = self.planned(*targets, **overrides)
+        assert plan == [], (targets, plan)
+
     def log_of(self, kind: str, iteration: int = 300, run: str = RUN) -> str:
         path = Path(self.config["logs_dir"]) / kind / run / f"iter_{iteration:06d}.log"
         return path.read_text(encoding="utf-8") if path.exists() else ""
