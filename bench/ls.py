@@ -3,7 +3,8 @@
 The archive: ``--artifacts`` tiny artifacts (a declaration, a manifest and a 4-byte ``model.pt`` each,
 written directly with the store API, concurrently, so the setup takes seconds) under one prefix of a
 scratch bucket. ckptflow's run is the real ``ckptflow ls s3://B/prefix`` in a child process: one paginated
-listing and one GET of each declaration (concurrent), the report validated in memory, JSON on stdout.
+listing and one GET of each declaration (concurrent, through the store's ``small_gets``), the report validated
+in memory, JSON on stdout.
 The peers list the same prefix and read nothing: ``aws s3 ls --recursive`` when the AWS CLI is on PATH,
 ``s5cmd ls`` and ``rclone lsl`` when installed (``peers.py``), and always a raw boto3 paginated
 ``list_objects_v2`` in a child of its own. Runs are interleaved (``benchlib.interleaved``), medians

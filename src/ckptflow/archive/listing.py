@@ -15,7 +15,8 @@ Objects outside any ``checkpoint_artifacts/iter_N/`` (full checkpoints, anything
 they are counted and sampled as ``other``, never read. The manifest's bytes are not fetched for a
 committed artifact (its size is checked against the declaration; ``verify`` and ``fetch`` check its
 digest), so a listing costs one GET per artifact, started as soon as the declaration's key is listed
-(while the next page is fetched) and sent concurrently by as many threads as the store's transfers use.
+(while the next page is fetched) and sent concurrently by as many threads as the store's transfers use,
+through the store's ``small_gets`` where it has them (S3: signed requests outside botocore's machinery).
 
 ``runs_root`` adds the local side: ``status.collect_status`` judges each local artifact (committed,
 incomplete, damaged, pruned, ...) and ``local_state`` reduces its row to one word (``local``, ``pruned``,
@@ -195,7 +196,10 @@ def _judge(store: ObjectStore, art: ArchivedArtifact) -> None:
 
 
 def _get(store: ObjectStore, art: ArchivedArtifact, filename: str) -> bytes:
-    return store.get_bytes(object_key(art.prefix, filename), max_bytes=MAX_RECORD_BYTES)
+    # One record per artifact, thousands per listing: the store's cheaper small reads where it has them
+    # (the same bytes or the same error as get_bytes).
+    reader = store.small_gets or store
+    return reader.get_bytes(object_key(art.prefix, filename), max_bytes=MAX_RECORD_BYTES)
 
 
 def _judge_declared(store: ObjectStore, art: ArchivedArtifact) -> None:

@@ -127,6 +127,13 @@ class MultipartUploads:
     part_checksums_enforced: Callable[[str], bool] | None = None
 
 
+class SmallGets(Protocol):
+    """Whole small objects read faster than one ``get_bytes`` each, for a caller that reads many (``ls``)."""
+
+    def get_bytes(self, key: str, *, max_bytes: int = 64 * 1024 * 1024) -> bytes:
+        """The store's ``get_bytes(key)``: the same bytes or the same error, by a cheaper request where it can."""
+
+
 @runtime_checkable
 class StoreCapabilities(Protocol):
     """What a backend offers beyond the operations of ``ObjectStore``; each one present or explicitly None."""
@@ -137,6 +144,8 @@ class StoreCapabilities(Protocol):
     download_shape: DownloadShape
     #: Requests a batch of small operations keeps in flight (the parts of an upload, the GETs of a listing).
     concurrency: int
+    #: Many small whole-object reads (S3: signed outside botocore's request path); None: ``get_bytes`` is it.
+    small_gets: SmallGets | None
 
 
 class RangeReader(Protocol):

@@ -165,6 +165,7 @@ class GCSStore:
         self.download_shape = shape_for(endpoint, s3_kwargs.get("download_concurrency"),
                                         s3_kwargs.get("download_range_size"))
         self.concurrency: int = s3_kwargs.get("concurrency", DEFAULT_CONCURRENCY)
+        self.small_gets = None  # records are read through the interop client's own get_bytes
         self._s3_obj: S3Store | None = None
         self._s3_lock = threading.Lock()
 

@@ -60,6 +60,7 @@ class LocalStore:
 
     supports_checksum_sha256 = False
     multipart = None
+    small_gets = None  # a file read is already as cheap as a record read gets
 
     def __init__(self, root: Path | str, *, concurrency: int = base.DEFAULT_CONCURRENCY,
                  range_size: int = DEFAULT_RANGE_SIZE, creator_wait_s: float = 5.0):

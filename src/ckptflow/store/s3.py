@@ -48,6 +48,7 @@ from .s3_errors import (
 from .s3_put import b64_sha256
 from .s3_retries import announce_retries
 from .s3_shape import LOCAL_DOWNLOADS, REMOTE_DOWNLOADS, downloads_for, shape_for
+from .s3_small_gets import SmallGets
 from .transfer import MIN_PART_SIZE, download_ranges, part_size_for, retry_call
 from .uri import validate_key, validate_prefix
 
@@ -89,7 +90,8 @@ class S3Store:
     """One bucket on one S3 endpoint. Thread-safe: the botocore client is shared by the worker threads.
 
     Capabilities: ``multipart`` (threshold, resumable uploads through ``unfinished``, the part-checksum
-    check), ``download_shape`` (by where the endpoint is, ``s3_shape``) and ``concurrency``."""
+    check), ``download_shape`` (by where the endpoint is, ``s3_shape``), ``concurrency`` and ``small_gets``
+    (signed GETs outside botocore's request machinery, with ``get_bytes`` as the fallback: ``s3_small_gets``)."""
 
     def __init__(
         self,
@@ -179,6 +181,8 @@ class S3Store:
                                                        threshold=multipart_threshold, part_size=part_size)
         self.multipart = base.MultipartUploads(multipart_threshold, resumable=self.unfinished,
                                                part_checksums_enforced=self.part_checksums_enforced)
+        self.small_gets = SmallGets(self._client, bucket, user_agent=USER_AGENT, pool_size=2 * concurrency + 2,
+                                    fallback=self.get_bytes)
 
     def __repr__(self) -> str:
         return f"S3Store({self.scheme}://{self.bucket} at {self.destination.endpoint})"
