@@ -5,6 +5,7 @@ the error of the normal path."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import quote
 
 import pytest
 
@@ -78,3 +79,32 @@ def test_wrong_credentials_fall_back_to_the_normal_error(seaweedfs_bucket, seawe
     assert type(small.value) is type(normal.value) and str(small.value) == str(normal.value)
     assert secret not in str(small.value)
     assert (store.small_gets.fast, store.small_gets.fallbacks) == (0, 1)
+
+
+@pytest.mark.parametrize("token", [None, "session  token/with+odd=chars"])
+@pytest.mark.parametrize("endpoint", ["http://127.0.0.1:18333", "https://s3.example.org", "https://[::1]:9000"])
+def test_the_cached_signer_gives_botocores_authorization_header(monkeypatch, endpoint, token) -> None:
+    from datetime import datetime, timezone
+
+    import botocore.auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials as BotoCredentials
+
+    store = S3Store("bucket-x", Credentials("AKIDEXAMPLE", "secret/with+chars", endpoint, "eu-west-3"))
+    reader = store.small_gets
+    reader._prepare()
+    assert reader._signer is not None
+    meta = store._client.meta
+    boto = BotoCredentials("AKIDEXAMPLE", "secret/with+chars", token).get_frozen_credentials()
+    base = f"{store._client.meta.endpoint_url}{reader._path}"
+    for when in (datetime(2026, 1, 1, 23, 59, 59, tzinfo=timezone.utc), datetime(2026, 1, 2, 0, 0, 1,
+                                                                                 tzinfo=timezone.utc)):
+        monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda when=when: when)
+        for key in KEYS:
+            path = f"{reader._path}/{quote(key, safe='/~')}"
+            request = AWSRequest(method="GET", url=base + path[len(reader._path):], headers={"User-Agent": "ua"})
+            botocore.auth.S3SigV4Auth(boto, meta.service_model.signing_name, meta.region_name).add_auth(request)
+            ours = reader._signer.headers(path, boto, when.strftime("%Y%m%dT%H%M%SZ"))
+            expected = {k: v for k, v in request.headers.items() if k != "User-Agent"}
+            assert {k: v for k, v in ours.items() if k != "Host"} == expected
+            assert ours["Host"] == botocore.auth._host_from_url(request.url)
