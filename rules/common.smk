@@ -3,9 +3,12 @@ from functools import cache
 
 from snakemake.utils import validate
 
-from ckptflow import workflow as ckptflow_workflow
+from ckptflow import artifact as ckptflow_artifact
 from ckptflow import workflow_config as ckptflow_config
+from ckptflow import workflow_plan as ckptflow_plan
 from ckptflow.errors import CkptflowError, UsageError
+from ckptflow.records.manifest import FILENAME as MANIFEST
+from ckptflow.records.receipt import FILENAME as RECEIPT
 from ckptflow.records.receipt import belonging_receipt, is_legacy_receipt
 
 # --config iter=300 arrives as an int, nested overrides as strings: type them, then validate, each mistake
@@ -25,8 +28,7 @@ REPORTS = config["reports_dir"].rstrip("/")
 LOGS = config["logs_dir"].rstrip("/")
 STAGE = config["stage_dir"].rstrip("/")
 TEACHERS = config["teachers_dir"].rstrip("/")
-ARTIFACT = f"{RUNS}/{{run}}/checkpoint_artifacts/{{iteration}}"
-MANIFEST = ".posttrain-checkpoint-artifact.json"
+ARTIFACT = ckptflow_plan.artifact_path(RUNS, "{run}", "{iteration}")
 
 
 wildcard_constraints:
@@ -37,18 +39,23 @@ def committed_artifacts():
     """(run, iteration) of every artifact whose native manifest is committed: the runs `ckptflow status`
     shows, found without walking into a run's checkpoints (one listing per directory above the runs).
     """
-    return ckptflow_workflow.committed_artifacts(RUNS)
+    return ckptflow_artifact.committed_artifacts(RUNS)
+
+
+def artifact_dir(run, iteration):
+    """The directory of one artifact under runs_root (ARTIFACT with its wildcards filled in)."""
+    return ckptflow_plan.artifact_path(RUNS, run, iteration)
 
 
 def is_legacy(run, iteration):
     """True when the artifact's .uploaded is a legacy plain-text marker: it proves nothing."""
-    return is_legacy_receipt(f"{RUNS}/{run}/checkpoint_artifacts/{iteration}")
+    return is_legacy_receipt(artifact_dir(run, iteration))
 
 
 @cache
 def own_receipt(run, iteration):
     """The artifact's receipt when it is its own, else None (read once per planning)."""
-    return belonging_receipt(f"{RUNS}/{run}/checkpoint_artifacts/{iteration}")
+    return belonging_receipt(artifact_dir(run, iteration))
 
 
 def receipt_belongs(run, iteration):
@@ -68,8 +75,8 @@ def archive_schemes(run, iteration):
     receipt = own_receipt(run, iteration)
     if receipt is not None:
         return [receipt.destination.scheme]
-    reports = ckptflow_workflow.step_reports(REPORTS, run, iteration)
-    recorded = ckptflow_workflow.recorded_destinations(reports)
+    reports = ckptflow_plan.step_reports(REPORTS, run, iteration)
+    recorded = ckptflow_plan.recorded_destinations(reports)
     if recorded:
         return [dest.scheme for dest in recorded]
     return [ckptflow_config.require_bucket(config["bucket"]).scheme]
@@ -109,8 +116,7 @@ def get_publish_all_input(wildcards):
     inputs always runs, and `snakemake -n publish_all` says "Nothing to be done" when nothing is pending.
     """
     manifests = [
-        f"{RUNS}/{run}/checkpoint_artifacts/{it}/{MANIFEST}"
-        for run, it in committed_artifacts()
+        f"{artifact_dir(run, it)}/{MANIFEST}" for run, it in committed_artifacts()
     ]
     return get_pending_publications(wildcards) + manifests
 
@@ -123,7 +129,7 @@ def get_receipt_input(wildcards):
     legacy marker (or one replaced before) the marker with the publication that replaces it.
     """
     run, it = wildcards.run, wildcards.iteration
-    receipt = f"{RUNS}/{run}/checkpoint_artifacts/{it}/.uploaded"
+    receipt = f"{artifact_dir(run, it)}/{RECEIPT}"
     replaced = f"{REPORTS}/legacy-receipt/{run}/{it}.json"
     if is_legacy(run, it) or (os.path.exists(replaced) and receipt_belongs(run, it)):
         return [receipt, replaced]
@@ -139,7 +145,7 @@ def get_publication(wildcards):
     """
     if not receipt_belongs(wildcards.run, wildcards.iteration):
         require_destination(wildcards.run, wildcards.iteration)
-    return ckptflow_workflow.publication_number(
+    return ckptflow_plan.publication_number(
         get_artifact_dir(wildcards),
         publish_report(wildcards.run, wildcards.iteration),
     )
@@ -167,7 +173,7 @@ def get_all_prune_reports(wildcards):
 
 def get_prune_all_input(wildcards):
     """Every artifact's prune report, or with config prune.keep_free the one keep-free report."""
-    if ckptflow_workflow.keep_free_target(config) is None:
+    if ckptflow_plan.keep_free_target(config) is None:
         return get_all_prune_reports(wildcards)
     return [f"{REPORTS}/prune/keep-free.json"]
 
@@ -194,14 +200,7 @@ def get_target(may_be_new):
 def get_merge_target(wildcards):
     """merge_experts: the recipe of config iter, its experts and (tv) its base, checked before planning."""
     iteration = get_iteration()
-    recipe = ckptflow_workflow.merge_recipe(config, iteration)
-    if recipe is None:
-        recipes = sorted(int(k) for k in config["merge"])
-        listed = f" (recipes: {', '.join(map(str, recipes))})" if recipes else ""
-        raise UsageError(
-            f"config merge has no recipe for iteration {iteration}{listed}",
-            remedy="add one under merge: in config/config.yaml (see config/README.md)",
-        )
+    recipe = ckptflow_config.require_merge_recipe(config, iteration)
     run, name = get_target(True)
     missing = [e for e in recipe["experts"] if not os.path.isfile(e)]
     if missing:
@@ -221,7 +220,7 @@ def get_teacher_target(wildcards):
     the bucket and credentials, checked before planning (what the materialize job needs).
     """
     iteration = get_iteration()
-    has_recipe = ckptflow_workflow.merge_recipe(config, iteration) is not None
+    has_recipe = ckptflow_config.merge_recipe(config, iteration) is not None
     bucket = config["bucket"] or os.environ.get("CKPTFLOW_BUCKET")
     run, name = get_target(has_recipe or bool(bucket))
     source = teacher_source(run, name)
@@ -233,22 +232,17 @@ def get_teacher_target(wildcards):
 
 
 def iteration_of(wildcards):
-    return ckptflow_workflow.parse_iteration(wildcards.iteration)
+    return ckptflow_config.parse_iteration(wildcards.iteration)
 
 
 def get_artifact_dir(wildcards):
-    return f"{RUNS}/{wildcards.run}/checkpoint_artifacts/{wildcards.iteration}"
+    return artifact_dir(wildcards.run, wildcards.iteration)
 
 
 @ckptflow_config.one_line_errors
 def get_merge_recipe(wildcards):
     """The recipe of the iteration, a tv merge without its own base on the top-level base."""
-    recipe = ckptflow_workflow.merge_recipe(config, iteration_of(wildcards))
-    if recipe is None:
-        raise UsageError(
-            f"config merge has no recipe for iteration {iteration_of(wildcards)}",
-            remedy="add one under merge: in config/config.yaml",
-        )
+    recipe = ckptflow_config.require_merge_recipe(config, iteration_of(wildcards))
     if recipe["mode"] == "tv" and not recipe.get("base"):
         return {**recipe, "base": config["base"]}
     return recipe
@@ -260,12 +254,12 @@ def get_merge_experts(wildcards):
 
 @cache
 def teacher_source(run, iteration):
-    return ckptflow_workflow.teacher_source(
-        f"{RUNS}/{run}/checkpoint_artifacts/{iteration}",
+    return ckptflow_plan.teacher_source(
+        artifact_dir(run, iteration),
         run,
         bucket=config["bucket"],
-        has_recipe=ckptflow_workflow.merge_recipe(
-            config, ckptflow_workflow.parse_iteration(iteration)
+        has_recipe=ckptflow_config.merge_recipe(
+            config, ckptflow_config.parse_iteration(iteration)
         )
         is not None,
     )
@@ -334,7 +328,7 @@ def get_records_fingerprint(wildcards):
     --summary, --dag), so those read the table of now.
     """
     ckptflow_config.require_runs_root(RUNS)
-    status = ckptflow_workflow.show_status(
+    status = ckptflow_plan.show_status(
         RUNS,
         REPORTS,
         STAGE,
@@ -343,7 +337,7 @@ def get_records_fingerprint(wildcards):
         rules.status.output.txt,
         executing=workflow.executor_plugin is not None,
     )
-    return ckptflow_workflow.records_fingerprint(
+    return ckptflow_plan.records_fingerprint(
         RUNS, REPORTS, STAGE, TEACHERS, status=status
     )
 
@@ -353,7 +347,7 @@ def get_records_fingerprint(wildcards):
 
 def get_restore_input(wildcards):
     """The artifact directory (and a directory that lost a payload): its mtime is the rerun trigger."""
-    return ckptflow_workflow.restore_inputs(get_artifact_dir(wildcards))
+    return ckptflow_plan.restore_inputs(get_artifact_dir(wildcards))
 
 
 @ckptflow_config.one_line_errors
@@ -368,13 +362,11 @@ def get_all_restore_reports(wildcards):
     every run), and every manifest in that scope: a target rule without inputs always runs, and
     `snakemake -n restore_all` says "Nothing to be done" once every artifact is local again.
     """
-    scope = ckptflow_workflow.restore_scope(RUNS, config["run"])
+    scope = ckptflow_plan.restore_scope(RUNS, config["run"])
     reports = [
         f"{REPORTS}/restore/{run}/{it}.json" for run, it, pruned in scope if pruned
     ]
-    return reports + [
-        f"{RUNS}/{run}/checkpoint_artifacts/{it}/{MANIFEST}" for run, it, _ in scope
-    ]
+    return reports + [f"{artifact_dir(run, it)}/{MANIFEST}" for run, it, _ in scope]
 
 
 # ------------------------------------------------------------------ scrub
@@ -382,4 +374,6 @@ def get_all_restore_reports(wildcards):
 
 def get_scrub_report(wildcards):
     """The scrub report of config scrub_subset: scrub/K-of-N.json, or scrub/all.json for every file."""
-    return f"{REPORTS}/scrub/{ckptflow_workflow.scrub_slice_name(config['scrub_subset'])}.json"
+    return (
+        f"{REPORTS}/scrub/{ckptflow_plan.scrub_slice_name(config['scrub_subset'])}.json"
+    )

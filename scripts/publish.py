@@ -1,6 +1,7 @@
-"""Snakemake shim for rule publish: the rule's log file gets its logs and any traceback, stderr the one-line error; calls ckptflow.workflow.publish_step."""
+"""Snakemake shim for rule publish: the rule's log file gets its logs and any traceback, stderr the one-line error; calls ckptflow.workflow_steps.publish_step."""
 
-from ckptflow.workflow import artifact_path, publish_step, step_job, step_reports, upload_prefix
+from ckptflow.workflow_plan import artifact_path, step_reports, upload_prefix
+from ckptflow.workflow_steps import publish_step, step_job
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
 with step_job(snakemake.log[0], snakemake.rule):

@@ -1,12 +1,12 @@
 """The workflow's configuration in ``--config`` terms: typing, validation, and what a target needs.
 
-Owns, for the Snakemake workflow (a front end beside ``workflow.py``, which imports it):
+Owns, for the Snakemake workflow (a front end beside ``workflow_plan`` and ``workflow_steps``, which import it):
 
 - ``checked_config``: command-line spellings typed (``normalise_config``), then the schema; an unknown key
   is named with the closest known one (``bucekt`` → ``bucket``), any other schema error in one line.
 - The checks a target needs before Snakemake plans a job, each naming the key and its remedy as
   ``--config KEY=VALUE`` with the candidates found on disk: ``require_runs_root``, ``require_base``, ``require_bucket``,
-  ``require_credentials``, ``resolve_target`` (the run and the iteration). ``rules/common.smk`` calls them
+  ``require_credentials``, ``require_merge_recipe``, ``resolve_target`` (the run and the iteration). ``rules/common.smk`` calls them
   while planning (so a dry-run refuses what the run would) and the step functions call the same ones.
 - ``exit_with``: the one line Snakemake shows for such a refusal (planning, or inside a job, where the
   remedy's command-line flags are spelled as ``--config`` keys by ``config_remedy``); details go to the
@@ -143,6 +143,17 @@ def merge_recipe(config: Mapping[str, Any], iteration: int) -> dict[str, Any] | 
     """The merge recipe of ``iteration`` in a normalised configuration, or None."""
     recipes = config.get("merge") or {}
     return recipes.get(str(iteration))
+
+
+def require_merge_recipe(config: Mapping[str, Any], iteration: int) -> dict[str, Any]:
+    """The merge recipe of ``iteration``; without one, a ``UsageError`` that lists the recipes there are."""
+    recipe = merge_recipe(config, iteration)
+    if recipe is None:
+        recipes = sorted(int(k) for k in config.get("merge") or {})
+        listed = f" (recipes: {', '.join(map(str, recipes))})" if recipes else ""
+        raise UsageError(f"config merge has no recipe for iteration {iteration}{listed}",
+                         remedy=f"add one under merge: in config/config.yaml (see {README})")
+    return recipe
 
 
 def _unknown_key(error: jsonschema.ValidationError, where: str) -> UsageError:

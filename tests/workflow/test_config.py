@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 import yaml
 
-from ckptflow import workflow
+from ckptflow import workflow_config, workflow_plan
 from ckptflow.errors import NotFound, Refused, UsageError
 from helpers import REPO
 from helpers.artifacts import make_artifact
@@ -42,7 +42,7 @@ def test_config_yaml_holds_every_key_with_the_schema_defaults_and_validates():
     assert set(config) == set(SCHEMA["properties"])
     for key, sub in SCHEMA["properties"].items():
         assert config[key] == sub["default"], key
-    jsonschema.validate(workflow.normalise_config(config), SCHEMA)
+    jsonschema.validate(workflow_config.normalise_config(config), SCHEMA)
     readme = (REPO / "config" / "README.md").read_text(encoding="utf-8")
     assert all(f"| `{key}` |" in readme for key in SCHEMA["properties"])
 
@@ -51,35 +51,35 @@ def test_command_line_spellings_are_typed_before_validation():
     raw = {"iter": "iter_000300", "run": "/p/g/r/ts/",
            "merge": {300: {"mode": "tv", "experts": "a.pt, b.pt", "lam": "0.5", "force": "true"}},
            "materialize": {"min_tensors": "1", "expect_tensors": "0", "verify": "false"}}
-    config = workflow.normalise_config(raw)
+    config = workflow_config.normalise_config(raw)
     assert config["iter"] == 300 and config["run"] == "p/g/r/ts"
     assert config["merge"] == {"300": {"mode": "tv", "experts": ["a.pt", "b.pt"], "lam": 0.5, "force": True}}
     assert config["materialize"] == {"min_tensors": 1, "expect_tensors": 0, "verify": False}
     jsonschema.validate({**config, "runs_root": "runs"}, SCHEMA)
-    assert workflow.normalise_config({"iter": 300})["iter"] == 300
+    assert workflow_config.normalise_config({"iter": 300})["iter"] == 300
     with pytest.raises(UsageError, match="--config iter=300"):
-        workflow.normalise_config({"iter": "latest"})
+        workflow_config.normalise_config({"iter": "latest"})
 
 
 def test_a_run_is_resolved_only_when_exactly_one_holds_the_iteration(tmp_path):
     runs = tmp_path / "runs"
     with pytest.raises(UsageError) as none:
-        workflow.resolve_run(runs, 300, None)
+        workflow_config.resolve_run(runs, 300, None)
     assert "--config run=" in str(none.value) + (none.value.remedy or "")
     make_artifact(runs / "p" / "g" / "a" / "ts1", iteration=300)
     interrupted = runs / "p" / "g" / "b" / "ts1" / "checkpoint_artifacts" / "iter_000300"
     interrupted.mkdir(parents=True)  # no manifest: not a candidate
-    assert workflow.resolve_run(runs, 300, None) == ("p/g/a/ts1", "iter_000300")
+    assert workflow_config.resolve_run(runs, 300, None) == ("p/g/a/ts1", "iter_000300")
     make_artifact(runs / "p" / "g" / "c" / "ts2", iteration=300)
     with pytest.raises(UsageError) as several:
-        workflow.resolve_run(runs, 300, None)
+        workflow_config.resolve_run(runs, 300, None)
     assert "p/g/a/ts1" in several.value.message and "p/g/c/ts2" in several.value.message
     assert "--config run=" in several.value.remedy
-    assert workflow.resolve_run(runs, 300, "p/g/c/ts2/") == ("p/g/c/ts2", "iter_000300")
-    assert workflow.resolve_run(runs, 400, "p/g/new/ts") == ("p/g/new/ts", "iter_000400")
+    assert workflow_config.resolve_run(runs, 300, "p/g/c/ts2/") == ("p/g/c/ts2", "iter_000300")
+    assert workflow_config.resolve_run(runs, 400, "p/g/new/ts") == ("p/g/new/ts", "iter_000400")
     padded = runs / "p" / "g" / "d" / "ts" / "checkpoint_artifacts" / "iter_0000300"
     padded.mkdir(parents=True)
-    assert workflow.resolve_run(runs, 300, "p/g/d/ts") == ("p/g/d/ts", "iter_0000300")
+    assert workflow_config.resolve_run(runs, 300, "p/g/d/ts") == ("p/g/d/ts", "iter_0000300")
 
 
 def _receipt(art: Path, prefix: str) -> None:
@@ -97,50 +97,50 @@ def _receipt(art: Path, prefix: str) -> None:
 
 def test_the_teacher_source_is_local_while_the_payload_is_there_else_the_archive_its_receipt_names(tmp_path):
     art = make_artifact(tmp_path / "runs" / "r", iteration=300)
-    assert workflow.teacher_source(art, "r", bucket="ckpts", has_recipe=False).kind == "local"
-    assert workflow.teacher_source(art, "r", bucket="ckpts", has_recipe=True).kind == "merge"
+    assert workflow_plan.teacher_source(art, "r", bucket="ckpts", has_recipe=False).kind == "local"
+    assert workflow_plan.teacher_source(art, "r", bucket="ckpts", has_recipe=True).kind == "merge"
     with open(art / "model.pt", "ab") as fh:
         fh.write(b"x")  # the size no longer matches the manifest
     with pytest.raises(NotFound, match="no receipt"):
-        workflow.teacher_source(art, "r", bucket="ckpts", has_recipe=False)
+        workflow_plan.teacher_source(art, "r", bucket="ckpts", has_recipe=False)
     _receipt(art, "r/checkpoint_artifacts/iter_000300")
-    source = workflow.teacher_source(art, "r", bucket="other", has_recipe=True)
+    source = workflow_plan.teacher_source(art, "r", bucket="other", has_recipe=True)
     assert (source.kind, source.uri) == ("archive", "s3://ckpts/r/checkpoint_artifacts/iter_000300")
     (art / "model.pt").unlink()
-    assert workflow.teacher_source(art, "r", bucket=None, has_recipe=False).kind == "archive"
+    assert workflow_plan.teacher_source(art, "r", bucket=None, has_recipe=False).kind == "archive"
     (art / ".uploaded").write_text("uploaded 2024-01-01\n", encoding="utf-8")
     with pytest.raises(Refused, match="legacy"):
-        workflow.teacher_source(art, "r", bucket="ckpts", has_recipe=False)
+        workflow_plan.teacher_source(art, "r", bucket="ckpts", has_recipe=False)
 
 
 def test_without_a_local_directory_the_teacher_comes_from_the_configured_bucket(tmp_path, monkeypatch):
     missing = tmp_path / "runs" / "p" / "g" / "r" / "ts" / "checkpoint_artifacts" / "iter_000300"
-    source = workflow.teacher_source(missing, "p/g/r/ts", bucket="file:///arch/", has_recipe=False)
+    source = workflow_plan.teacher_source(missing, "p/g/r/ts", bucket="file:///arch/", has_recipe=False)
     assert (source.kind, source.uri) == ("archive", "file:///arch/p/g/r/ts/checkpoint_artifacts/iter_000300")
     monkeypatch.setenv("CKPTFLOW_BUCKET", "ckpts")
-    assert workflow.teacher_source(missing, "p/g/r/ts", bucket=None, has_recipe=False).uri == (
+    assert workflow_plan.teacher_source(missing, "p/g/r/ts", bucket=None, has_recipe=False).uri == (
         "s3://ckpts/p/g/r/ts/checkpoint_artifacts/iter_000300")
-    assert workflow.teacher_source(missing, "p/g/r/ts", bucket=None, has_recipe=True).kind == "merge"
+    assert workflow_plan.teacher_source(missing, "p/g/r/ts", bucket=None, has_recipe=True).kind == "merge"
     missing.mkdir(parents=True)
     (missing / "model.pt").write_bytes(b"an interrupted save")
     with pytest.raises(NotFound, match="not a committed artifact"):
-        workflow.teacher_source(missing, "p/g/r/ts", bucket="ckpts", has_recipe=False)
+        workflow_plan.teacher_source(missing, "p/g/r/ts", bucket="ckpts", has_recipe=False)
 
 
 def test_the_status_fingerprint_moves_with_records_only(tmp_path):
     roots = [tmp_path / d for d in ("runs", "reports", "stage", "teachers")]
     art = make_artifact(roots[0] / "r", iteration=300)
-    first = workflow.records_fingerprint(*roots)
+    first = workflow_plan.records_fingerprint(*roots)
     (art / "notes.txt").write_text("unrelated", encoding="utf-8")
     (roots[1]).mkdir()
     (roots[1] / "status.json").write_text("{}", encoding="utf-8")  # the table itself is not an input
-    assert workflow.records_fingerprint(*roots) == first
+    assert workflow_plan.records_fingerprint(*roots) == first
     (roots[1] / "verify" / "r").mkdir(parents=True)
     (roots[1] / "verify" / "r" / "iter_000300.json").write_text("{}", encoding="utf-8")
-    second = workflow.records_fingerprint(*roots)
+    second = workflow_plan.records_fingerprint(*roots)
     assert second != first
     os.utime(art / ".posttrain-checkpoint-artifact.json", ns=(1, 1))
-    assert workflow.records_fingerprint(*roots) != second
+    assert workflow_plan.records_fingerprint(*roots) != second
 
 
 def test_a_failing_step_leaves_its_error_in_the_rule_log(tmp_path):
@@ -148,7 +148,7 @@ def test_a_failing_step_leaves_its_error_in_the_rule_log(tmp_path):
     import sys
 
     from ckptflow.errors import Refused
-    from ckptflow.workflow import step_log
+    from ckptflow.workflow_steps import step_log
 
     log, stderr = tmp_path / "step.log", sys.stderr
     with pytest.raises(Refused), step_log(str(log)):

@@ -22,7 +22,7 @@ from pathlib import Path, PurePosixPath
 from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE
 from ..errors import InvalidRecord, UsageError
 from ..fsutil import safe_relpath
-from ..store.uri import StoreURI, parse_store_uri
+from ..store.uri import StoreURI, destination_uri, parse_store_uri
 
 
 def artifact_prefix(upload_prefix: str, artifact_name: str) -> str:
@@ -121,5 +121,4 @@ def parse_artifact_uri(artifact_uri: str | StoreURI, *, what: str = "artifact UR
 def receipt_archive_uri(receipt) -> StoreURI:
     """The archived artifact's URI a JSON receipt (``records.receipt.Receipt``) names (``file``: the
     endpoint is the archive root). The workflow's source resolution and materialize read it alike."""
-    dest = receipt.destination
-    return StoreURI(dest.scheme, dest.endpoint if dest.scheme == "file" else dest.bucket, dest.prefix)
+    return destination_uri(receipt.destination, receipt.destination.prefix)

@@ -50,7 +50,7 @@ from ..records import (
 )
 from ..records.receipt import ReceiptDestination
 from ..store.base import ObjectInfo, ObjectStore
-from ..store.uri import StoreURI, segment_prefix
+from ..store.uri import StoreURI, destination_label, segment_prefix
 from .keys import object_key
 
 if TYPE_CHECKING:
@@ -299,9 +299,7 @@ def _place(dest: ReceiptDestination) -> tuple[str, ...]:
 
 
 def _where(dest: ReceiptDestination) -> str:
-    if dest.scheme == "file":
-        return f"file://{os.path.join(dest.endpoint, dest.prefix.strip('/'))}"
-    return f"{dest.scheme}://{dest.bucket}/{dest.prefix.strip('/')} at {dest.endpoint}"
+    return destination_label(dest, dest.prefix)
 
 
 def _bound_elsewhere(row: Row, here: ReceiptDestination | None, declaration: bytes | None) -> dict[str, Any] | None:

@@ -136,7 +136,7 @@ def _plan_one(artifact_dir: Path, store_for, read: str, progress: bool | None,
     if undigested:
         raise _Keep(f"manifest has no digest for {undigested[:5]}; publish the artifact to record them")
     if receipt_record.is_legacy_receipt(artifact_dir):
-        raise _Keep("legacy plain-text .uploaded proves no destination or digest; publish again to write a receipt")
+        raise _Keep(f"legacy plain-text {receipt_record.FILENAME} proves no destination or digest; publish again to write a receipt")
     try:
         receipt = receipt_record.read_receipt(artifact_dir)
     except CkptflowError as exc:

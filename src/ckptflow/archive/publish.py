@@ -55,6 +55,7 @@ from ..records import merge_progress, merge_record, utc_timestamp
 from ..records import receipt as receipt_record
 from ..records.inventory import FileEntry
 from ..store.base import DEFAULT_MULTIPART_THRESHOLD, ObjectStore, UploadLog, server_checksums_of
+from ..store.uri import destination_label
 from .keys import artifact_prefix, object_key, upload_prefix_for
 from .publish_inventory import LocalInventory, build_local_inventory
 from .verify import (
@@ -128,7 +129,7 @@ def _create_or_match_declaration(store: ObjectStore, prefix: str, inv: LocalInve
     existing = store.get_bytes(key)
     if existing != inv.declaration_bytes:
         raise Refused(
-            f"{store.destination.scheme}://{store.destination.bucket}/{key} already declares different contents "
+            f"{store.destination.uri(key)} already declares different contents "
             f"(remote declaration sha256 {sha256_bytes(existing)}, this artifact's {sha256_bytes(inv.declaration_bytes)})",
             remedy="a declaration is permanent and is never replaced; publish this artifact to another destination",
         )
@@ -201,7 +202,7 @@ def adopt_pruned(store: ObjectStore, prefix: str, artifact_dir: Path, inv: Local
 
     The missing files cannot be uploaded, so the destination must already hold this very artifact: a
     declaration and a manifest byte-identical to the ones built from the local manifest and records."""
-    where = f"{store.destination.scheme}://{store.destination.bucket}/{prefix}"
+    where = str(store.destination.uri(prefix))
     missing = f"{len(inv.pruned)} payload file(s) ({artifact_dir / inv.pruned[0]}{', ...' if len(inv.pruned) > 1 else ''})"
     for name, expected in ((declaration_record.FILENAME, inv.declaration_bytes), (manifest_record.FILENAME, inv.manifest_bytes)):
         key = object_key(prefix, name)
@@ -307,7 +308,7 @@ def publish_artifact(
         testhooks.reached("publish:before-manifest")
         _commit_manifest(store, prefix, inv)
 
-    where = f"{dest.scheme}://{dest.bucket}/{prefix}"
+    where = str(store.destination.uri(prefix))
     states = [check_declaration(store, prefix, decl_sha), *check_remote_inventory(store, prefix, inv.files)]
     require_all_ok(states, where)
     _clean_uploads(store, prefix, stale_upload_age, uploads, result)
@@ -334,7 +335,7 @@ def earlier_destinations(artifact_dir: Path, dest: receipt_record.ReceiptDestina
         return ()
     if existing.destination != dest and not add_destination:
         def uri(d: receipt_record.ReceiptDestination) -> str:
-            return f"{d.scheme}://{d.endpoint}/{d.bucket}/{d.prefix}" if d.scheme != "file" else f"file://{d.endpoint}/{d.prefix}"
+            return destination_label(d, d.prefix)
         raise Refused(
             f"{receipt_record.path_in(artifact_dir)} records this artifact's archive at {uri(existing.destination)}, "
             f"not at {uri(dest)}: publishing here would replace the only record of that archive",

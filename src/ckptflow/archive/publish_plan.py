@@ -26,10 +26,7 @@ from .verify import check_remote_inventory
 
 
 def _uri(store: ObjectStore, key: str) -> str:
-    dest = store.destination
-    if dest.scheme == "file":
-        return f"file://{dest.endpoint.rstrip('/')}/{key}"
-    return f"{dest.scheme}://{dest.bucket}/{key}"
+    return str(store.destination.uri(key))
 
 
 def _refuse_legacy(artifact_dir: Path) -> None:

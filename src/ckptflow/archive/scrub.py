@@ -40,7 +40,7 @@ class ScrubResult:
                  "destination": r.receipt.destination.to_dict(), "objects": [o.to_dict() for o in r.objects],
                  "bytes_read": r.bytes_read} for r in self.verified]
         rows += [{"artifact_dir": str(a), "status": "failed", "detail": why} for a, why in self.refused]
-        rows += [{"artifact_dir": str(a), "status": "skipped", "detail": "no .uploaded receipt: not published"}
+        rows += [{"artifact_dir": str(a), "status": "skipped", "detail": f"no {receipt_record.FILENAME} receipt: not published"}
                  for a in self.skipped]
         return {
             "status": "verified" if self.ok else "failed",

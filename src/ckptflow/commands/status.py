@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ..records import MATERIALIZED_FILENAME, STAGING_FILENAME
 from . import ReportedFailure
 
 
@@ -24,8 +25,8 @@ def register(sub) -> None:
                    help="HEAD-check every receipt's objects in the store now (the only option that contacts it)")
     s.add_argument("--reports-dir", help="the workflow's reports_dir: read verify/<run>/iter_N.json and "
                    "prune/<run>/iter_N.json")
-    s.add_argument("--stage-dir", help="the workflow's stage_dir: read <run>/iter_N/.staged.json")
-    s.add_argument("--teachers-dir", help="the workflow's teachers_dir: read <run>/iter_N/.materialized")
+    s.add_argument("--stage-dir", help=f"the workflow's stage_dir: read <run>/iter_N/{STAGING_FILENAME}")
+    s.add_argument("--teachers-dir", help=f"the workflow's teachers_dir: read <run>/iter_N/{MATERIALIZED_FILENAME}")
     s.add_argument("--credentials", help="credentials JSON for --verify; default $CKPTFLOW_CREDENTIALS")
     s.add_argument("--wide", action="store_true", help="on a terminal, every column in full (paths, timestamps, "
                    "sizes) however wide the table gets")

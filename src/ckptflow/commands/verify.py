@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..records import RECEIPT_FILENAME
 from . import ReportedFailure
 from .summary import block, capped, destination_uri, human_bytes, plural
 
@@ -23,7 +24,7 @@ def subset_arg(text: str):
 
 
 def register(sub) -> None:
-    s = sub.add_parser("verify", help="check the remote copy recorded in an artifact's .uploaded receipt")
+    s = sub.add_parser("verify", help=f"check the remote copy recorded in an artifact's {RECEIPT_FILENAME} receipt")
     where = s.add_mutually_exclusive_group(required=True)
     where.add_argument("--artifact-dir", help="the published checkpoint_artifacts/iter_N directory")
     where.add_argument("--all-under", metavar="RUNS_ROOT",

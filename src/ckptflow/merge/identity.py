@@ -31,6 +31,7 @@ from pathlib import Path
 from .. import __version__
 from ..digest import sha256_file
 from ..errors import CkptflowError, InvalidRecord, NotFound, Refused
+from ..records import declaration as declaration_record
 from ..records import manifest as manifest_record
 from ..records import merge_progress, merge_record
 from ..records import receipt as receipt_record
@@ -38,7 +39,7 @@ from ..records.inventory import damaged_entry
 from ..records.merge_record import LegacyRecord, MergeRecord, MergeRequest
 
 PRODUCER = "ckptflow merge"
-PUBLISHED_MARKERS = (".uploaded", ".posttrain-archive.json")
+PUBLISHED_MARKERS = (receipt_record.FILENAME, declaration_record.FILENAME)
 MODEL_NAME = "model.pt"
 
 

@@ -16,8 +16,10 @@ from ..fsutil import require_directory
 from ..jsonio import decode_json_object, validate
 from ..records import (
     MANIFEST_FILENAME,
+    MATERIALIZED_FILENAME,
     MERGE_RECORD_FILENAME,
     RECEIPT_FILENAME,
+    STAGING_FILENAME,
     LegacyRecord,
     merge_progress,
     read_materialized,
@@ -353,26 +355,26 @@ def _read_commit_record(read: Callable[[Path], T], path: Path, missing: str) -> 
 
 
 def _read_staged(row: Row, path: Path) -> None:
-    record, row.staged = _read_commit_record(read_staging, path, ".staged.json: fetch did not write it")
+    record, row.staged = _read_commit_record(read_staging, path, f"{STAGING_FILENAME}: fetch did not write it")
     if record is not None:
         fields = {"path": str(path), "source_uri": record.source_uri, "bytes": sum(f.size for f in record.files)}
         if record.components is not None:  # a copy of named components: its files are all it vouches for
             fields["components"] = list(record.components)
         if not record.complete:
             row.staged = cell("incomplete", "fetch has not finished: rerun it to complete or clean up", **fields)
-        elif problem := _check_files(path, record.files, ".staged.json"):
+        elif problem := _check_files(path, record.files, STAGING_FILENAME):
             row.staged = cell(problem[0], problem[1] + ": fetch again to restore the stage", **fields)
         else:
             row.staged = cell("staged", **fields)
 
 
 def _read_teacher(row: Row, path: Path) -> None:
-    record, row.materialized = _read_commit_record(read_materialized, path, ".materialized: not a finished build")
+    record, row.materialized = _read_commit_record(read_materialized, path, f"{MATERIALIZED_FILENAME}: not a finished build")
     if record is not None:
         fields = {"path": str(path), "source_uri": record.source.uri,
                   "source": "archive" if record.source.uri else "local", "tensors": record.tensor_count}
         row.teacher_sha256 = record.source.sha256
-        problem = _check_files(path, record.shards, ".materialized")
+        problem = _check_files(path, record.shards, MATERIALIZED_FILENAME)
         row.materialized = (cell(problem[0], problem[1] + ": materialize it again (the same request rebuilds a damaged teacher)", **fields)
                             if problem else cell("materialized", **fields))
 

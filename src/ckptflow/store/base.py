@@ -27,6 +27,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 from ..digest import FileDigest
 from ..progress import ByteProgress
+from .uri import StoreURI, destination_uri
 
 # Above this size put_file uses a multipart upload with parts sent concurrently. Parts in flight are
 # held in memory (at most 2 * concurrency of them), so 8 MiB parts keep an upload under ~128 MiB;
@@ -90,6 +91,10 @@ class Destination:
 
     def as_dict(self) -> dict[str, str]:
         return {"scheme": self.scheme, "endpoint": self.endpoint, "bucket": self.bucket}
+
+    def uri(self, key: str = "") -> StoreURI:
+        """The URI of ``key`` here (``uri.destination_uri``)."""
+        return destination_uri(self, key)
 
 
 class DownloadShape(NamedTuple):

@@ -51,7 +51,7 @@ from . import base
 from .s3_errors import NOT_FOUND, error_code, translate
 from .transfer import part_size_for
 from .transfer.stream import split_ranges
-from .uri import segment_prefix
+from .uri import destination_label, segment_prefix
 
 log = logging.getLogger(__name__)
 
@@ -355,7 +355,7 @@ class UnfinishedUploads:
 
 def object_label(destination: base.Destination, key: str) -> str:
     """How messages name ``key`` of an S3 (or GCS interop) store: ``s3://bucket/key at endpoint``."""
-    return f"{destination.scheme}://{destination.bucket}/{key} at {destination.endpoint}"
+    return destination_label(destination, key)
 
 
 def _server_date(page: dict) -> datetime | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import InvalidRecord
 from ..fsutil import safe_relpath
@@ -44,6 +45,21 @@ class StoreURI:
         if self.scheme == "file":
             return f"file://{self.bucket}" + (f"/{self.key}" if self.key else "")
         return f"{self.scheme}://{self.bucket}/{self.key}"
+
+
+def destination_uri(dest: Any, key: str = "") -> StoreURI:
+    """The URI of ``key`` at a destination: a store's ``Destination`` or a receipt's (anything with scheme,
+    endpoint and bucket); for ``file`` the endpoint is the archive root. Every ``scheme://bucket/key`` a
+    message or a record names is built here."""
+    if dest.scheme == "file":
+        return StoreURI("file", dest.endpoint.rstrip("/") or "/", key.strip("/"))
+    return StoreURI(dest.scheme, dest.bucket, key.strip("/"))
+
+
+def destination_label(dest: Any, key: str = "") -> str:
+    """How a message names ``key`` at a destination: its URI, and the endpoint it lives at unless ``file``."""
+    uri = destination_uri(dest, key)
+    return str(uri) if dest.scheme == "file" else f"{uri} at {dest.endpoint}"
 
 
 def _refuse(uri: str, what: str, problem: str, remedy: str) -> InvalidRecord:

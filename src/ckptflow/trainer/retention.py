@@ -62,7 +62,7 @@ from .write import IN_PROGRESS
 
 log = logging.getLogger(__name__)
 
-UPLOADED = ".uploaded"
+UPLOADED = receipt_record.FILENAME
 BOOKKEEPING = frozenset({UPLOADED, UPLOADED + ".tmp"})
 MIN_WINDOW_NS = 20_000_000  # two jiffies at HZ=100: the kernel's coarse clock behind fine-grained ctime
 

@@ -1,4 +1,4 @@
-"""The library side of the Snakemake steps: one function per rule, called by the ``scripts/`` shims.
+"""What the ``scripts/`` shims call: one function per rule (``*_step``), the job's log and its one-line failure.
 
 Snakemake decides what is pending (a rule's report is missing or older than its input); these
 functions decide what is safe, with exactly the guarantees of the CLI verbs. A step that cannot
@@ -6,47 +6,33 @@ complete raises; the shim's ``step_job`` ends the job with its one-line error (t
 log), so Snakemake marks the job failed and removes its declared output. Every step writes
 a small JSON report under ``reports_dir`` as its rule output, and only that: Snakemake deletes a job's
 outputs before a rerun, after a failure and on ``--delete-all-output``, so the library's own records
-(manifest, receipt, ``.merge-complete.json``, ``.staged.json``, ``.materialized``) are never outputs.
+(manifest, receipt, merge record, staging record, teacher record) are never outputs.
 A lost receipt is re-derived by publication from an archive a report or the configuration names.
 
-The planning helpers (``teacher_source``, ``records_fingerprint``, ``show_status``; the configuration and
-its checks live in ``workflow_config``, re-exported here) are what the named input functions of
-``rules/common.smk`` call: they read records (and stat the files records name) only and never contact a
-store; ``show_status`` writes the status table only when Snakemake plans without executing (``--report``).
+A shim takes the paths of its job (artifact, reports, upload prefix) from ``workflow_plan``, which names
+them for ``rules/common.smk`` as well, and calls one function here; what planning calls lives there and
+in ``workflow_config``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
-import os
 import sys
 import traceback
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .artifact import ARTIFACTS_DIR, committed_artifacts  # rules/common.smk lists artifacts through it too
-from .errors import CkptflowError, NotFound, Refused, VerificationFailed
+from .artifact import ARTIFACTS_DIR
+from .errors import CkptflowError, VerificationFailed
 from .fsutil import atomic_write_bytes
 from .jsonio import encode_json
 from .records import manifest as manifest_record
 from .records import receipt as receipt_record
 from .store.open import credentials_for, open_bucket_arg, store_factory
-from .workflow_config import (  # noqa: F401  (the planning names rules/common.smk and the shims use)
-    exit_with,
-    iteration_name,
-    merge_recipe,
-    normalise_config,
-    parse_iteration,
-    require_base,
-    require_bucket,
-    resolve_run,
-    runs_holding,
-)
+from .workflow_config import exit_with, require_base, require_bucket
+from .workflow_plan import archive_uri_of, recorded_destinations
 
 log = logging.getLogger(__name__)
 
@@ -90,131 +76,6 @@ def _write_report(path: Path | str, report: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, encode_json(report))
 
-
-# --------------------------------------------------------------------------------------------- planning
-
-# Report subdirectories whose files are records of finished jobs (rerun triggers of the status rule).
-REPORT_KINDS = ("merge", "legacy-receipt", "verify", "prune", "fetch", "materialize")
-
-
-def artifact_of(record: str) -> str:
-    """The artifact directory a rule's input names: the directory holding its manifest or receipt."""
-    return os.path.dirname(record)
-
-
-def artifact_path(runs_root: str, run: str, iteration: str) -> str:
-    """The artifact directory of a job's ``run`` and ``iteration`` wildcards."""
-    return f"{runs_root.rstrip('/')}/{run}/{ARTIFACTS_DIR}/{iteration}"
-
-
-def step_reports(reports_dir: str, run: str, iteration: str) -> list[str]:
-    """The reports of one artifact that name its archive's destination: publish, verify, legacy-receipt."""
-    return [f"{reports_dir.rstrip('/')}/{kind}/{run}/{iteration}.json" for kind in ("publish", "verify", "legacy-receipt")]
-
-
-def upload_prefix(run: str) -> str:
-    """Where a run's artifacts are published under the bucket: ``<run>/checkpoints`` (``keys.run_upload_prefix``;
-    ``publish_artifact`` checks it against the artifact's path like any explicit prefix)."""
-    from .archive.keys import run_upload_prefix
-
-    return run_upload_prefix(run)
-
-
-@dataclass(frozen=True)
-class TeacherSource:
-    """Where the teacher of one artifact is built from: ``local`` (the artifact itself), ``merge`` (the
-    artifact the merge rule writes), or ``archive`` (``uri``, fetched into the stage only for a build)."""
-
-    kind: str
-    artifact_dir: Path
-    uri: str | None = None
-    why: str = ""
-
-
-def _model_present(artifact_dir: Path) -> tuple[bool, str]:
-    manifest = manifest_record.read_manifest(artifact_dir)
-    model = manifest.components.get("model")
-    if model is None or not hasattr(model, "size"):
-        raise Refused(f"the manifest of {artifact_dir} has no 'model' file component",
-                      path=str(manifest_record.path_in(artifact_dir)), remedy="materialize an artifact that holds a model.pt")
-    path = artifact_dir / model.path
-    try:
-        size = path.stat().st_size if path.is_file() else None
-    except OSError:
-        size = None
-    if size == model.size:
-        return True, f"{path} is present with its recorded size"
-    return False, f"{path} is {'missing' if size is None else f'{size} bytes, not {model.size}'}"
-
-
-def archive_uri_of(receipt: receipt_record.Receipt) -> str:
-    """The archived artifact's URI a JSON receipt names (``archive.keys.receipt_archive_uri``)."""
-    from .archive.keys import receipt_archive_uri
-
-    return str(receipt_archive_uri(receipt))
-
-
-def teacher_source(artifact_dir: str | Path, run: str, *, bucket: str | None, has_recipe: bool) -> TeacherSource:
-    """Choose the source of ``materialize_teacher`` from local records (sizes only; the library verifies)."""
-    artifact_dir = Path(artifact_dir)
-    if not manifest_record.path_in(artifact_dir).is_file():
-        if has_recipe:
-            return TeacherSource("merge", artifact_dir, why="the merge recipe of this iteration writes it")
-        if artifact_dir.exists():
-            raise NotFound(f"{artifact_dir} has no {manifest_record.FILENAME}: it is not a committed artifact",
-                           path=str(artifact_dir), remedy="wait for the save to finish, or seal the artifact")
-        uri = require_bucket(bucket).child(f"{run}/{ARTIFACTS_DIR}/{artifact_dir.name}")
-        return TeacherSource("archive", artifact_dir, str(uri), why=f"no local {artifact_dir}")
-    present, why = _model_present(artifact_dir)
-    if present:
-        return TeacherSource("merge" if has_recipe else "local", artifact_dir, why=why)
-    if receipt_record.is_legacy_receipt(artifact_dir):
-        raise Refused(f"{why}, and {receipt_record.path_in(artifact_dir)} is a legacy plain-text marker that names "
-                      "no archive", path=str(artifact_dir), remedy="run `snakemake publish_all` to replace it, or "
-                      "restore the payload")
-    try:
-        receipt = receipt_record.read_receipt(artifact_dir)
-    except CkptflowError as exc:
-        raise NotFound(f"{why}, and no receipt names its archive: {exc}", path=str(artifact_dir),
-                       remedy="restore the payload, or publish the artifact before pruning it") from None
-    # Only a receipt of this very artifact names its archive: a copied one would build another teacher.
-    receipt_record.check_belongs(receipt, artifact_dir, expected_prefix=f"{run}/{ARTIFACTS_DIR}/{artifact_dir.name}")
-    return TeacherSource("archive", artifact_dir, archive_uri_of(receipt), why=f"{why}; its receipt names the archive")
-
-
-def records_fingerprint(runs_root: str | Path, reports_dir: str | Path, stage_dir: str | Path,
-                        teachers_dir: str | Path, status: Any = None) -> str:
-    """The status rule's rerun trigger: a digest of what the status table would say now (the report of
-    ``collect_status``, which stats every file a record names) and of the path, size and mtime of every
-    record it reads (the artifacts', stages' and teachers' records and the step reports, not the table
-    itself). A payload lost or pruned behind the workflow's back changes the first even when no record
-    changed. ``status``: that report's ``collect_status`` result when the caller has it already."""
-    from .status import collect_status
-
-    names = {manifest_record.FILENAME, receipt_record.FILENAME, ".merge-complete.json", ".staged.json",
-             ".materialized"}
-    roots = [(Path(runs_root), names), (Path(stage_dir), names), (Path(teachers_dir), names),
-             *((Path(reports_dir) / kind, None) for kind in REPORT_KINDS)]
-    h = hashlib.sha256()
-    for root, wanted in roots:
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames.sort()
-            for name in sorted(filenames):
-                if not (name.endswith(".json") if wanted is None else name in wanted):
-                    continue
-                try:
-                    st = os.stat(os.path.join(dirpath, name))
-                except OSError:  # removed while walking: not a record any more
-                    continue
-                h.update(f"{dirpath}/{name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    if Path(runs_root).is_dir():
-        if status is None:
-            status = collect_status(Path(runs_root), reports_dir=Path(reports_dir), stage_dir=Path(stage_dir),
-                                    teachers_dir=Path(teachers_dir))
-        h.update(encode_json(status.to_report()))
-    return h.hexdigest()
-
-# --------------------------------------------------------------------------------------------- steps
 
 
 def merge_step(artifact_dir: str, recipe: Mapping[str, Any], iteration: int, report_path: str) -> dict[str, Any]:
@@ -281,33 +142,6 @@ def replace_legacy_receipt_step(artifact_dir: str, upload_prefix: str, bucket: s
     """Publish an artifact whose ``.uploaded`` is a legacy plain-text marker, so a JSON receipt replaces it
     (publication never counts the marker as done); the report is the rule's output."""
     return publish_step(artifact_dir, upload_prefix, bucket, credentials, report_path, named_by=named_by)
-
-
-def publication_number(artifact_dir: str | Path, report_path: str | Path) -> int:
-    """The publish job's rerun trigger: the publication number its report records (1 without one), plus
-    one while the artifact has no receipt that belongs to it. It equals the number the last job was given
-    (and wrote) until the receipt is lost again, so a lost receipt reruns the job however recent its report."""
-    try:
-        number = int(json.loads(Path(report_path).read_bytes()).get("publication", 1))
-    except (OSError, ValueError, AttributeError, TypeError):
-        return 1
-    return number if receipt_record.belonging_receipt(artifact_dir) is not None else number + 1
-
-
-def recorded_destinations(report_paths: Sequence[str | Path]) -> list[receipt_record.ReceiptDestination]:
-    """The destinations the given step reports (publish, verify, legacy-receipt) name, in order, once each;
-    a missing or unreadable report names none."""
-    found: list[receipt_record.ReceiptDestination] = []
-    for path in report_paths:
-        try:
-            report = json.loads(Path(path).read_bytes())
-            dests = [report["destination"], *report.get("earlier_destinations", ())]
-            parsed = [receipt_record.ReceiptDestination(d["scheme"], d["endpoint"], d["bucket"], d["prefix"])
-                      for d in dests]
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            continue
-        found += [d for d in parsed if d not in found]
-    return found
 
 
 def publish_step(artifact_dir: str, upload_prefix: str, bucket: str | None, credentials: str | None,
@@ -377,16 +211,6 @@ def verify_step(artifact_dir: str, credentials: str | None, report_path: str) ->
     return report
 
 
-def scrub_slice_name(subset: str | None) -> str:
-    """The scrub report's name for config ``scrub_subset``: ``all``, or ``K-of-N`` for ``K/N`` (checked)."""
-    from .archive.verify import Subset
-
-    if subset is None:
-        return "all"
-    parsed = Subset.parse(str(subset))
-    return f"{parsed.k}-of-{parsed.n}"
-
-
 def scrub_step(runs_root: str, credentials: str | None, slice_name: str, report_path: str) -> dict[str, Any]:
     """Scrub every published artifact under ``runs_root`` (``slice_name``: ``all`` or ``K-of-N``) and write
     the report; damage fails the job, naming the objects."""
@@ -414,26 +238,6 @@ def prune_step(artifact_dir: str, credentials: str | None, report_path: str) -> 
     return report
 
 
-def restore_scope(runs_root: str | Path, run: str | None) -> list[tuple[str, str, bool]]:
-    """``(run, iter_N, pruned)`` of every committed artifact of ``run`` (None: of every run); ``pruned``: it
-    has a receipt and lacks a payload file, so ``restore_all`` refills it. Stats only; restore re-judges."""
-    from .archive.restore import missing_payloads
-
-    wanted = run.strip("/") if run else None
-    return [(r, name, bool(missing_payloads(Path(artifact_path(str(runs_root), r, name)))))
-            for r, name in committed_artifacts(runs_root) if wanted in (None, r)]
-
-
-def restore_inputs(artifact_dir: str) -> list[str]:
-    """The restore job's inputs: the artifact directory and each existing directory that lacks one of its
-    payload files. Removing a file changes its directory's mtime, so a restore report older than that
-    reruns; a fully pruned artifact has only its top directory, before and after, so the set is stable."""
-    from .archive.restore import missing_payloads
-
-    dirs = {os.path.dirname(f"{artifact_dir}/{rel}") for rel in missing_payloads(Path(artifact_dir))}
-    return [artifact_dir, *sorted(d for d in dirs - {artifact_dir} if os.path.isdir(d))]
-
-
 def restore_step(artifact_dir: str, credentials: str | None, report_path: str) -> dict[str, Any]:
     """Refill one artifact's missing payloads from the archive its receipt names and write the report, the
     rule's output (the manifest and receipt restore reads are never outputs)."""
@@ -442,15 +246,6 @@ def restore_step(artifact_dir: str, credentials: str | None, report_path: str) -
     report = restore_artifact(Path(artifact_dir), store_factory(credentials), progress=False).to_report()
     _write_report(report_path, report)
     return report
-
-
-def keep_free_target(config: Mapping[str, Any]) -> Any:
-    """``prune: {keep_free}`` of a normalised configuration, parsed (``archive.keep_free.parse_target``; a wrong
-    spelling is a usage error at planning), or None: ``prune_all`` then prunes every verified artifact."""
-    from .archive.keep_free import parse_target
-
-    value = (config.get("prune") or {}).get("keep_free")
-    return None if value is None else parse_target(value)
 
 
 def keep_free_step(runs_root: str, keep_free: str, keep_newest: int, credentials: str | None,
@@ -485,37 +280,4 @@ def status_step(runs_root: str, reports_dir: str | None, stage_dir: str | None, 
     Path(out_txt).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(Path(out_txt), status.render().encode("utf-8"))
     return report
-
-
-_shown: set[str] = set()  # tables already printed by this Snakemake process (planning may ask twice)
-
-
-def show_status(runs_root: str, reports_dir: str, stage_dir: str, teachers_dir: str, out_json: str, out_txt: str,
-                *, executing: bool) -> Any:
-    """The status table while Snakemake plans the status job (see rules/common.smk): when Snakemake will
-    execute (a run or a dry-run), the current table on stdout, once per process, whether or not the job
-    runs; when it plans without executing (``--report``, ``--summary``, ``--dag``), the table files
-    rewritten if they differ from the current table, so what those read is current. Returns the status
-    (``records_fingerprint`` digests it)."""
-    from .status import collect_status
-
-    status = collect_status(Path(runs_root), reports_dir=Path(reports_dir), stage_dir=Path(stage_dir),
-                            teachers_dir=Path(teachers_dir))
-    text = status.render()
-    if executing:
-        if out_txt not in _shown:
-            _shown.add(out_txt)
-            sys.stdout.write(text)
-            sys.stdout.flush()
-        return status
-    report = encode_json(status.to_report())
-    for path, data in ((Path(out_json), report), (Path(out_txt), text.encode("utf-8"))):
-        try:
-            same = path.read_bytes() == data
-        except OSError:
-            same = False
-        if not same:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(path, data)
-    return status
 
