@@ -27,11 +27,13 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
 
 from ..digest import sha256_file
 from ..errors import CkptflowError, EndpointNotQualified
 from ..records import probe as probe_record
 from ..store.base import ObjectStore
+from ..store.uri import destination_label
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +201,8 @@ def pending_probe(store: ObjectStore, prefix: str) -> str | None:
 
 
 def _label(dest: dict[str, str]) -> str:
-    scheme, endpoint, bucket = dest["scheme"], dest["endpoint"], dest["bucket"]
-    return f"{scheme}://{bucket} at {endpoint}" if bucket else f"{scheme}://{endpoint}"
+    if not dest["bucket"]:
+        return f"{dest['scheme']}://{dest['endpoint']}"
+    return destination_label(SimpleNamespace(**dest))
 
 

@@ -22,7 +22,7 @@ import sys
 from typing import Any
 
 from ..errors import UsageError
-from .summary import block, capped, human_bytes, plural
+from .summary import block, capped, destination_uri, human_bytes, plural
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def summarize(report: dict[str, Any], elapsed: float | None) -> str:
     aborted, kept = report["aborted"], report["kept"]
     dest = report["destination"]
-    where = f"{dest['scheme']}://{dest['bucket']}/{report['prefix']} at {dest['endpoint']}"
+    where = destination_uri(dest, report["prefix"])
     if report["status"] == "dry-run":
         headline = f"dry run: would abort {plural(len(aborted), 'unfinished upload')}; nothing was aborted"
         if aborted:

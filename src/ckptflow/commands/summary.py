@@ -60,15 +60,19 @@ def inventory_total(entries: Iterable[dict[str, Any]]) -> tuple[int, int]:
     return len(sizes), sum(sizes)
 
 
-def destination_uri(dest: dict[str, Any]) -> str:
-    """A report's ``destination`` as one address: ``file:///root/prefix`` or ``s3://bucket/prefix at host:port``."""
-    prefix = dest.get("prefix", "")
-    if dest.get("scheme") == "file":
-        root = dest.get("endpoint", "").rstrip("/")
-        return f"file://{root}/{prefix}" if prefix else f"file://{root}"
-    where = f"{dest.get('scheme', 's3')}://{dest.get('bucket', '')}"
-    where = f"{where}/{prefix}" if prefix else where
-    return f"{where} at {dest['endpoint']}" if dest.get("endpoint") else where
+def destination_uri(dest: dict[str, Any], prefix: str | None = None) -> str:
+    """A report's ``destination`` as one address: ``file:///root/prefix`` or ``s3://bucket/prefix at host:port``
+    (``store.uri.destination_label``, the one place such an address is spelled); ``prefix`` overrides the
+    destination's own."""
+    from types import SimpleNamespace
+
+    from ..store.uri import destination_label  # store code only when a summary is printed
+    from ..store.uri import destination_uri as uri_of
+
+    where = SimpleNamespace(scheme=dest.get("scheme", "s3"), endpoint=dest.get("endpoint") or "",
+                            bucket=dest.get("bucket") or "")
+    key = dest.get("prefix", "") if prefix is None else prefix
+    return destination_label(where, key) if where.endpoint else str(uri_of(where, key))
 
 
 def capped(rows: Sequence[tuple[str, str]], label: str) -> list[tuple[str, str]]:

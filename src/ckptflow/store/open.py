@@ -41,7 +41,7 @@ from .credentials import (
     resolve_credentials_source,
 )
 from .local import LocalStore
-from .uri import SCHEMES, StoreURI, parse_store_uri
+from .uri import SCHEMES, StoreURI, destination_label, parse_store_uri
 
 BUCKET_ENV = "CKPTFLOW_BUCKET"
 
@@ -184,8 +184,7 @@ def check_destination(store: ObjectStore, recorded: Any, *, what: str) -> None:
     ours = store.destination
     if (ours.scheme, ours.endpoint, ours.bucket) != (recorded.scheme, recorded.endpoint, recorded.bucket):
         raise Refused(
-            f"{what} is bound to {recorded.scheme}://{recorded.bucket} at {recorded.endpoint}, but the "
-            f"credentials reach {ours.scheme}://{ours.bucket} at {ours.endpoint}",
+            f"{what} is bound to {destination_label(recorded)}, but the credentials reach {destination_label(ours)}",
             remedy="pass the credentials of the endpoint the record was written against",
         )
 

@@ -50,7 +50,7 @@ from .s3_retries import announce_retries
 from .s3_shape import LOCAL_DOWNLOADS, REMOTE_DOWNLOADS, downloads_for, shape_for
 from .s3_small_gets import SmallGets
 from .transfer import MIN_PART_SIZE, download_ranges, part_size_for, retry_call
-from .uri import validate_key, validate_prefix
+from .uri import destination_label, validate_key, validate_prefix
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ class S3Store:
         if authority is None:
             authority = self._client.meta.endpoint_url.split("://", 1)[-1].split("/", 1)[0]
         self.destination = base.Destination(scheme, authority, bucket)
-        announce_retries(self._client, f"{scheme}://{bucket} at {authority}", max_attempts)
+        announce_retries(self._client, destination_label(self.destination), max_attempts)
         self.unfinished = s3_uploads.UnfinishedUploads(self._client, self.destination,
                                                        threshold=multipart_threshold, part_size=part_size)
         self.multipart = base.MultipartUploads(multipart_threshold, resumable=self.unfinished,
@@ -185,7 +185,7 @@ class S3Store:
                                     fallback=self.get_bytes)
 
     def __repr__(self) -> str:
-        return f"S3Store({self.scheme}://{self.bucket} at {self.destination.endpoint})"
+        return f"S3Store({destination_label(self.destination)})"
 
     # ------------------------------------------------------------------ errors
 
@@ -344,8 +344,7 @@ class S3Store:
                 s3 = dict(self._config.s3 or {}, payload_signing_enabled=False)
                 self._unsigned_client = self._session.create_client(
                     "s3", config=self._config.merge(Config(s3=s3)), **self._client_args)
-                announce_retries(self._unsigned_client, f"{self.scheme}://{self.bucket} at "
-                                 f"{self.destination.endpoint}", self._max_attempts)
+                announce_retries(self._unsigned_client, destination_label(self.destination), self._max_attempts)
             return self._unsigned_client
 
     def put_bytes_wrong_checksum(self, key: str, data: bytes) -> bool:

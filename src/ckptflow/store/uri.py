@@ -44,7 +44,7 @@ class StoreURI:
     def __str__(self) -> str:
         if self.scheme == "file":
             return f"file://{self.bucket}" + (f"/{self.key}" if self.key else "")
-        return f"{self.scheme}://{self.bucket}/{self.key}"
+        return f"{self.scheme}://{self.bucket}" + (f"/{self.key}" if self.key else "")
 
 
 def destination_uri(dest: Any, key: str = "") -> StoreURI:
