@@ -22,7 +22,7 @@ import sys
 from typing import Any
 
 from ..errors import UsageError
-from .summary import block, capped, destination_uri, human_bytes, plural
+from .summary import block, capped, human_bytes, plural
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -117,7 +117,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def summarize(report: dict[str, Any], elapsed: float | None) -> str:
     aborted, kept = report["aborted"], report["kept"]
     dest = report["destination"]
-    where = destination_uri(dest, report["prefix"])
+    # The prefix as given, trailing slash kept: gc-uploads matches whole segments of a raw prefix, not a key.
+    where = f"{dest['scheme']}://{dest['bucket']}/{report['prefix']} at {dest['endpoint']}"
     if report["status"] == "dry-run":
         headline = f"dry run: would abort {plural(len(aborted), 'unfinished upload')}; nothing was aborted"
         if aborted:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-DEFAULT_MIN_TENSORS = 800  # the tensor floor of verify_output and materialize (--min-tensors)
+from .defaults import DEFAULT_MIN_TENSORS
 
 _LAZY = {
     "CONVERSION_VERSION": "hf",
