@@ -40,7 +40,7 @@ lint: setup
 # The suite runs on PYTEST_WORKERS pytest-xdist workers (`--dist loadgroup`: the `alone` tests go, one
 # after another, to one worker, the `slurm` tests to another; tests/conftest.py). The core legs run meanwhile, in the
 # background, on the same servers; their summary (and the whole log of a leg that failed) is printed
-# after pytest's. `make test` exits non-zero when pytest or a core leg failed.
+# after pytest's. pytest prints its 40 longest steps, so every CI log says where the time goes. `make test` exits non-zero when pytest or a core leg failed.
 PYTEST_WORKERS ?= 4
 CORE_LEGS_RUN ?= yes
 test: setup lint
@@ -56,7 +56,7 @@ test: setup lint
 	  if [ $$rc -eq 3 ] && [ -z "$${CI:-}" ]; then echo "make test: Slurm cannot run here; the slurm tests skip" >&2; \
 	  elif [ $$rc -ne 0 ]; then [ -z "$$legs" ] || wait $$legs; exit $$rc; fi; \
 	fi; \
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=40 $(PYTEST_ARGS); rc=$$?; \
 	if [ -n "$$legs" ]; then \
 	  wait $$legs || rc=$$((rc ? rc : 1)); cat .ckptflow/core-legs/summary.log >&2; \
 	fi; \
