@@ -21,7 +21,7 @@ from ckptflow.records import staging as staging_record
 from ckptflow.store.base import DEFAULT_CONCURRENCY
 from ckptflow.store.transfer import DEFAULT_RANGE_SIZE
 from helpers.artifacts import ARTIFACT_PREFIX, UPLOAD_PREFIX, make_artifact
-from helpers.cli import run_cli, start_cli, wait_for_file
+from helpers.cli import run_cli, start_cli, take_turns_at_a_lock, wait_for_file
 from helpers.trees import tree_bytes
 
 MiB = 1024 * 1024
@@ -151,17 +151,9 @@ def test_fetch_killed_before_completion_reruns_with_nothing_to_download(
 @pytest.mark.slow
 def test_two_fetchers_into_one_stage_both_succeed(artifact, sw_store, seaweedfs_credentials_path, tmp_path):
     publish_artifact(artifact, sw_store, UPLOAD_PREFIX, progress=False)
-    flag, waiting = tmp_path / "paused", tmp_path / "waiting"
     args = fetch_args(sw_store, seaweedfs_credentials_path, tmp_path / "stage")
-    first = start_cli(*args, env={"CKPTFLOW_TEST_PAUSE_AT": "fetch:after-record", "CKPTFLOW_TEST_PAUSE_FILE": str(flag)})
-    wait_for_file(flag, first)
     # The second waits for the stage's lock, naming its holder, then finds the first one's finished copy.
-    second = start_cli(*args, env={"CKPTFLOW_TEST_PAUSE_AT": "fetch:lock-wait", "CKPTFLOW_TEST_PAUSE_FILE": str(waiting)})
-    wait_for_file(waiting, second)
-    waiting.unlink()
-    flag.unlink()
-    out, err = first.communicate(timeout=120)
-    out2, err2 = second.communicate(timeout=120)
+    first, out, err, second, out2, err2 = take_turns_at_a_lock(args, "fetch:after-record", "fetch:lock-wait", tmp_path)
     assert first.returncode == 0, err
     assert second.returncode == 0, err2
     assert json.loads(out)["status"] == "fetched"

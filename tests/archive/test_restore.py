@@ -24,7 +24,7 @@ from ckptflow.store.s3 import S3Store
 from ckptflow.store.transfer import DEFAULT_RANGE_SIZE
 from helpers import servers
 from helpers.artifacts import UPLOAD_PREFIX, make_artifact
-from helpers.cli import run_cli, start_cli, wait_for_file
+from helpers.cli import run_cli, take_turns_at_a_lock
 from helpers.paused import resume, start_paused
 from helpers.trees import file_bytes, tree_bytes
 
@@ -219,17 +219,9 @@ def test_two_restores_of_one_artifact_take_turns_and_the_second_finds_it_local(t
     original = file_bytes(art)
     for rel in PAYLOADS:
         (art / rel).unlink()
-    flag, waiting = tmp_path / "paused", tmp_path / "waiting"
-    args = ("restore", "--artifact-dir", str(art))
-    first = start_cli(*args, env={"CKPTFLOW_TEST_PAUSE_AT": "restore:before-download", "CKPTFLOW_TEST_PAUSE_FILE": str(flag)})
-    wait_for_file(flag, first)
     # The second waits for the artifact's restore lock, naming its holder, then finds the first one's files.
-    second = start_cli(*args, env={"CKPTFLOW_TEST_PAUSE_AT": "restore:lock-wait", "CKPTFLOW_TEST_PAUSE_FILE": str(waiting)})
-    wait_for_file(waiting, second)
-    waiting.unlink()
-    flag.unlink()
-    out, err = first.communicate(timeout=120)
-    out2, err2 = second.communicate(timeout=120)
+    first, out, err, second, out2, err2 = take_turns_at_a_lock(
+        ("restore", "--artifact-dir", str(art)), "restore:before-download", "restore:lock-wait", tmp_path)
     assert first.returncode == 0, err
     assert second.returncode == 0, err2
     assert json.loads(out)["status"] == "restored"

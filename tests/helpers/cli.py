@@ -74,6 +74,22 @@ def wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 120) -> N
         time.sleep(0.05)
 
 
+def take_turns_at_a_lock(args: tuple[str, ...], holding_at: str, lock_wait_at: str, tmp_path: Path):
+    """Two runs of the same verb and arguments: the first pauses at ``holding_at`` (its lock held), the
+    second is started and pauses at ``lock_wait_at`` (waiting for that lock, its holder named); then both
+    are let go. Returns ``(first, out, err, second, out2, err2)`` once both have exited."""
+    flag, waiting = tmp_path / "paused", tmp_path / "waiting"
+    first = start_cli(*args, env={"CKPTFLOW_TEST_PAUSE_AT": holding_at, "CKPTFLOW_TEST_PAUSE_FILE": str(flag)})
+    wait_for_file(flag, first)
+    second = start_cli(*args, env={"CKPTFLOW_TEST_PAUSE_AT": lock_wait_at, "CKPTFLOW_TEST_PAUSE_FILE": str(waiting)})
+    wait_for_file(waiting, second)
+    waiting.unlink()
+    flag.unlink()
+    out, err = first.communicate(timeout=120)
+    out2, err2 = second.communicate(timeout=120)
+    return first, out, err, second, out2, err2
+
+
 def run_on_terminal(*args: str, env: dict | None = None, timeout: float = 300,
                     stderr_terminal: bool = False, columns: int | None = None) -> subprocess.CompletedProcess:
     """Run one verb with stdout on a pseudo-terminal (the child sees ``isatty()``), stderr on a pipe, or
