@@ -39,26 +39,34 @@ lint: setup
 # (the variable CI set), where they must run: there a Slurm that does not come up fails `make test`.
 # The suite runs on PYTEST_WORKERS pytest-xdist workers (`--dist loadgroup`: the `alone` tests go, one
 # after another, to one worker, the `slurm` tests to another; tests/conftest.py). The core legs run meanwhile, in the
-# background, on the same servers; their summary (and the whole log of a leg that failed) is printed
-# after pytest's. pytest prints its 40 longest steps, so every CI log says where the time goes. `make test` exits non-zero when pytest or a core leg failed.
+# background, on the same servers, at the lowest CPU priority (`nice -n 19`): they take the CPU time the
+# suite leaves idle (its workers waiting on subprocesses, servers and locks) and finish after it rather
+# than slowing it down; their summary (and the whole log of a leg that failed) is printed after pytest's. pytest prints its 40 longest steps, so every CI log says where the time goes. `make test` exits non-zero when pytest or a core leg failed.
 PYTEST_WORKERS ?= 4
 CORE_LEGS_RUN ?= yes
+# When make started (read once, as it parses this file): `make test` says how long each phase took.
+STARTED := $(shell date +%s)
 test: setup lint
 	@set -u; \
+	elapsed() { echo $$(( $$(date +%s) - $(STARTED) )); }; \
+	echo "make test: setup and lint done $$(elapsed) s after the start" >&2; \
 	trap '$(BIN)/python tests/helpers/slurm.py down --root $(SLURM_ROOT) >/dev/null; \
 	      $(BIN)/python tests/helpers/servers.py down --root $(SERVERS_ROOT)' EXIT; \
 	$(BIN)/python tests/helpers/servers.py up --root $(SERVERS_ROOT) || exit $$?; \
 	legs=; if [ "$(CORE_LEGS_RUN)" = yes ]; then \
-	  mkdir -p .ckptflow/core-legs; $(CORE_LEGS) >.ckptflow/core-legs/summary.log 2>&1 & legs=$$!; \
+	  mkdir -p .ckptflow/core-legs; nice -n 19 $(CORE_LEGS) >.ckptflow/core-legs/summary.log 2>&1 & legs=$$!; \
 	fi; \
 	if [ "$(SLURM_UP)" = yes ]; then \
 	  $(BIN)/python tests/helpers/slurm.py up --root $(SLURM_ROOT) >/dev/null; rc=$$?; \
 	  if [ $$rc -eq 3 ] && [ -z "$${CI:-}" ]; then echo "make test: Slurm cannot run here; the slurm tests skip" >&2; \
 	  elif [ $$rc -ne 0 ]; then [ -z "$$legs" ] || wait $$legs; exit $$rc; fi; \
 	fi; \
+	echo "make test: servers up $$(elapsed) s after the start" >&2; \
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=40 $(PYTEST_ARGS); rc=$$?; \
+	echo "make test: pytest done $$(elapsed) s after the start" >&2; \
 	if [ -n "$$legs" ]; then \
 	  wait $$legs || rc=$$((rc ? rc : 1)); cat .ckptflow/core-legs/summary.log >&2; \
+	  echo "make test: core legs done $$(elapsed) s after the start" >&2; \
 	fi; \
 	exit $$rc
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -66,6 +68,26 @@ def test_skip_does_not_read_model_pt(models, tmp_path, monkeypatch):
 
     monkeypatch.setattr("ckptflow.materialize.source.sha256_file", no_hashing)
     assert build(models, out).status == "skipped"
+
+
+_SKIP_IN_A_FRESH_INTERPRETER = """
+import json, sys
+from ckptflow.materialize import materialize
+result = materialize(ckpt_dir=sys.argv[1], base=sys.argv[2], out=sys.argv[3], **json.loads(sys.argv[4]))
+print(json.dumps({"status": result.status, "loaded": [m for m in ("torch", "transformers") if m in sys.modules]}))
+"""
+
+
+def test_a_skip_loads_neither_torch_nor_transformers(models, tmp_path):
+    """Deciding that a completed output is kept needs records only: a rerun that skips (a Snakemake job
+    rerun after a code change, a second request) does not pay for loading torch."""
+    out = tmp_path / "teacher"
+    build(models, out)
+    args = [str(models.artifact("qwen3", 1)), str(models.base("qwen3")), str(out), json.dumps(DEFAULTS)]
+    child = subprocess.run([sys.executable, "-c", _SKIP_IN_A_FRESH_INTERPRETER, *args], capture_output=True,
+                           text=True, timeout=120, check=False)
+    assert child.returncode == 0, child.stderr
+    assert json.loads(child.stdout) == {"status": "skipped", "loaded": []}
 
 
 @pytest.mark.parametrize("change", ["source", "base", "options"])

@@ -56,8 +56,8 @@ def _every_target_works(flow: Flow) -> None:
 class PrunedAfterUpdate:
     """The state the reported sequence leaves (published to A, pruned, materialized from the archive; then
     new publications go to B and the workflow checkout is updated), kept as a snapshot. Records hold
-    absolute paths, so each test gets its copy back at the same place (``work``): the tests of one worker
-    run one after another, and each worker builds its own."""
+    absolute paths, so each test gets its copy back at the same place (``work``): the tests using it form one
+    xdist group (``INVOCATION_GROUP``), so they run one after another on one worker, which builds it once."""
 
     work: Path
     snapshot: Path
@@ -74,7 +74,8 @@ class PrunedAfterUpdate:
 
 @pytest.fixture(scope="session")
 def pruned_after_update(tmp_path_factory: pytest.TempPathFactory, kit) -> PrunedAfterUpdate:
-    """Built once per worker; the invocation tests below only read it (each restores its own copy)."""
+    """Built once, on the one worker that runs the invocation tests; they only read it (each restores its own
+    copy)."""
     base = tmp_path_factory.mktemp("pruned-after-update")
     work = base / "work"
     workflow = copy_workflow(work / "checkout")
@@ -106,8 +107,8 @@ def _credentials_change(flow: Flow, tmp_path: Path) -> None:
     flow.config.update(credentials=str(creds))
 
 
-# One test per invocation family (so workers run them side by side), each from the state the reported
-# sequence leaves; before the split they ran one after another on one artifact, about 2 min 15 s in all.
+# One test per invocation family, each from its own copy of the state the reported sequence leaves (so a
+# failure names its invocation and leaves the others' evidence intact).
 INVOCATIONS = {
     "params change": (_credentials_change, ("prune_all",)),
     "-F": (None, ("-F", "prune_all")),
@@ -120,6 +121,11 @@ INVOCATIONS = {
 }
 
 
+# Sharing the snapshot across workers would need it rebuilt at each one's own path (about 50 s each).
+INVOCATION_GROUP = "records-pruned-after-update"
+
+
+@pytest.mark.xdist_group(INVOCATION_GROUP)
 @pytest.mark.parametrize("name", list(INVOCATIONS))
 def test_no_snakemake_invocation_deletes_a_record_of_a_pruned_artifact(name, pruned_after_update, tmp_path):
     flow = pruned_after_update.restore()

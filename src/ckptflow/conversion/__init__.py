@@ -6,7 +6,8 @@ expert forms, shared with ``merge/``), ``shards`` (safetensors headers, shard wr
 (reading ``model.pt`` and the base), ``dtypes`` (shapes and dtype names).
 
 Reading and validating a base (``source.read_base``, ``shards``, ``sidecars``, ``chat_template``) imports no
-torch, so the materialize preflight refuses a bad base before torch loads; the names below that need torch
+torch, so the materialize preflight refuses a bad base before torch loads, and a request whose completed
+output is kept (a skip) never loads it; the names below that need torch
 (``convert_checkpoint``, ``verify_output`` …) are imported on first use.
 """
 
@@ -15,17 +16,16 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .defaults import DEFAULT_MIN_TENSORS
+from .defaults import CONVERSION_VERSION, DEFAULT_MIN_TENSORS
 
 _LAZY = {
-    "CONVERSION_VERSION": "hf",
     "ConversionResult": "hf",
     "convert_checkpoint": "hf",
     "VerificationSummary": "verify",
     "verify_output": "verify",
 }
 
-__all__ = ["DEFAULT_MIN_TENSORS", *_LAZY]
+__all__ = ["CONVERSION_VERSION", "DEFAULT_MIN_TENSORS", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

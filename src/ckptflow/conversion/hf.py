@@ -38,8 +38,6 @@ from . import shards, sidecars
 from .layout import Described, KeyMapper, LayoutPlan, plan_layout
 from .source import Base, Checkpoint, open_checkpoint, read_base
 
-CONVERSION_VERSION = "materialize_model_pt_to_hf/3"
-
 
 @dataclass(frozen=True)
 class ShardRecord:

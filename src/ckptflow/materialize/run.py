@@ -87,7 +87,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__, testhooks
-from ..conversion import DEFAULT_MIN_TENSORS, chat_template
+from ..conversion import CONVERSION_VERSION, DEFAULT_MIN_TENSORS, chat_template
 from ..conversion import shards as hf_shards
 from ..errors import UsageError
 from ..lock import reading
@@ -221,8 +221,6 @@ def _locked(req: MaterializeRequest, source: ModelSource, opened: OpenedModel | 
     out, base_dir = req.out, req.base_dir
     base = preflight.check_base(base_dir, expect_tensors=req.expect_tensors, min_tensors=req.min_tensors)
     unified = preflight.check_unified(base_dir) if req.unified else None
-    from ..conversion import CONVERSION_VERSION  # torch loads here, once the preflight has passed
-
     wanted = Identity(CONVERSION_VERSION, source.identity, base_identity(base_dir), req.options())
     restored = restore_orphaned(out)
     decision = decide(out, wanted, base_dir, force=req.force)
