@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from ckptflow.store import Credentials
-from helpers import servers  # tests/helpers/servers.py
+from helpers import servers, xdist_groups  # tests/helpers/
 from helpers.moto_bodies import mock_aws_bytes_bodies
 
 NOT_RUNNING = "test servers are not running; run `make test` or `python tests/helpers/servers.py up`"
@@ -66,6 +66,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(SLURM_GROUP))
         elif item.get_closest_marker("alone"):
             item.add_marker(pytest.mark.xdist_group(ALONE_GROUP))
+    xdist_groups.record(config, items)
+
+
+# The groups reach the scheduler through tests/helpers/xdist_groups.py (xdist's own way is lost on pytest 9).
+def pytest_configure(config: pytest.Config) -> None:
+    xdist_groups.configure(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    xdist_groups.unconfigure(config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    xdist_groups.configure_node(node)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    return xdist_groups.make_scheduler(config, log)
 
 
 @pytest.fixture(scope="session", autouse=True)

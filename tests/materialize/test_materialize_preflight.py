@@ -151,11 +151,21 @@ def test_a_preflight_refusal_happens_before_torch_is_imported(models, tmp_path, 
     assert proc.stderr.splitlines()[-1] == "torch imported: False", proc.stderr
     assert tree_bytes(out) == before and siblings(out) == []
 
-    # The probe sees torch once a request gets past the preflight (here: refused on the marker after it).
+
+def test_the_probe_sees_torch_once_a_request_builds_and_not_when_the_marker_decides(models, tmp_path):
+    """The other side of the probe above: it does report torch (a build), and a request decided on the
+    completed output's marker (refused here, or skipped) is decided on records alone, without torch."""
+    out = tmp_path / "teacher"
+    request(models, out, models.base())
+    before = tree_bytes(out)
     proc = run_probed(*cli_args(models.artifact("qwen3", 2), models.base(), out))
     assert proc.returncode == 1 and "they differ in: source model.pt" in proc.stderr, proc.stderr
-    assert proc.stderr.splitlines()[-1] == "torch imported: True", proc.stderr
+    assert proc.stderr.splitlines()[-1] == "torch imported: False", proc.stderr
     assert tree_bytes(out) == before
+
+    proc = run_probed(*cli_args(models.artifact("qwen3", 2), models.base(), tmp_path / "another"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines()[-1] == "torch imported: True", proc.stderr
 
 
 def _without_file_permission_override() -> list[str]:
