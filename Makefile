@@ -34,7 +34,7 @@ lint: setup
 
 # Starts SeaweedFS (real S3) and s3rver (a server that ignores If-None-Match) on 127.0.0.1, then a
 # single-node Slurm (tests/helpers/slurm.py: installs its Debian packages when missing, needs root), runs
-# the whole suite, and stops Slurm's daemons and both servers by PID whatever pytest's outcome; exits with
+# the whole suite, and stops Slurm's daemons and both servers by PID (side by side) whatever pytest's outcome; exits with
 # pytest's status. Where Slurm cannot run (not root, no apt-get) the slurm tests skip, except under CI
 # (the variable CI set), where they must run: there a Slurm that does not come up fails `make test`.
 # The suite runs on PYTEST_WORKERS pytest-xdist workers (`--dist loadgroup`: the `alone` tests go, one
@@ -50,11 +50,11 @@ test: setup lint
 	@set -u; \
 	elapsed() { echo $$(( $$(date +%s) - $(STARTED) )); }; \
 	echo "make test: setup and lint done $$(elapsed) s after the start" >&2; \
-	trap '$(BIN)/python tests/helpers/slurm.py down --root $(SLURM_ROOT) >/dev/null; \
-	      $(BIN)/python tests/helpers/servers.py down --root $(SERVERS_ROOT)' EXIT; \
+	trap '$(BIN)/python tests/helpers/slurm.py down --root $(SLURM_ROOT) >/dev/null & \
+	      $(BIN)/python tests/helpers/servers.py down --root $(SERVERS_ROOT); wait' EXIT; \
 	$(BIN)/python tests/helpers/servers.py up --root $(SERVERS_ROOT) || exit $$?; \
 	legs=; if [ "$(CORE_LEGS_RUN)" = yes ]; then \
-	  mkdir -p .ckptflow/core-legs; nice -n 19 $(CORE_LEGS) >.ckptflow/core-legs/summary.log 2>&1 & legs=$$!; \
+	  mkdir -p .ckptflow/core-legs; nice -n 19 env $(CORE_LEGS) >.ckptflow/core-legs/summary.log 2>&1 & legs=$$!; \
 	fi; \
 	if [ "$(SLURM_UP)" = yes ]; then \
 	  $(BIN)/python tests/helpers/slurm.py up --root $(SLURM_ROOT) >/dev/null; rc=$$?; \
