@@ -38,9 +38,9 @@ lint: setup
 # pytest's status. Where Slurm cannot run (not root, no apt-get) the slurm tests skip, except under CI
 # (the variable CI set), where they must run: there a Slurm that does not come up fails `make test`.
 # The suite runs on PYTEST_WORKERS pytest-xdist workers (`--dist loadgroup`: the `alone` tests go, one
-# after another, to one worker, the `slurm` tests to another; tests/conftest.py). The core legs' environments
-# are made while setup and lint run (pip works on one core there; the legs need only pyenv's interpreters
-# and this checkout), and the legs run alongside pytest, on the same servers; their summary (and the whole
+# after another, to one worker, the `slurm` tests to another; tests/conftest.py). The core legs' dependencies
+# install while lint runs and the servers start (one core is idle there; measured: beside setup's own pip they
+# slowed it by half), and the legs run alongside pytest, on the same servers; their summary (and the whole
 # log of a leg that failed) is printed after pytest's. pytest prints its 40 longest steps, so every CI log says where the time goes. `make test` exits non-zero when pytest or a core leg failed.
 PYTEST_WORKERS ?= 4
 CORE_LEGS_RUN ?= yes
@@ -49,11 +49,12 @@ STARTED := $(shell date +%s)
 test:
 	@set -u; \
 	elapsed() { echo $$(( $$(date +%s) - $(STARTED) )); }; \
+	$(MAKE) --no-print-directory setup || exit $$?; \
 	prep=; if [ "$(CORE_LEGS_RUN)" = yes ]; then \
 	  mkdir -p .ckptflow/core-legs; \
-	  $(PYTHON) tests/helpers/core_legs.py --prepare-only >.ckptflow/core-legs/prepare.log 2>&1 & prep=$$!; \
+	  $(BIN)/python tests/helpers/core_legs.py --prepare-only >.ckptflow/core-legs/prepare.log 2>&1 & prep=$$!; \
 	fi; \
-	$(MAKE) --no-print-directory setup lint || { [ -z "$$prep" ] || wait $$prep; exit 1; }; \
+	$(MAKE) --no-print-directory lint || { [ -z "$$prep" ] || wait $$prep; exit 1; }; \
 	echo "make test: setup and lint done $$(elapsed) s after the start" >&2; \
 	trap '$(BIN)/python tests/helpers/slurm.py down --root $(SLURM_ROOT) >/dev/null & \
 	      $(BIN)/python tests/helpers/servers.py down --root $(SERVERS_ROOT); wait' EXIT; \

@@ -18,7 +18,7 @@ An interpreter is looked up as ``$(pyenv root)/versions/X.Y.*/bin/pythonX.Y``, t
 A missing one skips its leg with a message, except when ``CI`` is set: then it fails.
 
     python tests/helpers/core_legs.py [--versions 3.10 3.12] [--jobs N] [--servers DIR] [-- PYTEST_ARGS...]
-    python tests/helpers/core_legs.py --prepare-only    # the environments' dependencies (make test: during setup)
+    python tests/helpers/core_legs.py --prepare-only    # the environments' dependencies (make test: during lint)
 """
 
 from __future__ import annotations
@@ -119,9 +119,8 @@ def prepare(version: str, python: str, out, *, dependencies_only: bool = False) 
 
     Two steps: the core's declared dependencies and the test tools, then the project itself (``pip install
     -e .``, which resolves its declared dependencies again: already there). ``dependencies_only`` stops
-    after the first, which touches nothing in the checkout, so it may run beside the development
-    environment's own ``pip install -e .`` (make test: during setup); building the project writes
-    ``src/ckptflow.egg-info``, which two builds at once must not share.
+    after the first, which touches nothing in the checkout (make test runs it while lint runs); building
+    the project writes ``src/ckptflow.egg-info``, which two builds at once must not share.
     """
     venv = ROOT / f"py{version}"
     constraints = core_constraints()
@@ -211,8 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--servers", type=Path, default=Path(os.environ.get("CKPTFLOW_TEST_SERVERS")
                                                          or REPO / ".ckptflow" / "test-servers"))
     p.add_argument("--prepare-only", action="store_true",
-                   help="only install the environments' dependencies (no server, nothing written in the checkout; "
-                        "stdlib only, so any Python 3.11 runs it)")
+                   help="only install the environments' dependencies (no server, nothing written in the checkout)")
     p.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
     args = p.parse_args(argv)
     ci = bool(os.environ.get("CI"))
