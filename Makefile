@@ -32,16 +32,16 @@ lint: setup
 	$(BIN)/snakefmt --check Snakefile rules
 	$(BIN)/snakemake --lint
 
-# Starts SeaweedFS (real S3) and s3rver (a server that ignores If-None-Match) on 127.0.0.1, then a
-# single-node Slurm (tests/helpers/slurm.py: installs its Debian packages when missing, needs root), runs
+# Starts SeaweedFS (real S3) and s3rver (a server that ignores If-None-Match) on 127.0.0.1, runs the lint,
+# then starts a single-node Slurm (tests/helpers/slurm.py: installs its Debian packages when missing, needs root), runs
 # the whole suite, and stops Slurm's daemons and both servers by PID (side by side) whatever pytest's outcome; exits with
 # pytest's status. Where Slurm cannot run (not root, no apt-get) the slurm tests skip, except under CI
 # (the variable CI set), where they must run: there a Slurm that does not come up fails `make test`.
 # The suite runs on PYTEST_WORKERS pytest-xdist workers (`--dist loadgroup`: the `alone` tests go, one
-# after another, to one worker, the `slurm` tests to another; tests/conftest.py). The core legs' dependencies
-# install while lint runs and the servers start (one core is idle there; measured: beside setup's own pip they
-# slowed it by half), and the legs run alongside pytest, on the same servers; their summary (and the whole
-# log of a leg that failed) is printed after pytest's. pytest prints its 40 longest steps, so every CI log says where the time goes. `make test` exits non-zero when pytest or a core leg failed.
+# after another, to one worker, the `slurm` tests to another; tests/conftest.py). The servers start as soon
+# as setup is done, and the core legs with them (their environments install while lint runs and Slurm
+# starts, where one core is idle; beside setup's own pip they slowed it by half), then run alongside
+# pytest on the same servers; their summary (and the whole log of a leg that failed) is printed after pytest's. pytest prints its 40 longest steps, so every CI log says where the time goes. `make test` exits non-zero when pytest or a core leg failed.
 PYTEST_WORKERS ?= 4
 CORE_LEGS_RUN ?= yes
 # When make started (read once, as it parses this file): `make test` says how long each phase took.
@@ -50,19 +50,14 @@ test:
 	@set -u; \
 	elapsed() { echo $$(( $$(date +%s) - $(STARTED) )); }; \
 	$(MAKE) --no-print-directory setup || exit $$?; \
-	prep=; if [ "$(CORE_LEGS_RUN)" = yes ]; then \
-	  mkdir -p .ckptflow/core-legs; \
-	  $(BIN)/python tests/helpers/core_legs.py --prepare-only >.ckptflow/core-legs/prepare.log 2>&1 & prep=$$!; \
-	fi; \
-	$(MAKE) --no-print-directory lint || { [ -z "$$prep" ] || wait $$prep; exit 1; }; \
-	echo "make test: setup and lint done $$(elapsed) s after the start" >&2; \
 	trap '$(BIN)/python tests/helpers/slurm.py down --root $(SLURM_ROOT) >/dev/null & \
 	      $(BIN)/python tests/helpers/servers.py down --root $(SERVERS_ROOT); wait' EXIT; \
 	$(BIN)/python tests/helpers/servers.py up --root $(SERVERS_ROOT) || exit $$?; \
-	legs=; if [ -n "$$prep" ]; then \
-	  wait $$prep || cat .ckptflow/core-legs/prepare.log >&2; \
-	  $(CORE_LEGS) >.ckptflow/core-legs/summary.log 2>&1 & legs=$$!; \
+	legs=; if [ "$(CORE_LEGS_RUN)" = yes ]; then \
+	  mkdir -p .ckptflow/core-legs; $(CORE_LEGS) >.ckptflow/core-legs/summary.log 2>&1 & legs=$$!; \
 	fi; \
+	$(MAKE) --no-print-directory lint || { [ -z "$$legs" ] || wait $$legs; exit 1; }; \
+	echo "make test: setup and lint done $$(elapsed) s after the start" >&2; \
 	if [ "$(SLURM_UP)" = yes ]; then \
 	  $(BIN)/python tests/helpers/slurm.py up --root $(SLURM_ROOT) >/dev/null; rc=$$?; \
 	  if [ $$rc -eq 3 ] && [ -z "$${CI:-}" ]; then echo "make test: Slurm cannot run here; the slurm tests skip" >&2; \

@@ -18,7 +18,6 @@ An interpreter is looked up as ``$(pyenv root)/versions/X.Y.*/bin/pythonX.Y``, t
 A missing one skips its leg with a message, except when ``CI`` is set: then it fails.
 
     python tests/helpers/core_legs.py [--versions 3.10 3.12] [--jobs N] [--servers DIR] [-- PYTEST_ARGS...]
-    python tests/helpers/core_legs.py --prepare-only    # the environments' dependencies (make test: during lint)
 """
 
 from __future__ import annotations
@@ -108,45 +107,25 @@ def _stamp(version: str, constraints: str) -> str:
     return digest.hexdigest()
 
 
-def _declared_dependencies() -> list[str]:
-    import tomllib
-
-    return list(tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"])
-
-
-def prepare(version: str, python: str, out, *, dependencies_only: bool = False) -> Path:
-    """The leg's environment, created (or recreated when the project's requirements changed).
-
-    Two steps: the core's declared dependencies and the test tools, then the project itself (``pip install
-    -e .``, which resolves its declared dependencies again: already there). ``dependencies_only`` stops
-    after the first, which touches nothing in the checkout (make test runs it while lint runs); building
-    the project writes ``src/ckptflow.egg-info``, which two builds at once must not share.
-    """
+def prepare(version: str, python: str, out) -> Path:
+    """The leg's environment, created (or recreated when the project's requirements changed)."""
     venv = ROOT / f"py{version}"
     constraints = core_constraints()
     stamp_file = venv / ".ckptflow-core-leg"
     stamp = _stamp(version, constraints)
-    done = stamp_file.read_text() if stamp_file.is_file() and (venv / "bin" / "python").exists() else ""
-    if done == stamp or (dependencies_only and done == f"dependencies {stamp}"):
+    if stamp_file.is_file() and stamp_file.read_text() == stamp and (venv / "bin" / "python").exists():
         return venv
-    pins = ROOT / f"constraints-core-{version}.txt"
+    shutil.rmtree(venv, ignore_errors=True)
     # No pip of its own (ensurepip costs seconds of CPU per leg): the interpreter's pip installs into it
     # (``pip --python``), without compiling every module up front (the tests import a fraction of moto).
-    pip = [python, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--quiet",
-           "--disable-pip-version-check", "--no-compile", "-c", str(pins)]
+    subprocess.run([python, "-m", "venv", "--without-pip", str(venv)], check=True, stdout=out,
+                   stderr=subprocess.STDOUT)
+    pins = ROOT / f"constraints-core-{version}.txt"
+    pins.write_text(constraints, encoding="utf-8")
     started = time.monotonic()
-    if done != f"dependencies {stamp}":
-        shutil.rmtree(venv, ignore_errors=True)
-        subprocess.run([python, "-m", "venv", "--without-pip", str(venv)], check=True, stdout=out,
-                       stderr=subprocess.STDOUT)
-        pins.write_text(constraints, encoding="utf-8")
-        subprocess.run([*pip, *_declared_dependencies(), "pytest", "moto[s3]"], check=True, stdout=out,
-                       stderr=subprocess.STDOUT)
-        stamp_file.write_text(f"dependencies {stamp}")
-        if dependencies_only:
-            log(f"{version}: installed the core's dependencies in {venv} in {time.monotonic() - started:.0f} s")
-            return venv
-    subprocess.run([*pip, "-e", str(REPO)], check=True, stdout=out, stderr=subprocess.STDOUT)
+    subprocess.run([python, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--quiet",
+                    "--disable-pip-version-check", "--no-compile", "-c", str(pins), "-e", str(REPO), "pytest",
+                    "moto[s3]"], check=True, stdout=out, stderr=subprocess.STDOUT)
     log(f"{version}: installed the core in {venv} in {time.monotonic() - started:.0f} s")
     stamp_file.write_text(stamp)
     return venv
@@ -158,21 +137,6 @@ def check_no_heavy(venv: Path, version: str) -> None:
     if out.stdout.strip():
         raise SystemExit(f"core legs: {version}: {out.stdout.strip()} installed in the core-only {venv}; "
                          "the core must not depend on them (check pyproject.toml's dependencies)")
-
-
-def prepare_leg(version: str, python: str) -> int:
-    """``--prepare-only``: the leg's environment up to the project itself (its output in
-    ``prepare-py<X.Y>.log``); the leg installs the project when it runs."""
-    ROOT.mkdir(parents=True, exist_ok=True)
-    log_path = ROOT / f"prepare-py{version}.log"
-    with open(log_path, "w", encoding="utf-8") as out:
-        try:
-            check_no_heavy(prepare(version, python, out, dependencies_only=True), version)
-        except (subprocess.CalledProcessError, SystemExit) as exc:
-            out.write(f"{exc}\n")
-            log(f"{version}: could not prepare its environment; see {log_path}")
-            return 1
-    return 0
 
 
 def run_leg(version: str, python: str, servers: Path, pytest_args: list[str]) -> int:
@@ -209,8 +173,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=0, help="legs at the same time (default: all)")
     p.add_argument("--servers", type=Path, default=Path(os.environ.get("CKPTFLOW_TEST_SERVERS")
                                                          or REPO / ".ckptflow" / "test-servers"))
-    p.add_argument("--prepare-only", action="store_true",
-                   help="only install the environments' dependencies (no server, nothing written in the checkout)")
     p.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
     args = p.parse_args(argv)
     ci = bool(os.environ.get("CI"))
@@ -229,10 +191,6 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{version}: {python}")
         found[version] = python
     ran = list(found)
-    if args.prepare_only:
-        with ThreadPoolExecutor(max_workers=args.jobs or max(1, len(found))) as pool:
-            failures = list(pool.map(lambda item: prepare_leg(*item), found.items()))
-        return 1 if failed or any(failures) else 0
     servers = args.servers.resolve()
     with ThreadPoolExecutor(max_workers=args.jobs or max(1, len(found))) as pool:
         futures = {v: pool.submit(run_leg, v, python, servers, args.pytest_args) for v, python in found.items()}
