@@ -271,27 +271,13 @@ def _stopped_on_failure(entry: dict):
         raise
 
 
-_LOADER: list = []
-
-
-def _botocore_session():
-    """A botocore session sharing this process's data loader: each new one would parse botocore's service
-    models again (about 0.07 s of CPU per client, and the suite makes one or more per server test)."""
-    import botocore.loaders
-    import botocore.session
-
-    session = botocore.session.Session()
-    if not _LOADER:
-        _LOADER.append(botocore.loaders.create_loader(session.get_config_variable("data_path")))
-    session.register_component("data_loader", _LOADER[0])
-    return session
-
-
 def s3_client(credentials: Path | str | object):
     """A plain boto3 client for a credentials file or a loaded ``Credentials`` (test set-up and low-level
     checks, not the library)."""
     import boto3
     from botocore.config import Config
+
+    from ckptflow.store.s3 import new_session
 
     if isinstance(credentials, Path | str):
         creds = json.loads(Path(credentials).read_text())
@@ -300,7 +286,9 @@ def s3_client(credentials: Path | str | object):
                  ("aws_access_key_id", "aws_secret_access_key", "endpoint_url", "region_name")}
     session = boto3.session.Session(
         aws_access_key_id=creds["aws_access_key_id"], aws_secret_access_key=creds["aws_secret_access_key"],
-        region_name=creds.get("region_name") or "us-east-1", botocore_session=_botocore_session(),
+        # The library's session: it shares this process's botocore data loader (a new one parses the service
+        # models again, about 0.07 s of CPU per client, and the suite makes one or more per server test).
+        region_name=creds.get("region_name") or "us-east-1", botocore_session=new_session(),
     )
     config = Config(request_checksum_calculation="when_required", response_checksum_validation="when_required",
                     s3={"addressing_style": "path"}, retries={"mode": "standard", "max_attempts": 3})

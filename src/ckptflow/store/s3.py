@@ -55,7 +55,7 @@ from .uri import destination_label, validate_key, validate_prefix
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LOCAL_DOWNLOADS", "MAX_SINGLE_PART", "REMOTE_DOWNLOADS", "S3Store", "downloads_for"]
+__all__ = ["LOCAL_DOWNLOADS", "MAX_SINGLE_PART", "REMOTE_DOWNLOADS", "S3Store", "downloads_for", "new_session"]
 
 # A single-part upload is held in memory while it is checked and sent, so it stays small.
 MAX_SINGLE_PART = 64 * 1024 * 1024
@@ -65,7 +65,7 @@ _LOADERS: dict[str | None, botocore.loaders.Loader] = {}
 _LOADERS_LOCK = threading.Lock()
 
 
-def _new_session() -> botocore.session.Session:
+def new_session() -> botocore.session.Session:
     """A botocore session whose data loader (service models, endpoint rules, partitions) is this process's
     one for its ``AWS_DATA_PATH``: a fresh loader parses the same JSON again, about 0.1 s of CPU for every
     store opened (a trainer publishing in the background, a workflow step, the API in a loop)."""
@@ -167,7 +167,7 @@ class S3Store:
         )
         # A botocore session, not boto3's: boto3 adds nothing a client of ours uses and its import (which
         # loads s3transfer) cost each ckptflow process about 0.1 s.
-        session = _new_session()
+        session = new_session()
         s3_timestamps.install(session)
         if credentials is not None:
             self._client_args = {
