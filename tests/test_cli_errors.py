@@ -63,6 +63,7 @@ def test_a_path_that_does_not_exist_is_named_not_taken_for_a_fresh_or_unpublishe
     assert tree_bytes(tmp_path) == before and not typo.exists()
 
 
+@pytest.mark.slow
 def test_prune_verified_fails_when_a_requested_path_is_missing_or_no_longer_matches(tmp_path, archive, env):
     runs = tmp_path / "run"
     a, b, c = (_artifact(runs, it) for it in (1, 2, 3))

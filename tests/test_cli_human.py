@@ -67,6 +67,7 @@ def _publish_args(artifact, archive):
             "--bucket", f"file://{archive}")
 
 
+@pytest.mark.slow
 def test_seal_publish_verify_prune_fetch_probe_read_as_summaries_on_a_terminal(artifact, tmp_path, env):
     archive = tmp_path / "archive"
     archive.mkdir()
@@ -105,6 +106,7 @@ def test_seal_publish_verify_prune_fetch_probe_read_as_summaries_on_a_terminal(a
     assert _same_json(*fetch, env=env)["status"] == "already-staged"
 
 
+@pytest.mark.slow
 def test_a_failed_verify_lists_what_failed_and_keeps_its_stderr_line(artifact, tmp_path, env):
     archive = tmp_path / "archive"
     archive.mkdir()

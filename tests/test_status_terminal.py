@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from ckptflow.jsonio import validate
 from helpers.artifacts import ARTIFACT_PREFIX, make_artifact
 from helpers.cli import run_cli, run_on_terminal
@@ -55,6 +57,7 @@ def _verified(root: Path) -> dict:
     return proc.report
 
 
+@pytest.mark.slow
 def test_a_verify_from_the_command_line_is_what_status_shows(tmp_path):
     root, archive = tmp_path / "runs", tmp_path / "archive"
     archive.mkdir()

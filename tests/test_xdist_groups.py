@@ -12,6 +12,8 @@ import subprocess
 import sys
 from collections import defaultdict
 
+import pytest
+
 from helpers import REPO
 
 CONFTEST = f"""
@@ -70,6 +72,7 @@ def test_free(name):
 """
 
 
+@pytest.mark.slow
 def test_a_group_runs_on_one_worker_and_its_session_fixture_is_built_once(tmp_path):
     (tmp_path / "conftest.py").write_text(CONFTEST, encoding="utf-8")
     (tmp_path / "test_toy.py").write_text(TESTS, encoding="utf-8")

@@ -37,6 +37,7 @@ def _everything(art, cache, creds, bucket) -> tuple:
 
 
 @pytest.mark.seaweedfs
+@pytest.mark.slow
 def test_prune_verified_dry_run_does_not_probe_and_says_the_real_run_would(
         published, probe_cache, seaweedfs_bucket, seaweedfs_credentials_path):
     creds = seaweedfs_credentials_path
@@ -57,6 +58,7 @@ def test_prune_verified_dry_run_does_not_probe_and_says_the_real_run_would(
 
 
 @pytest.mark.seaweedfs
+@pytest.mark.slow
 def test_publish_dry_run_names_every_destination_and_writes_nothing(
         tmp_path, probe_cache, seaweedfs_bucket, seaweedfs_credentials_path):
     creds = seaweedfs_credentials_path

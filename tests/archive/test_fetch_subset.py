@@ -45,6 +45,7 @@ def status_cell(tmp_path, stage_root) -> tuple[dict, str]:
 
 
 @pytest.mark.seaweedfs
+@pytest.mark.slow
 def test_only_model_then_a_full_fetch_downloads_only_the_rest_and_status_says_so(
         artifact, sw_store, seaweedfs_credentials_path, tmp_path):
     publish_artifact(artifact, sw_store, UPLOAD_PREFIX, progress=False)

@@ -120,6 +120,7 @@ def test_frees_oldest_first_exactly_enough_and_keeps_the_newest_of_each_run(runs
     assert again.returncode == 0 and again.report["removed"] == [] and again.report["keep_free"]["met"]
 
 
+@pytest.mark.slow
 def test_an_unreachable_target_frees_all_but_the_newest_and_says_it_is_not_met(runs, archive):
     _, args = archive
     proc = keep_free(runs, args, "100%", "--keep-newest", "2")
@@ -144,6 +145,7 @@ def test_percent_target_is_taken_of_the_file_systems_size(runs, archive):
     assert shutil.disk_usage(runs).free * 100 >= usage.total * percent
 
 
+@pytest.mark.slow
 def test_dry_run_writes_nothing_and_computes_what_the_real_run_frees(runs, archive, probe_cache):
     store, args = archive
     free = shutil.disk_usage(runs).free
@@ -219,6 +221,7 @@ with stage_lock(Path(sys.argv[1]), 0):
 """
 
 
+@pytest.mark.slow
 def test_an_artifact_whose_fetch_lock_is_held_is_kept_naming_the_holder(runs, archive, tmp_path):
     _, args = archive
     busy, flag = art_of(runs, "b", 100), tmp_path / "held"

@@ -76,6 +76,7 @@ def rows(report: dict) -> dict[tuple[str, int], dict]:
     return {(a["run"], a["iteration"]): a for a in report["artifacts"]}
 
 
+@pytest.mark.slow
 def test_ls_shows_committed_incomplete_and_foreign_prefixes_by_what_their_records_prove(populated):
     proc = run_cli("ls", f"{populated['root_uri']}/proj", "--runs-root", str(populated["runs"]), *populated["opts"])
     assert proc.returncode == 0, proc.stderr
@@ -105,6 +106,7 @@ def test_ls_shows_committed_incomplete_and_foreign_prefixes_by_what_their_record
     assert report["bytes"] == sum(n for _, n in populated["sizes"].values())
 
 
+@pytest.mark.slow
 def test_ls_of_one_run_lists_only_that_run(populated):
     proc = run_cli("ls", f"{populated['root_uri']}/proj/group/run1", *populated["opts"])
     assert proc.returncode == 0, proc.stderr
@@ -114,6 +116,7 @@ def test_ls_of_one_run_lists_only_that_run(populated):
     assert proc.report["other"]["objects"] == 1  # the full checkpoint beside the artifacts
 
 
+@pytest.mark.slow
 def test_ls_on_a_terminal_is_a_table_that_fits_80_columns(populated):
     proc = run_on_terminal("ls", f"{populated['root_uri']}/proj", "--runs-root", str(populated["runs"]),
                            *populated["opts"])
@@ -193,6 +196,7 @@ def _drop(store, prefix: str) -> None:
         store.delete(info.key)
 
 
+@pytest.mark.slow
 def test_ls_never_shows_a_local_copy_bound_to_another_archive_as_local(archive, tmp_path):
     """runs/ holds RUN1 iter 100 (published to another archive), iter 200 (published there and pruned),
     iter 300 (published here) and iter 400 (published here, then the archive's copy was replaced by another

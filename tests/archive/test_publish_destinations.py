@@ -35,6 +35,7 @@ def _keys(creds, bucket) -> list[str]:
 
 
 @pytest.mark.seaweedfs
+@pytest.mark.slow
 def test_publishing_elsewhere_is_refused_unless_it_adds_a_destination_and_then_both_are_recorded(
         artifact, seaweedfs_bucket, second_bucket, seaweedfs_credentials_path):
     creds = seaweedfs_credentials_path

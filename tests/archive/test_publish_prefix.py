@@ -81,6 +81,7 @@ def test_outside_the_runs_layout_an_explicit_prefix_is_needed_and_accepted(tmp_p
 
 
 @pytest.mark.seaweedfs
+@pytest.mark.slow
 def test_a_bucket_that_does_not_exist_is_refused_by_name_and_not_created(
         tmp_path, seaweedfs_credentials_path, probe_cache):
     creds = seaweedfs_credentials_path

@@ -94,6 +94,7 @@ def test_delete_local_on_a_non_enforcing_endpoint_fails_closed(artifact, s3rver_
     assert not receipt_record.path_in(artifact).exists()
 
 
+@pytest.mark.slow
 def test_cli_publish_verify_report_shapes(artifact, sw_store, seaweedfs_credentials_path):
     pub = run_cli(*publish_args(artifact, sw_store.bucket, seaweedfs_credentials_path))
     assert pub.returncode == 0, pub.stderr

@@ -73,6 +73,7 @@ def status_row(art):
     return row
 
 
+@pytest.mark.slow
 def test_restore_refills_a_pruned_artifact_in_place_and_prune_frees_it_again(archive, tmp_path):
     store, args = archive
     art = published(tmp_path / "run1", store)
@@ -131,6 +132,7 @@ def test_restore_killed_mid_file_resumes_sending_only_what_is_missing(archive, t
     assert not [p for p in tree_bytes(art) if p.endswith(".part")]
 
 
+@pytest.mark.slow
 def test_a_local_file_that_differs_is_refused_by_name_and_left_byte_identical(archive, tmp_path):
     store, args = archive
     art = published(tmp_path / "run1", store)

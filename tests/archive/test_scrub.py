@@ -77,6 +77,7 @@ def files_of(report: dict) -> list[str]:
     return [o["path"] for o in report["objects"] if o["path"] != DECLARATION]
 
 
+@pytest.mark.slow
 def test_subsets_over_n_runs_read_every_file_once_and_catch_one_flipped_byte(published, archive):
     recorded = {f.path: f.size for f in receipt_record.read_receipt(published).files}
     shard = "optim/__1_0.distcp"
@@ -137,6 +138,7 @@ def test_subset_without_read_data_is_a_usage_error(published, archive):
         assert proc.returncode == 2 and "K/N" in proc.stderr
 
 
+@pytest.mark.slow
 def test_all_under_scrubs_every_published_artifact_of_a_runs_root(tmp_path, archive):
     runs = tmp_path / "runs"
     first = make_artifact(runs / "run1", iteration=300, seed=1)

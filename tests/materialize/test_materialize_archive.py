@@ -82,6 +82,7 @@ def test_archive_source_builds_then_skips_without_a_payload_get(models, tmp_path
 
 
 @pytest.mark.seaweedfs
+@pytest.mark.slow
 def test_cli_materializes_from_seaweedfs_with_credentials(models, tmp_path, sw, seaweedfs_bucket,
                                                           seaweedfs_credentials_path):
     published_copy(models, tmp_path, sw)

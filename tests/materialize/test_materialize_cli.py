@@ -11,6 +11,7 @@ from ckptflow.jsonio import validate
 from helpers.cli import run_cli
 
 
+@pytest.mark.slow
 def test_build_then_skip_then_refuse(models, tmp_path):
     out = tmp_path / "teacher"
     args = cli_args(models.artifact(), models.base(), out)
@@ -46,6 +47,7 @@ def test_usage_errors_exit_2_and_touch_nothing(models, tmp_path, extra):
     assert not out.exists() and siblings(out) == [] and not lock_file(out).exists()
 
 
+@pytest.mark.slow
 def test_lock_wait_seconds_is_accepted_and_the_lock_file_goes_with_its_holder(models, tmp_path):
     out = tmp_path / "teacher"
     proc = run_cli(*cli_args(models.artifact(), models.base(), out, "--lock-wait-seconds", "0"))

@@ -125,6 +125,7 @@ def test_an_empty_file_named_like_the_lock_is_used_but_never_written_or_removed(
     assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, 0, before.st_mtime_ns)
 
 
+@pytest.mark.slow
 def test_a_built_or_refused_request_leaves_no_lock_file(models, tmp_path):
     out = tmp_path / "teacher"
     first = run_cli(*cli_args(models.artifact("qwen3", 1), models.base(), out))
@@ -136,6 +137,7 @@ def test_a_built_or_refused_request_leaves_no_lock_file(models, tmp_path):
     assert not lock_file(out).exists() and siblings(out) == [] and tree_bytes(out) == before
 
 
+@pytest.mark.slow
 def test_the_lock_of_a_killed_holder_is_replaced_and_then_removed(models, tmp_path):
     out = tmp_path / "teacher"
     killed = run_cli(*cli_args(models.artifact(), models.base(), out),

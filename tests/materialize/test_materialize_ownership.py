@@ -171,6 +171,7 @@ def tamper_keeping_size(path) -> None:
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.slow
 def test_a_tampered_staged_copy_is_fetched_again_before_a_build(models, tmp_path):
     uri = file_archive(models, tmp_path)
     stage = tmp_path / "stage"

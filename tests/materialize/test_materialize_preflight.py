@@ -152,6 +152,7 @@ def test_a_preflight_refusal_happens_before_torch_is_imported(models, tmp_path, 
     assert tree_bytes(out) == before and siblings(out) == []
 
 
+@pytest.mark.slow
 def test_the_probe_sees_torch_once_a_request_builds_and_not_when_the_marker_decides(models, tmp_path):
     """The other side of the probe above: it does report torch (a build), and a request decided on the
     completed output's marker (refused here, or skipped) is decided on records alone, without torch."""

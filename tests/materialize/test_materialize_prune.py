@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 
+import pytest
 from materialize_helpers import cli_args, cli_env, copy_tree
 
 from ckptflow.archive.probe import run_probe
@@ -18,6 +19,7 @@ from helpers.cli import finish, run_cli, start_cli, wait_for_file
 TS = "20261129T000000Z"
 
 
+@pytest.mark.slow
 def test_an_artifact_a_materialize_reads_in_place_is_kept_naming_it_then_freed(models, tmp_path, monkeypatch):
     monkeypatch.setenv("CKPTFLOW_CACHE_DIR", str(tmp_path / "cache"))
     store = LocalStore(tmp_path / "archive")
@@ -55,6 +57,7 @@ def test_an_artifact_a_materialize_reads_in_place_is_kept_naming_it_then_freed(m
     assert "newest" in {k["path"]: k["reason"] for k in proc.report["kept"]}[str(newest)]
 
 
+@pytest.mark.slow
 def test_a_killed_readers_mark_names_nobody_and_the_next_reader_removes_it(models, tmp_path):
     art = copy_tree(models.artifact("qwen3", 1), tmp_path / "run" / "checkpoint_artifacts" / "iter_000300")
     killed = run_cli(*cli_args(art, models.base(), tmp_path / "teacher"),

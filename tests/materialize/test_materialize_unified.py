@@ -155,6 +155,7 @@ def test_verification_checks_the_two_files_by_rule_and_a_damaged_one_is_rebuilt(
     assert tree_bytes(out) == tree_bytes(published)
 
 
+@pytest.mark.slow
 def test_the_option_is_part_of_the_identity_both_ways_until_force(models, ubase, published, tmp_path):
     out = copy_tree(published, tmp_path / "teacher")
     before = tree_bytes(out)

@@ -53,6 +53,7 @@ def _publish(artifact: Path, archive: Path, env: dict):
                    "--bucket", f"file://{archive}", env=env)
 
 
+@pytest.mark.slow
 def test_a_second_merge_waits_for_the_first_then_decides_on_its_committed_output(moe, out, tmp_path):
     first = _paused(_avg(moe, out), tmp_path / "first", "merge:after-model-write")
     second = _paused(_tv(moe, out), tmp_path / "second", "merge:lock-wait")
@@ -70,6 +71,7 @@ def test_a_second_merge_waits_for_the_first_then_decides_on_its_committed_output
     assert run_cli(*_avg(moe, out)).report["status"] == "skipped"
 
 
+@pytest.mark.slow
 def test_a_merge_that_will_not_wait_is_refused_naming_the_holder(moe, out, tmp_path):
     first = _paused(_avg(moe, out), tmp_path / "first", "merge:after-model-write")
     try:
@@ -83,6 +85,7 @@ def test_a_merge_that_will_not_wait_is_refused_naming_the_holder(moe, out, tmp_p
 
 
 @pytest.mark.parametrize("second", ["same-request", "forced-other-request"])
+@pytest.mark.slow
 def test_without_an_effective_lock_the_commit_rechecks_and_never_replaces_a_published_merge(
         moe, out, tmp_path, second):
     env = {"CKPTFLOW_TEST_DISABLE": "merge:lock", "CKPTFLOW_CACHE_DIR": str(tmp_path / "cache")}
@@ -105,6 +108,7 @@ def test_without_an_effective_lock_the_commit_rechecks_and_never_replaces_a_publ
     assert verify.returncode == 0, verify.stderr
 
 
+@pytest.mark.slow
 def test_without_an_effective_lock_a_commit_overtaken_by_another_writes_no_record_over_it(moe, out, tmp_path):
     env = {"CKPTFLOW_TEST_DISABLE": "merge:lock"}
     late = _paused((*_tv(moe, out), "--force"), tmp_path / "late", "merge:after-model-rename", **env)
@@ -118,6 +122,7 @@ def test_without_an_effective_lock_a_commit_overtaken_by_another_writes_no_recor
     assert run_cli(*_avg(moe, out)).report["status"] == "skipped"  # the avg merge, complete and consistent
 
 
+@pytest.mark.slow
 def test_a_merge_killed_between_manifest_and_record_is_not_committed_and_its_rerun_completes_it(
         moe, out, runs, tmp_path):
     env = {"CKPTFLOW_CACHE_DIR": str(tmp_path / "cache")}
@@ -139,6 +144,7 @@ def test_a_merge_killed_between_manifest_and_record_is_not_committed_and_its_rer
     assert _publish(artifact, tmp_path / "archive", env).returncode == 0
 
 
+@pytest.mark.slow
 def test_a_merge_pruned_after_publication_is_complete(moe, out, tmp_path):
     env = {"CKPTFLOW_CACHE_DIR": str(tmp_path / "cache")}
     assert run_cli(*_avg(moe, out), env=env).returncode == 0

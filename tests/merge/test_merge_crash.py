@@ -32,6 +32,7 @@ def _avg_args(moe, out, experts=None):
 
 
 @pytest.mark.parametrize("point", POINTS)
+@pytest.mark.slow
 def test_killed_first_merge_is_completed_by_the_same_command(moe, out, point):
     killed = _merge(_avg_args(moe, out), kill_at=point)
     assert killed.returncode == -signal.SIGKILL
@@ -66,6 +67,7 @@ def test_killed_forced_replacement_leaves_the_old_merge_or_a_rebuildable_one(moe
     assert_bits_equal(load_net(out), tv_oracle(moe.base_mem, moe.mem, 1.0))
 
 
+@pytest.mark.slow
 def test_a_rerun_removes_only_dead_temporaries_of_this_host(moe, out):
     """A temporary whose writer is alive, or was written on another host (whose writer may be alive), stays."""
     host = socket.gethostname().split(".")[0]

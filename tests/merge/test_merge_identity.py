@@ -22,6 +22,7 @@ def _record(out):
     return json.loads((out.parent / merge_record.FILENAME).read_text())
 
 
+@pytest.mark.slow
 def test_same_request_on_completed_output_is_skipped_without_touching_it(moe, out):
     experts = ",".join(map(str, moe.paths()))
     first = run_cli("merge", "--mode", "avg", "--experts", experts, "--out", str(out))

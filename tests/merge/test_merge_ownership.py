@@ -22,6 +22,7 @@ def _avg(experts, out, *extra, env=None):
 
 
 @pytest.mark.parametrize("force", [False, True])
+@pytest.mark.slow
 def test_a_record_less_model_pt_the_merge_did_not_write_is_refused_by_name(moe, out, force):
     out.parent.mkdir(parents=True)
     out.write_bytes(b"the user's own unsealed model, the only copy")
@@ -44,6 +45,7 @@ def test_a_model_pt_replaced_by_the_user_after_a_killed_merge_is_not_overwritten
 
 
 @pytest.mark.parametrize("point", ["merge:after-record-removed", "merge:after-model-rename", "merge:after-manifest"])
+@pytest.mark.slow
 def test_the_in_progress_marker_lets_the_same_command_finish_a_killed_merge(moe, out, point):
     assert _avg(moe.paths(), out).returncode == 0
     changed = [*moe.paths()[:2]]
@@ -57,6 +59,7 @@ def test_the_in_progress_marker_lets_the_same_command_finish_a_killed_merge(moe,
 
 
 @pytest.mark.parametrize("link", ["symlinked directory", "hard link"])
+@pytest.mark.slow
 def test_an_expert_that_is_the_output_under_another_spelling_is_refused(moe, tmp_path, link):
     real = tmp_path / "ex" / "iter_7" / "model.pt"
     real.parent.mkdir(parents=True)

@@ -83,6 +83,7 @@ def test_refused_request_leaves_existing_output_byte_identical(moe, out, tmp_pat
     assert file_bytes(out.parent) == before
 
 
+@pytest.mark.slow
 def test_cli_usage_error_exits_2_and_refusal_exits_1(moe, out):
     experts = ",".join(map(str, moe.paths()))
     usage = run_cli("merge", "--mode", "tv", "--experts", experts, "--out", str(out))

@@ -139,6 +139,7 @@ def test_resume_off_mints_a_fresh_attempt_beside_the_original(tmp_path, model):
     assert check_run_attempt(tmp_path / "empty", "off").attempt_dir == str(tmp_path / "empty")
 
 
+@pytest.mark.slow
 def test_command_exit_codes_reports_and_summaries(tmp_path, model):
     attempt = tmp_path / "ts"
     attempt.mkdir()  # an attempt directory that does not exist is an error (tests/test_cli_errors.py)

@@ -51,6 +51,7 @@ REFUSED = {  # explicit path (relative to the attempt) -> what the refusal names
 
 
 @pytest.mark.parametrize("case", REFUSED, ids=list(REFUSED))
+@pytest.mark.slow
 def test_resume_check_refuses_what_is_not_a_resumable_checkpoint(attempt, case):
     rel, named = REFUSED[case]
     before = tree_bytes(attempt)
@@ -60,6 +61,7 @@ def test_resume_check_refuses_what_is_not_a_resumable_checkpoint(attempt, case):
     assert tree_bytes(attempt) == before
 
 
+@pytest.mark.slow
 def test_the_real_path_is_judged_and_reported(attempt, tmp_path):
     link = tmp_path / "resume-here"
     link.symlink_to(attempt / "checkpoints" / "iter_000300")
@@ -84,6 +86,7 @@ def test_a_save_in_progress_is_never_a_resume_point(attempt):
 
 
 @pytest.mark.parametrize("rel", ["checkpoint_artifacts/iter_000300/model.pt", "checkpoints/iter_000400/../../init.pt"])
+@pytest.mark.slow
 def test_the_example_trainer_refuses_the_same_paths_and_writes_nothing(attempt, rel):
     before = tree_bytes(attempt.parent)
     proc = subprocess.run([sys.executable, str(REPO / "examples" / "train_tiny.py"), "--run-dir", str(attempt),

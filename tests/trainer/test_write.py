@@ -113,6 +113,7 @@ def killed_save(run, point):
 
 @pytest.mark.parametrize("point", ["trainer-save:writing-model.pt", "trainer-save:before-trainer-state",
                                    "trainer-save:writing-trainer.pt"])
+@pytest.mark.slow
 def test_a_killed_save_is_discarded_by_its_own_record_and_written_again(tmp_path, point):
     art = killed_save(tmp_path, point)
     model, optim = tiny_training()
@@ -147,6 +148,7 @@ def test_an_unsealed_user_model_without_a_save_record_is_refused_and_kept(tmp_pa
     assert tree_bytes(art) == before
 
 
+@pytest.mark.slow
 def test_a_users_file_placed_over_a_killed_save_is_refused_by_name_and_kept(tmp_path):
     art = killed_save(tmp_path, "trainer-save:before-trainer-state")
     (art / "model.pt").unlink()

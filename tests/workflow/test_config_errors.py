@@ -53,6 +53,7 @@ def _refusal(flow: Flow, *args: str, **overrides) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_an_unknown_key_is_named_with_the_closest_known_one(flow):
     line = _refusal(flow, bucekt="s3://b")
     assert "unknown config key 'bucekt' (did you mean 'bucket'?)" in line, line
@@ -62,6 +63,7 @@ def test_an_unknown_key_is_named_with_the_closest_known_one(flow):
     assert "config materialize.min_tensors is -1" in line and "--config 'materialize=" in line, line
 
 
+@pytest.mark.slow
 def test_publication_needs_a_bucket_and_credentials_that_parse(flow, tmp_path):
     line = _refusal(flow, "publish_all")
     assert "config bucket is not set" in line and "--config bucket=s3://B" in line, line
@@ -81,6 +83,7 @@ def test_publication_needs_a_bucket_and_credentials_that_parse(flow, tmp_path):
     assert sorted(planned) == ["publish"] * 3 + ["publish_all"]
 
 
+@pytest.mark.slow
 def test_an_iteration_scoped_target_names_the_runs_and_iterations_there_are(flow):
     base = str(flow.root.parent / "base")
     line = _refusal(flow, "materialize_teacher", base=base)
@@ -94,6 +97,7 @@ def test_an_iteration_scoped_target_names_the_runs_and_iterations_there_are(flow
     assert "--config iter=400" in line, line
 
 
+@pytest.mark.slow
 def test_a_merge_needs_its_recipe_and_its_experts(flow):
     line = _refusal(flow, "merge_experts", iter=300)
     assert "config merge has no recipe for iteration 300" in line, line
@@ -101,6 +105,7 @@ def test_a_merge_needs_its_recipe_and_its_experts(flow):
     assert "config merge.300.experts: no such file x.pt" in line, line
 
 
+@pytest.mark.slow
 def test_a_teacher_needs_a_base_that_holds_a_config(flow):
     line = _refusal(flow, "materialize_teacher", iter=300)
     assert "config base is not set" in line and "--config base=" in line, line
@@ -113,6 +118,7 @@ def test_a_teacher_needs_a_base_that_holds_a_config(flow):
         "materialize", "materialize_teacher"]
 
 
+@pytest.mark.slow
 def test_a_failed_job_ends_in_its_one_line_error_and_the_log_keeps_the_details(tmp_path):
     flow = Flow(tmp_path / "flow", {"bucket": f"file://{tmp_path / 'no-such-archive'}"})
     make_artifact(flow.runs / RUN, iteration=300, model_bytes=1000, shards=1)
@@ -130,6 +136,7 @@ def test_a_failed_job_ends_in_its_one_line_error_and_the_log_keeps_the_details(t
     assert "Traceback" in log.read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_the_status_table_is_printed_on_every_invocation_and_no_shell_command_line(tmp_path):
     flow = Flow(tmp_path / "flow")
     make_artifact(flow.runs / RUN, iteration=300, model_bytes=1000, shards=1)

@@ -49,6 +49,7 @@ def _legacy(tmp_path) -> tuple[Flow, object]:
     return flow, art
 
 
+@pytest.mark.slow
 def test_a_legacy_receipt_is_pending_publication_for_every_target(tmp_path):
     flow, _ = _legacy(tmp_path)
     assert flow.planned("publish_all") == ["replace_legacy_receipt", "publish_all"]

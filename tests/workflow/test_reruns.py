@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 
 import pytest
-from workflow_helpers import RUN, Flow
+from workflow_helpers import RUN, Flow, Snapshot
 
 from ckptflow.archive.publish import publish_artifact
 from ckptflow.store.open import open_bucket_arg
@@ -33,11 +34,32 @@ def _set_recipe(flow: Flow, **changes) -> None:
     flow.config["merge"] = {"300": {**flow.config["merge"]["300"], **changes}}
 
 
+# The merge (and its teacher) most tests here start from, built once: these tests run one after another on
+# one worker (an xdist group), each from its own copy of the state (Snapshot.restore).
+STATES_GROUP = "reruns-merged-and-taught"
+
+
+@dataclass(frozen=True)
+class States:
+    merged: Snapshot  # merge_experts done (tv over the three experts)
+    taught: Snapshot  # and then materialize_teacher done, from the local artifact
+
+
+@pytest.fixture(scope="session")
+def states(tmp_path_factory: pytest.TempPathFactory, kit) -> States:
+    base = tmp_path_factory.mktemp("reruns")
+    flow = _merged(base / "work", kit)
+    merged = Snapshot.take(flow, base / "merged")
+    flow.ok("materialize_teacher", iter=300)
+    return States(merged, Snapshot.take(flow, base / "taught"))
+
+
 # --------------------------------------------------------------------------------------------- merge
 
 
-def test_merge_rerun_after_a_params_change_refuses_to_replace_another_request_without_force(tmp_path, kit):
-    flow = _merged(tmp_path, kit)
+@pytest.mark.xdist_group(STATES_GROUP)
+def test_merge_rerun_after_a_params_change_refuses_to_replace_another_request_without_force(states):
+    flow = states.merged.restore()
     before = tree_state(flow.artifact())
     _set_recipe(flow, lam=0.7)
     assert flow.planned("merge_experts", iter=300) == ["merge", "merge_experts"]
@@ -50,8 +72,9 @@ def test_merge_rerun_after_a_params_change_refuses_to_replace_another_request_wi
     assert report["status"] == "built" and report["lam"] == 0.7 and report["replaced_identity"]
 
 
-def test_merge_rerun_after_a_code_change_skips_the_same_request(tmp_path, kit):
-    flow = _merged(tmp_path, kit)
+@pytest.mark.xdist_group(STATES_GROUP)
+def test_merge_rerun_after_a_code_change_skips_the_same_request(states):
+    flow = states.merged.restore()
     before = tree_state(flow.artifact())
     out = flow.ok("merge_experts", "--forcerun", "merge", iter=300)
     assert "rule merge:" in out
@@ -59,8 +82,9 @@ def test_merge_rerun_after_a_code_change_skips_the_same_request(tmp_path, kit):
     assert tree_state(flow.artifact()) == before
 
 
-def test_merge_rerun_after_a_failed_job_keeps_the_completed_merge(tmp_path, kit):
-    flow = _merged(tmp_path, kit)
+@pytest.mark.xdist_group(STATES_GROUP)
+def test_merge_rerun_after_a_failed_job_keeps_the_completed_merge(states):
+    flow = states.merged.restore()
     committed = {k: v for k, v in tree_state(flow.artifact()).items() if k != ""}
     _set_recipe(flow, lam=0.7, force=True)
     flow.fails("merge_experts", iter=300, kill_at="merge:after-model-write")
@@ -148,14 +172,9 @@ def test_fetch_rerun_after_a_failed_job_resumes_its_own_partial_copy(tmp_path):
 # --------------------------------------------------------------------------------------------- materialize
 
 
-def _teacher(tmp_path, kit) -> Flow:
-    flow = _merged(tmp_path, kit)
-    flow.ok("materialize_teacher", iter=300)
-    return flow
-
-
-def test_materialize_rerun_after_a_params_change_skips_the_same_identity_and_refuses_another(tmp_path, kit):
-    flow = _teacher(tmp_path, kit)
+@pytest.mark.xdist_group(STATES_GROUP)
+def test_materialize_rerun_after_a_params_change_skips_the_same_identity_and_refuses_another(states, tmp_path, kit):
+    flow = states.taught.restore()
     before = tree_state(flow.teacher())
     flow.config["materialize"] = {"min_tensors": 2}  # not part of the identity
     flow.ok("materialize_teacher", iter=300)
@@ -169,16 +188,18 @@ def test_materialize_rerun_after_a_params_change_skips_the_same_identity_and_ref
     assert tree_state(flow.teacher()) == before
 
 
-def test_materialize_rerun_after_a_code_change_skips(tmp_path, kit):
-    flow = _teacher(tmp_path, kit)
+@pytest.mark.xdist_group(STATES_GROUP)
+def test_materialize_rerun_after_a_code_change_skips(states):
+    flow = states.taught.restore()
     before = tree_state(flow.teacher())
     flow.ok("materialize_teacher", "--forcerun", "materialize", iter=300)
     assert json.loads(flow.report("materialize").read_text())["status"] == "skipped"
     assert tree_state(flow.teacher()) == before
 
 
-def test_materialize_rerun_after_a_failed_job_keeps_the_teacher(tmp_path, kit):
-    flow = _teacher(tmp_path, kit)
+@pytest.mark.xdist_group(STATES_GROUP)
+def test_materialize_rerun_after_a_failed_job_keeps_the_teacher(states):
+    flow = states.taught.restore()
     before = tree_state(flow.teacher())
     flow.config["materialize"] = {"min_tensors": 1, "force": True}
     flow.fails("materialize_teacher", iter=300, kill_at="materialize:after-convert")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from workflow_helpers import RUN, Flow
 
 from ckptflow.jsonio import validate
@@ -33,6 +34,7 @@ def _report(flow: Flow, name: str) -> dict:
     return report
 
 
+@pytest.mark.slow
 def test_scrub_all_slices_read_every_file_once_and_damage_fails_the_job(tmp_path):
     flow, arts = _published(tmp_path)
     before = {art: tree_state(art) for art in arts}

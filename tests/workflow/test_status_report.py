@@ -58,6 +58,7 @@ def _embedded_text(html: str) -> str:
     return "\n".join(base64.b64decode(b).decode("utf-8", "replace") for b in found)
 
 
+@pytest.mark.slow
 def test_the_html_report_is_self_contained_and_names_every_iteration(tmp_path):
     flow = _flow(tmp_path)
     flow.ok("status")
@@ -88,6 +89,7 @@ def _published_and_pruned(tmp_path, *iterations: int, keep: tuple[int, ...] = ()
     return flow
 
 
+@pytest.mark.slow
 def test_a_receipt_copied_from_another_iteration_is_refused_by_the_teacher_and_foreign_in_the_table(tmp_path):
     flow = _published_and_pruned(tmp_path, 200, 300)
     copied = flow.artifact(300) / ".uploaded"

@@ -22,6 +22,7 @@ def _flow(tmp_path, kit, **config) -> Flow:
         "materialize": {"min_tensors": 1}, **config})
 
 
+@pytest.mark.slow
 def test_merge_then_teacher_from_the_local_artifact_then_nothing_to_do(tmp_path, kit):
     flow = _flow(tmp_path, kit)
     assert flow.planned("materialize_teacher", iter=300) == ["merge", "materialize", "materialize_teacher"]
@@ -97,6 +98,7 @@ def test_after_prune_all_an_intact_teacher_is_skipped_without_downloading_anythi
     assert {p: (flow.teacher() / p).read_bytes() for p in walk_files(flow.teacher())} == teacher
 
 
+@pytest.mark.slow
 def test_a_missing_iteration_or_an_ambiguous_run_is_a_clear_error(tmp_path):
     flow = Flow(tmp_path)
     assert "--config iter=300" in flow.fails("-n", "materialize_teacher")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -10,7 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from helpers import REPO
+from helpers import REPO, snakemake_fork
 
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 RUN = "proj/grp/run1/20261129T000000Z"
@@ -34,13 +35,14 @@ def copy_workflow(dest: Path) -> Path:
 def snakemake(workdir: Path, *args: str, config: dict[str, str], env: dict[str, str],
               configfile: Path | None = None, workflow: Path = REPO) -> subprocess.CompletedProcess:
     """``snakemake ARGS`` on the Snakefile of ``workflow`` (the repository's) in ``workdir``, with
-    ``--config`` overrides."""
+    ``--config`` overrides: a process forked from one that has imported Snakemake already
+    (tests/helpers/snakemake_fork.py)."""
     cfg = [f"{k}={v}" for k, v in config.items()]
     files = [str(workflow / "config" / "config.yaml"), *([str(configfile)] if configfile else [])]
-    return subprocess.run(
+    return snakemake_fork.run(
         [str(SNAKEMAKE), "-s", str(workflow / "Snakefile"), "-d", str(workdir), "--configfile", *files,
          "--cores", "2", *args, *(["--config", *cfg] if cfg else [])],
-        capture_output=True, text=True, timeout=600, env={**os.environ, **env},
+        timeout=600, env={**os.environ, **env},
     )
 
 
@@ -115,3 +117,28 @@ class Flow:
     def log_of(self, kind: str, iteration: int = 300, run: str = RUN) -> str:
         path = Path(self.config["logs_dir"]) / kind / run / f"iter_{iteration:06d}.log"
         return path.read_text(encoding="utf-8") if path.exists() else ""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A workflow directory's state, built once and handed to each test as its own copy: records hold
+    absolute paths, so the copy goes back where the state was built (``work``). The tests sharing one form an
+    xdist group (they run one after another on one worker, which builds it once); each starts by
+    ``restore()``, which replaces the previous test's copy with the saved state (mtimes kept: Snakemake's
+    rerun triggers read them; symlinks stay links)."""
+
+    work: Path
+    saved: Path
+    config: dict
+    workflow: Path = REPO
+
+    @classmethod
+    def take(cls, flow: Flow, saved: Path) -> Snapshot:
+        shutil.copytree(flow.root, saved, symlinks=True)
+        return cls(flow.root, saved, copy.deepcopy(flow.config), flow.workflow)
+
+    def restore(self) -> Flow:
+        if self.work.exists():
+            shutil.rmtree(self.work)
+        shutil.copytree(self.saved, self.work, symlinks=True)
+        return Flow(self.work, copy.deepcopy(self.config), workflow=self.workflow)
