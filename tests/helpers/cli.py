@@ -13,7 +13,11 @@ import threading
 import time
 from pathlib import Path
 
-from . import REPO
+from . import REPO, preloaded
+
+# The verbs that load torch and transformers: run_cli forks them from a template that imported those once
+# (tests/helpers/preloaded.py); the others start their interpreter, as start_cli always does.
+PRELOADED_VERBS = frozenset({"merge", "materialize"})
 
 
 def _env(env: dict | None) -> dict[str, str]:
@@ -24,8 +28,11 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 300, json_repo
     """Run one verb to completion; when stdout is not empty it must be exactly one JSON report
     (parsed into ``.report``, else ``.report`` is None), unless ``json_report=False`` (``--help``).
     ``env`` is added to the current environment."""
-    proc = subprocess.run([sys.executable, "-m", "ckptflow", *args], capture_output=True, text=True,
-                          env=_env(env), timeout=timeout, cwd=REPO)
+    argv = [sys.executable, "-m", "ckptflow", *args]
+    if args and args[0] in PRELOADED_VERBS:
+        proc = preloaded.ckptflow(argv, cwd=REPO, env=_env(env), timeout=timeout)
+    else:
+        proc = subprocess.run(argv, capture_output=True, text=True, env=_env(env), timeout=timeout, cwd=REPO)
     proc.report = json.loads(proc.stdout) if json_report and proc.stdout.strip() else None  # type: ignore[attr-defined]
     if proc.report is not None:
         assert proc.stdout.count("\n") == 1, proc.stdout

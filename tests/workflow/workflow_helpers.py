@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from helpers import REPO, snakemake_fork
+from helpers import REPO, preloaded
 
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 RUN = "proj/grp/run1/20261129T000000Z"
@@ -36,10 +36,10 @@ def snakemake(workdir: Path, *args: str, config: dict[str, str], env: dict[str, 
               configfile: Path | None = None, workflow: Path = REPO) -> subprocess.CompletedProcess:
     """``snakemake ARGS`` on the Snakefile of ``workflow`` (the repository's) in ``workdir``, with
     ``--config`` overrides: a process forked from one that has imported Snakemake already
-    (tests/helpers/snakemake_fork.py)."""
+    (tests/helpers/preloaded.py)."""
     cfg = [f"{k}={v}" for k, v in config.items()]
     files = [str(workflow / "config" / "config.yaml"), *([str(configfile)] if configfile else [])]
-    return snakemake_fork.run(
+    return preloaded.snakemake(
         [str(SNAKEMAKE), "-s", str(workflow / "Snakefile"), "-d", str(workdir), "--configfile", *files,
          "--cores", "2", *args, *(["--config", *cfg] if cfg else [])],
         timeout=600, env={**os.environ, **env},
