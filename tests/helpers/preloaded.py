@@ -233,6 +233,13 @@ def _template(kind: str) -> _Template:
         return template
 
 
+def _installed(kind: str) -> bool:
+    """Whether every top-level package the kind preloads is installed (nothing is imported to tell)."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(name.partition(".")[0]) is not None for name in PRELOAD[kind])
+
+
 def _exec(argv: list[str], cwd: str | None, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
 
@@ -253,8 +260,8 @@ def ckptflow(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: float)
     transformers imported)."""
     if argv[:3] != [sys.executable, "-m", "ckptflow"]:
         raise ValueError(f"not a python -m ckptflow command line: {argv[:3]}")
-    if os.environ.get("CKPTFLOW_TEST_PRELOADED") == "0":
-        return _exec(argv, str(cwd), env, timeout)
+    if os.environ.get("CKPTFLOW_TEST_PRELOADED") == "0" or not _installed("ckptflow"):
+        return _exec(argv, str(cwd), env, timeout)  # a core-only install (the core legs) has no torch to preload
     template = _template("ckptflow")
     if not template.starts_like(env):
         return _exec(argv, str(cwd), env, timeout)
