@@ -43,6 +43,7 @@ def _fields(out: str) -> dict[str, str]:
 
 def test_an_invocation_is_its_own_process_with_the_given_directory_environment_and_arguments(
         snakefile, tmp_path, monkeypatch):
+    monkeypatch.setenv("CKPTFLOW_TEST_PRELOADED", "snakemake")
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
@@ -61,6 +62,7 @@ def test_an_invocation_is_its_own_process_with_the_given_directory_environment_a
 
 
 def test_the_exit_status_and_a_killing_signal_reach_the_caller(snakefile, tmp_path, monkeypatch):
+    monkeypatch.setenv("CKPTFLOW_TEST_PRELOADED", "snakemake")
     monkeypatch.chdir(tmp_path)
     usage = preloaded.snakemake([SNAKEMAKE, "--no-such-option"], env=dict(os.environ))
     assert usage.returncode == 2 and "--no-such-option" in usage.stderr
@@ -87,7 +89,8 @@ def _both(*args: str, **env: str) -> tuple[subprocess.CompletedProcess, subproce
     return forked, started
 
 
-def test_a_forked_ckptflow_verb_answers_as_one_started_from_a_shell(tmp_path):
+def test_a_forked_ckptflow_verb_answers_as_one_started_from_a_shell(tmp_path, monkeypatch):
+    monkeypatch.setenv("CKPTFLOW_TEST_PRELOADED", "ckptflow")
     template = preloaded._template("ckptflow")
     before = template.next_id
     for args in (("materialize",), ("merge", "--mode", "avg", "--experts", str(tmp_path / "absent.pt"),

@@ -16,8 +16,8 @@ What differs from a shell's start is only what was already imported, so nothing 
 process has imported uses a template: the torch-free probes, the memory ceilings, the write counts and the
 racing or killed processes (``start_cli``) start their interpreter as usual; so does every call whose
 environment changes a ``PYTHON*`` variable the template started under. The console scripts themselves still
-run as such (the demo, the Slurm tests, ``test_snakemake.py``); ``CKPTFLOW_TEST_PRELOADED=0`` makes every
-call start its own interpreter.
+run as such (the demo, the Slurm tests, ``test_snakemake.py``). ``CKPTFLOW_TEST_PRELOADED`` names the kinds
+that use a template (default ``snakemake,ckptflow``; ``0`` none, so every call starts its own interpreter).
 
 Protocol (JSON lines): the client writes ``{"id", "argv", "cwd", "env", "stdout", "stderr"}``; the template
 answers ``{"id", "pid"}`` once forked and ``{"id", "status"}`` (the ``waitpid`` status) once that process
@@ -233,6 +233,12 @@ def _template(kind: str) -> _Template:
         return template
 
 
+def _enabled(kind: str) -> bool:
+    """``CKPTFLOW_TEST_PRELOADED``: the kinds that fork from a template, comma-separated (default: all)."""
+    kinds = os.environ.get("CKPTFLOW_TEST_PRELOADED", ",".join(PRELOAD))
+    return kind in {k.strip() for k in kinds.split(",")}
+
+
 def _installed(kind: str) -> bool:
     """Whether every top-level package the kind preloads is installed (nothing is imported to tell)."""
     import importlib.util
@@ -247,7 +253,7 @@ def _exec(argv: list[str], cwd: str | None, env: dict[str, str], timeout: float)
 def snakemake(argv: list[str], *, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
     """``subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)`` for a Snakemake
     command line (``argv[0]`` the console script), forked from this process's Snakemake template."""
-    if os.environ.get("CKPTFLOW_TEST_PRELOADED") == "0":
+    if not _enabled("snakemake"):
         return _exec(argv, None, env, timeout)
     template = _template("snakemake")
     if not template.starts_like(env):
@@ -260,7 +266,7 @@ def ckptflow(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: float)
     transformers imported)."""
     if argv[:3] != [sys.executable, "-m", "ckptflow"]:
         raise ValueError(f"not a python -m ckptflow command line: {argv[:3]}")
-    if os.environ.get("CKPTFLOW_TEST_PRELOADED") == "0" or not _installed("ckptflow"):
+    if not _enabled("ckptflow") or not _installed("ckptflow"):
         return _exec(argv, str(cwd), env, timeout)  # a core-only install (the core legs) has no torch to preload
     template = _template("ckptflow")
     if not template.starts_like(env):
