@@ -67,6 +67,7 @@ def test_the_flag_wins_over_the_environment_variable(seaweedfs_bucket, seaweedfs
     assert proc.report["credentials"] == {"source": "file", "path": str(seaweedfs_credentials_path)}
 
 
+@pytest.mark.slow
 def test_publish_and_verify_name_the_environment_variable_source(seaweedfs_bucket, seaweedfs_credentials_path,
                                                                  tmp_path):
     artifact = make_artifact(tmp_path / "run", model_bytes=4096, shards=1)

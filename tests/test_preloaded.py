@@ -72,6 +72,7 @@ def test_the_exit_status_and_a_killing_signal_reach_the_caller(snakefile, tmp_pa
     assert missing.returncode == 1
 
 
+@pytest.mark.slow
 def test_exec_runs_the_console_script_itself(snakefile, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("CKPTFLOW_TEST_PRELOADED", "0")
@@ -89,6 +90,7 @@ def _both(*args: str, **env: str) -> tuple[subprocess.CompletedProcess, subproce
     return forked, started
 
 
+@pytest.mark.slow
 def test_a_forked_ckptflow_verb_answers_as_one_started_from_a_shell(tmp_path, monkeypatch):
     monkeypatch.setenv("CKPTFLOW_TEST_PRELOADED", "ckptflow")
     template = preloaded._template("ckptflow")

@@ -324,6 +324,7 @@ def published_on_seaweedfs(tmp_path, seaweedfs_bucket, seaweedfs_credentials_pat
     return store
 
 
+@pytest.mark.slow
 def test_verify_checks_the_archive_live_and_fails_on_a_changed_object(published_on_seaweedfs, tmp_path,
                                                                         seaweedfs_credentials_path):
     store = published_on_seaweedfs
@@ -471,6 +472,7 @@ def test_a_payload_of_another_size_makes_the_local_artifact_damaged(runs):
     assert got[(RUN, 100)]["local"] == "committed"
 
 
+@pytest.mark.slow
 def test_a_teacher_built_from_another_model_than_the_artifacts_is_foreign(runs):
     """A teacher of iteration 600 built from iteration 500's archive (what a copied receipt led to)."""
     uri_500 = run_cli(*cli_args(runs)).report["rows"][4]["staged"]["source_uri"]

@@ -22,6 +22,7 @@ def _table(out: str) -> list[str]:
     return out.split("\ndetails", 1)[0].splitlines()
 
 
+@pytest.mark.slow
 def test_on_an_80_column_terminal_the_table_fits_and_wide_shows_everything(runs):  # noqa: F811
     proc = run_on_terminal(*cli_args(runs), columns=80)
     assert proc.returncode == 0, proc.stderr

@@ -231,6 +231,7 @@ def test_a_fetch_racing_another_into_a_partial_stage_never_removes_its_verified_
         assert report_a["reused"] == PAYLOADS
 
 
+@pytest.mark.slow
 def test_cli_fetch_report_matches_its_schema_with_progress_on_stderr(artifact, sw_store, seaweedfs_credentials_path, tmp_path):
     publish_artifact(artifact, sw_store, UPLOAD_PREFIX, progress=False)
     proc = run_cli(*fetch_args(sw_store, seaweedfs_credentials_path, tmp_path / "stage"), env={"CKPTFLOW_PROGRESS": "1"})

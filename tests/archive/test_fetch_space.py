@@ -111,6 +111,7 @@ def test_with_the_check_switched_off_the_full_disk_still_fails_by_name_and_keeps
         assert not (staged / rel).exists() or (staged / rel).read_bytes() == (art / rel).read_bytes()
 
 
+@pytest.mark.slow
 def test_the_check_counts_only_files_not_yet_verified_so_a_resume_fits(
         tmp_path, sw_store, seaweedfs_credentials_path, small_disk):
     art = published(tmp_path, sw_store, 6 * MiB)
@@ -214,6 +215,7 @@ def test_a_file_cut_by_a_full_disk_resumes_from_its_part_which_the_check_counts_
     assert parts(staged) == [] and staging_record.read_staging(staged).complete
 
 
+@pytest.mark.slow
 def test_cli_fetch_onto_a_disk_filled_meanwhile_fails_by_name_and_the_rerun_resumes(
         tmp_path, sw_store, seaweedfs_credentials_path, small_disk):
     art = published(tmp_path, sw_store, 6 * MiB)

@@ -82,6 +82,7 @@ def test_a_broad_prefix_or_a_young_age_is_refused_and_nothing_is_aborted(uploads
 
 
 @pytest.mark.seaweedfs
+@pytest.mark.slow
 def test_a_named_broader_scope_sweeps_whole_segments_only(uploads, seaweedfs_credentials_path):
     client, bucket, made, before = uploads
     gc = _gc(bucket, seaweedfs_credentials_path, "--prefix", "proj/run1", "--scope", "prefix",

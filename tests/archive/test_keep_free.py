@@ -92,6 +92,7 @@ def kept_reasons(report) -> dict[str, str]:
     return {k["path"]: k["reason"] for k in report["kept"]}
 
 
+@pytest.mark.slow
 def test_frees_oldest_first_exactly_enough_and_keeps_the_newest_of_each_run(runs, archive):
     _, args = archive
     free = shutil.disk_usage(runs).free
@@ -130,6 +131,7 @@ def test_an_unreachable_target_frees_all_but_the_newest_and_says_it_is_not_met(r
     assert all("newest 2" in reason for reason in kept_reasons(proc.report).values())
 
 
+@pytest.mark.slow
 def test_percent_target_is_taken_of_the_file_systems_size(runs, archive):
     _, args = archive
     usage = shutil.disk_usage(runs)
@@ -169,6 +171,7 @@ def test_dry_run_writes_nothing_and_computes_what_the_real_run_frees(runs, archi
     assert real.report["keep_free"]["free_after"] == kf["free_after"]  # the sizes, rounded to blocks
 
 
+@pytest.mark.slow
 def test_a_changed_local_payload_is_kept_with_its_reason_and_the_next_oldest_goes(runs, archive):
     _, args = archive
     changed = art_of(runs, "b", 100)
@@ -199,6 +202,7 @@ def test_a_wrong_keep_free_is_a_usage_error(value):
         parse_target(value)
 
 
+@pytest.mark.slow
 def test_cli_usage_errors_write_nothing(tmp_path):
     (tmp_path / "runs").mkdir()
     for args in (("--runs-root", str(tmp_path / "runs")),

@@ -151,6 +151,7 @@ def test_ls_of_a_missing_archive_root_is_refused_by_name(tmp_path):
     assert bad.returncode == 2 and "ftp" in bad.stderr
 
 
+@pytest.mark.slow
 def test_ls_shows_a_declared_file_deleted_or_resized_on_the_store_as_damaged(archive, tmp_path):
     store, root_uri, opts = archive
     arts = {it: make_artifact(tmp_path / "runs" / RUN1, iteration=it, seed=it) for it in (10, 20)}

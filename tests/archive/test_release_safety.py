@@ -201,6 +201,7 @@ def test_a_failing_path_does_not_hide_what_was_already_removed(tmp_path, qualifi
     assert all((b / p).exists() for p in PAYLOAD)
 
 
+@pytest.mark.slow
 def test_two_prunes_of_one_artifact_both_end_cleanly(published, seaweedfs_credentials_path, tmp_path):
     first = prune_cli(published, seaweedfs_credentials_path, tmp_path, pause=True)
     wait_for_file(tmp_path / "pause", first)

@@ -178,6 +178,7 @@ def test_an_artifact_that_lost_one_file_gets_only_that_file_back(archive, tmp_pa
     assert file_bytes(art) == original
 
 
+@pytest.mark.slow
 def test_dry_run_reports_what_would_be_fetched_and_writes_nothing(archive, tmp_path):
     store, args = archive
     art = published(tmp_path / "run1", store)

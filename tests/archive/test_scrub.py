@@ -129,6 +129,7 @@ def test_an_intact_archive_scrubs_clean_with_its_figures(published, archive):
     assert proc.report["throughput_mib_s"] > 0
 
 
+@pytest.mark.slow
 def test_subset_without_read_data_is_a_usage_error(published, archive):
     proc = run_cli("verify", "--artifact-dir", str(published), "--subset", "1/2", *archive.credentials)
     assert proc.returncode == 2 and "--read-data" in proc.stderr
