@@ -8,17 +8,15 @@ workflow (so a test can touch its scripts), and every record stays byte for byte
 
 from __future__ import annotations
 
-import copy
 import json
 import os
-import shutil
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from workflow_helpers import RUN, SNAKEMAKE, Flow, copy_workflow
+from workflow_helpers import RUN, SNAKEMAKE, Flow, Snapshot, copy_workflow
 
 from ckptflow.fsutil import walk_files
 from ckptflow.records.receipt import ReceiptDestination
@@ -55,21 +53,19 @@ def _every_target_works(flow: Flow) -> None:
 @dataclass(frozen=True)
 class PrunedAfterUpdate:
     """The state the reported sequence leaves (published to A, pruned, materialized from the archive; then
-    new publications go to B and the workflow checkout is updated), kept as a snapshot. Records hold
-    absolute paths, so each test gets its copy back at the same place (``work``): the tests using it form one
-    xdist group (``INVOCATION_GROUP``), so they run one after another on one worker, which builds it once."""
+    new publications go to B and the workflow checkout is updated), kept as a snapshot of ``work`` (the
+    flow, the checkout and both archives). The tests using it form one xdist group (``INVOCATION_GROUP``),
+    so they run one after another on one worker, which builds it once."""
 
-    work: Path
-    snapshot: Path
-    config: dict
+    snapshot: Snapshot
     before: dict[str, bytes]
 
+    @property
+    def work(self) -> Path:
+        return self.snapshot.root
+
     def restore(self) -> Flow:
-        if self.work.exists():
-            shutil.rmtree(self.work)
-        # copy2 keeps every mtime (Snakemake's rerun triggers read them); symlinks stay links.
-        shutil.copytree(self.snapshot, self.work, symlinks=True)
-        return Flow(self.work / "flow", copy.deepcopy(self.config), workflow=self.work / "checkout")
+        return self.snapshot.restore()
 
 
 @pytest.fixture(scope="session")
@@ -97,8 +93,7 @@ def pruned_after_update(tmp_path_factory: pytest.TempPathFactory, kit) -> Pruned
     assert _records(flow, work / "arch-a") == before
     assert list(walk_files(work / "arch-b")) == []  # nothing was published there
     _every_target_works(flow)
-    shutil.copytree(work, base / "snapshot", symlinks=True)
-    return PrunedAfterUpdate(work, base / "snapshot", copy.deepcopy(flow.config), before)
+    return PrunedAfterUpdate(Snapshot.take(flow, base / "snapshot", root=work), before)
 
 
 def _credentials_change(flow: Flow, tmp_path: Path) -> None:

@@ -122,23 +122,26 @@ class Flow:
 @dataclass(frozen=True)
 class Snapshot:
     """A workflow directory's state, built once and handed to each test as its own copy: records hold
-    absolute paths, so the copy goes back where the state was built (``work``). The tests sharing one form an
-    xdist group (they run one after another on one worker, which builds it once); each starts by
-    ``restore()``, which replaces the previous test's copy with the saved state (mtimes kept: Snakemake's
-    rerun triggers read them; symlinks stay links)."""
+    absolute paths, so the copy goes back where the state was built (``root``: the flow's directory, or one
+    above it that also holds a checkout or archives). The tests sharing one form an xdist group (they run one
+    after another on one worker, which builds it once); each starts by ``restore()``, which replaces the
+    previous test's copy with the saved state (mtimes kept: Snakemake's rerun triggers read them; symlinks
+    stay links)."""
 
-    work: Path
+    root: Path
     saved: Path
+    flow: Path
     config: dict
     workflow: Path = REPO
 
     @classmethod
-    def take(cls, flow: Flow, saved: Path) -> Snapshot:
-        shutil.copytree(flow.root, saved, symlinks=True)
-        return cls(flow.root, saved, copy.deepcopy(flow.config), flow.workflow)
+    def take(cls, flow: Flow, saved: Path, root: Path | None = None) -> Snapshot:
+        root = root or flow.root
+        shutil.copytree(root, saved, symlinks=True)
+        return cls(root, saved, flow.root, copy.deepcopy(flow.config), flow.workflow)
 
     def restore(self) -> Flow:
-        if self.work.exists():
-            shutil.rmtree(self.work)
-        shutil.copytree(self.saved, self.work, symlinks=True)
-        return Flow(self.work, copy.deepcopy(self.config), workflow=self.workflow)
+        if self.root.exists():
+            shutil.rmtree(self.root)
+        shutil.copytree(self.saved, self.root, symlinks=True)
+        return Flow(self.flow, copy.deepcopy(self.config), workflow=self.workflow)
