@@ -4,7 +4,9 @@ given, its exit status (or the signal that killed it) is what the caller sees, a
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, preloaded
+from helpers.cli import finish, start_cli, wait_for_file
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 SNAKEFILE = """
@@ -102,7 +105,64 @@ def test_a_forked_ckptflow_verb_answers_as_one_started_from_a_shell(tmp_path, mo
                                                                      started.stderr), args
         assert forked.returncode in (1, 2) and forked.stderr.strip(), args
     assert template.next_id == before + 2  # both went through the template
+    # Every other verb forks from the template that imported none of the extras: no torch in it at all.
+    monkeypatch.setenv("CKPTFLOW_TEST_PRELOADED", "ckptflow-core")
+    argv = [sys.executable, "-m", "ckptflow", "verify", "--artifact-dir", str(tmp_path / "absent")]
+    full = {**os.environ, "CKPTFLOW_PROGRESS": "0"}
+    forked = preloaded.ckptflow(argv, cwd=REPO, env=full, timeout=300, kind="ckptflow-core")
+    started = subprocess.run(argv, capture_output=True, text=True, env=full, timeout=300, cwd=REPO)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (started.returncode, started.stdout, started.stderr)
+    assert forked.returncode in (1, 2) and forked.stderr.strip()
+    core = preloaded._templates["ckptflow-core"].proc.pid
+    assert "libtorch" not in Path(f"/proc/{core}/maps").read_text()
+    assert "libtorch" in Path(f"/proc/{template.proc.pid}/maps").read_text()
     # An environment that changes how an interpreter starts is never given to a template's fork.
     other = preloaded.ckptflow([sys.executable, "-m", "ckptflow", "materialize"], cwd=REPO,
                                env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=300)
     assert other.returncode == 2 and template.next_id == before + 2
+
+
+def _experts(tmp_path: Path) -> tuple[str, str]:
+    import torch
+
+    paths = []
+    for seed in (1, 2):
+        path = tmp_path / f"expert{seed}.pt"
+        torch.save({"net": {"model.layers.0.mlp.weight": torch.full((4, 4), float(seed))}}, path)
+        paths.append(str(path))
+    return ",".join(paths), str(tmp_path / "runs/p/g/r/20261129T000000Z/checkpoint_artifacts/iter_000001/model.pt")
+
+
+@pytest.mark.slow
+def test_a_started_verb_is_a_fork_handled_as_a_popen_paused_killed_or_run_to_its_end(tmp_path, monkeypatch):
+    monkeypatch.setenv("CKPTFLOW_TEST_PRELOADED", "ckptflow")
+    experts, out = _experts(tmp_path)
+    flag = tmp_path / "paused"
+    pause = {"CKPTFLOW_TEST_PAUSE_AT": "merge:after-model-write", "CKPTFLOW_TEST_PAUSE_FILE": str(flag)}
+    paused = start_cli("merge", "--mode", "avg", "--experts", experts, "--out", out, env=pause)
+    assert isinstance(paused, preloaded.Started)
+    wait_for_file(flag, paused)
+    assert paused.poll() is None and paused.returncode is None
+    assert flag.read_text().split()[0] == str(paused.pid)  # the pid the caller holds is the verb's own
+    assert Path(f"/proc/{paused.pid}/stat").read_text().split()[3] == str(preloaded._templates["ckptflow"].proc.pid)
+    with pytest.raises(subprocess.TimeoutExpired):
+        paused.wait(0.2)
+    paused.kill()
+    assert paused.wait(60) == -9 and paused.poll() == -9
+    paused.kill()  # once it has ended, a signal goes nowhere
+    out_text, err_text = paused.communicate()
+    assert out_text == "" and paused.stdout.read() == out_text and paused.stderr.read() == err_text
+    [left] = [p.name for p in Path(out).parent.iterdir() if p.name.endswith(".tmp")]
+    assert f".{paused.pid}." in left  # killed mid-merge: its temporary, named by its pid
+    shutil.rmtree(tmp_path / "runs")
+
+    # Run to its end, a fork's status, stdout and stderr are those of the verb started from a shell.
+    forked = start_cli("merge", "--mode", "avg", "--experts", experts, "--out", out)
+    forked_out, forked_err = finish(forked)
+    shutil.rmtree(tmp_path / "runs")
+    started = subprocess.Popen([sys.executable, "-m", "ckptflow", "merge", "--mode", "avg", "--experts", experts,
+                                "--out", out], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "CKPTFLOW_PROGRESS": "0"}, cwd=REPO)
+    started_out, started_err = finish(started)
+    assert (forked.returncode, forked_err) == (started.returncode, started_err) == (0, "")
+    assert json.loads(forked_out) == json.loads(started_out) and json.loads(forked_out)["status"] == "built"

@@ -15,9 +15,15 @@ from pathlib import Path
 
 from . import REPO, preloaded
 
-# The verbs that load torch and transformers: run_cli forks them from a template that imported those once
-# (tests/helpers/preloaded.py); the others start their interpreter, as start_cli always does.
-PRELOADED_VERBS = frozenset({"merge", "materialize"})
+# run_cli and start_cli fork every verb from a template that imported its third-party modules once
+# (tests/helpers/preloaded.py): the verbs that load torch and transformers from the ``ckptflow`` template,
+# the others from ``ckptflow-core``, which imports none of the extras. The probes of what a process imports,
+# writes or holds in memory start their own interpreter.
+TORCH_VERBS = frozenset({"merge", "materialize"})
+
+
+def _kind(args: tuple[str, ...]) -> str:
+    return "ckptflow" if args and args[0] in TORCH_VERBS else "ckptflow-core"
 
 
 def _env(env: dict | None) -> dict[str, str]:
@@ -29,10 +35,7 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 300, json_repo
     (parsed into ``.report``, else ``.report`` is None), unless ``json_report=False`` (``--help``).
     ``env`` is added to the current environment."""
     argv = [sys.executable, "-m", "ckptflow", *args]
-    if args and args[0] in PRELOADED_VERBS:
-        proc = preloaded.ckptflow(argv, cwd=REPO, env=_env(env), timeout=timeout)
-    else:
-        proc = subprocess.run(argv, capture_output=True, text=True, env=_env(env), timeout=timeout, cwd=REPO)
+    proc = preloaded.ckptflow(argv, cwd=REPO, env=_env(env), timeout=timeout, kind=_kind(args))
     proc.report = json.loads(proc.stdout) if json_report and proc.stdout.strip() else None  # type: ignore[attr-defined]
     if proc.report is not None:
         assert proc.stdout.count("\n") == 1, proc.stdout
@@ -64,10 +67,12 @@ def run_cli_counting_writes(*args: str, env: dict | None = None, timeout: float 
     return proc, int(told[-1].split()[1])
 
 
-def start_cli(*args: str, env: dict | None = None) -> subprocess.Popen:
-    """Start one verb in the background (for pause points, races and SIGKILL)."""
-    return subprocess.Popen([sys.executable, "-m", "ckptflow", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=_env(env), cwd=REPO)
+def start_cli(*args: str, env: dict | None = None) -> subprocess.Popen | preloaded.Started:
+    """Start one verb in the background (for pause points, races and SIGKILL); stdout and stderr captured,
+    as text. A forked verb is a ``preloaded.Started``, used as the ``subprocess.Popen`` of one that started
+    its own interpreter."""
+    argv = [sys.executable, "-m", "ckptflow", *args]
+    return preloaded.start_ckptflow(argv, cwd=REPO, env=_env(env), kind=_kind(args))
 
 
 def wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:

@@ -1,23 +1,28 @@
-"""Snakemake invocations, and the ckptflow verbs that load torch, each a process of its own forked from a
-template that has already imported the heavy third-party modules they start by importing.
+"""Snakemake invocations and ckptflow verbs, each a process of its own forked from a template that has
+already imported the third-party modules they start by importing.
 
 A Snakemake process spends about 1.4 of its 1.6–2 CPU-s importing Snakemake and its plugins (pandas,
 SQLAlchemy, smart_open, PuLP, ...) before it reads a Snakefile; a ``ckptflow merge`` or ``materialize``
-spends 1.5–3 CPU-s importing torch and transformers. The suite starts a few hundred of each, and on two
-cores those imports were its largest single cost. Here each pytest process starts one template per kind
-(``python preloaded.py serve KIND``) that imports those modules once and freezes them out of the garbage
-collector (``gc.freeze``: a child's collections would otherwise touch, and copy, every page). An invocation
-is a ``fork()`` of it that sets its working directory, environment, ``sys.argv``, ``sys.path[0]`` and
-standard streams, then runs ``snakemake.cli.main`` as the ``snakemake`` console script does, or the
-``ckptflow`` module as ``python -m ckptflow`` does. It is a process of its own (its own pid, its jobs and
-subprocesses its children, killed by a signal like any), it imports the code under test afresh (a template
-imports no ckptflow module), reads its inputs afresh and leaves through the interpreter's normal exit.
-What differs from a shell's start is only what was already imported, so nothing that depends on what a
-process has imported uses a template: the torch-free probes, the memory ceilings, the write counts and the
-racing or killed processes (``start_cli``) start their interpreter as usual; so does every call whose
-environment changes a ``PYTHON*`` variable the template started under. The console scripts themselves still
-run as such (the demo, the Slurm tests, ``test_snakemake.py``). ``CKPTFLOW_TEST_PRELOADED`` names the kinds
-that use a template (default ``snakemake,ckptflow``; ``0`` none, so every call starts its own interpreter).
+spends 1.5–3 CPU-s importing torch and transformers, any other verb 0.2–0.4 CPU-s importing botocore and
+jsonschema. The suite starts hundreds of each, and on two cores those imports were its largest single cost.
+Here each pytest process starts one template per kind (``python preloaded.py serve KIND``): ``snakemake``,
+``ckptflow`` (torch and transformers: merge, materialize) and ``ckptflow-core`` (no module of the
+[convert] or [workflow] extras: every other verb). A template imports those modules once and freezes them
+out of the garbage collector (``gc.freeze``: a child's collections would otherwise touch, and copy, every
+page). An invocation is a ``fork()`` of it that sets its working directory, environment, ``sys.argv``,
+``sys.path[0]`` and standard streams, then runs ``snakemake.cli.main`` as the ``snakemake`` console script
+does, or the ``ckptflow`` module as ``python -m ckptflow`` does. It is a process of its own (its own pid,
+its jobs and subprocesses its children, killed by a signal like any), it imports the code under test afresh
+(a template imports no ckptflow module), reads its inputs afresh and leaves through the interpreter's
+normal exit. What differs from a shell's start is only what was already imported, so nothing that depends
+on what a process has imported uses a template: the torch-free probes, the memory ceilings and the write
+counts start their interpreter as usual; so does every call whose environment changes a ``PYTHON*``
+variable the template started under, and every kind whose modules are not installed (the core legs have
+no torch and no Snakemake; their verbs fork from ``ckptflow-core``). A verb started in the background
+(``start_cli``: pause points, races, SIGKILL) is a fork too, handled through ``Started`` as a
+``subprocess.Popen``; its output goes to files, not pipes. The console scripts themselves still run as
+such (the demo, the Slurm tests, ``test_snakemake.py``). ``CKPTFLOW_TEST_PRELOADED`` names the kinds that
+use a template (default all three; ``0`` none, so every call starts its own interpreter).
 
 Protocol (JSON lines): the client writes ``{"id", "argv", "cwd", "env", "stdout", "stderr"}``; the template
 answers ``{"id", "pid"}`` once forked and ``{"id", "status"}`` (the ``waitpid`` status) once that process
@@ -26,13 +31,16 @@ has ended.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import selectors
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 # What each kind of process imports before it does anything of its own; third-party modules only.
@@ -43,11 +51,16 @@ PRELOAD = {
         "snakemake.storage", "snakemake.assets", "smart_open", "pulp", "yaml", "jsonschema", "jinja2",
         "platformdirs", "packaging.version", "argparse_dataclass", "difflib", "graphlib",
     ),
-    "ckptflow": (
+    "ckptflow": (  # merge, materialize
         "torch", "transformers", "transformers.modeling_utils", "safetensors.torch", "botocore.session",
         "jsonschema", "tqdm",
     ),
+    "ckptflow-core": (  # every other verb: nothing of the [convert] or [workflow] extras
+        "botocore.session", "botocore.client", "urllib3", "jsonschema", "tqdm", "argparse", "logging",
+        "http.client", "concurrent.futures",
+    ),
 }
+CKPTFLOW_KINDS = ("ckptflow", "ckptflow-core")
 EXECUTOR_PREFIX = "snakemake_executor_plugin_"  # Snakemake's registry imports every installed one at start
 
 
@@ -101,7 +114,7 @@ def _child(kind: str, request: dict, sel: selectors.BaseSelector) -> None:
         from snakemake.cli import main
 
         main(argv[1:])
-    else:  # ``python -m ckptflow ARGS``: the working directory first on the path
+    else:  # ``python -m ckptflow ARGS`` (either ckptflow kind): the working directory first on the path
         import runpy
 
         sys.argv = [argv[0], *argv[3:]]
@@ -183,7 +196,7 @@ class _Template:
                                    f"its log: {self.log}\n{self.log.read_text(errors='replace')[-4000:]}")
             return self.answers[rid] if ok else None
 
-    def run(self, argv: list[str], cwd: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    def start(self, argv: list[str], cwd: str, env: dict[str, str]) -> Started:
         with self.lock:
             rid = self.next_id
             self.next_id += 1
@@ -193,25 +206,108 @@ class _Template:
         with self.write_lock:
             self.proc.stdin.write((json.dumps(request) + "\n").encode())
             self.proc.stdin.flush()
-        pid = self._wait_for(rid, "pid", 120)["pid"]
-        done = self._wait_for(rid, "status", timeout)
-        if done is None:
-            os.kill(pid, 9)
-            self._wait_for(rid, "status", 60)
-            raise subprocess.TimeoutExpired(argv, timeout, _read(out), _read(err))
-        with self.lock:
-            del self.answers[rid]
-        result = subprocess.CompletedProcess(argv, os.waitstatus_to_exitcode(done["status"]), _read(out), _read(err))
-        for path in (out, err):
-            path.unlink()
-        work.rmdir()
-        return result
+        return Started(self, rid, argv, self._wait_for(rid, "pid", 120)["pid"], work)
+
+    def run(self, argv: list[str], cwd: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+        started = self.start(argv, cwd, env)
+        try:
+            out, err = started.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired as expired:
+            started.kill()
+            started.wait(60)
+            expired.output, expired.stderr = started.stdout.read(), started.stderr.read()
+            raise
+        return subprocess.CompletedProcess(argv, started.returncode, out, err)
 
     def close(self) -> None:
         self.proc.stdin.close()
         self.proc.wait(timeout=60)
         self.reader.join(timeout=60)
         self.proc.stdout.close()
+
+
+class _Capture:
+    """A forked process's stdout or stderr: a file it writes. ``read`` gives what it has written so far;
+    ``readline`` the next line, waiting for it as on a pipe (what is left once the process has ended)."""
+
+    def __init__(self, path: Path, started: Started) -> None:
+        self.path, self.started, self.offset = path, started, 0
+
+    def read(self) -> str:
+        return _read(self.path)
+
+    def readline(self) -> str:
+        while True:
+            ended = self.started.poll() is not None  # before reading: then nothing written is missed
+            data = self.path.read_bytes()[self.offset:] if self.path.exists() else b""
+            end = data.find(b"\n") + 1 or (len(data) if ended else 0)
+            if end or ended:
+                self.offset += end
+                return data[:end].decode("utf-8", "replace")
+            time.sleep(0.02)
+
+
+class Started:
+    """A forked invocation still running, handled as the ``subprocess.Popen`` of a started command with
+    ``stdout`` and ``stderr`` captured and text mode: ``pid``, ``args``, ``returncode``, ``poll``, ``wait``,
+    ``send_signal``, ``kill``, ``terminate``, ``communicate``; ``stdout.read()`` and ``stderr.read()`` give
+    what it has written so far. The template, its parent, reaps it and reports how it ended; a signal is
+    sent only while that report has not come (not to a process that has been reaped)."""
+
+    def __init__(self, template: _Template, rid: int, argv: list[str], pid: int, work: Path) -> None:
+        self._template, self._rid, self._work = template, rid, work
+        self.args, self.pid, self.returncode = argv, pid, None
+        self.stdout, self.stderr = _Capture(work / "stdout", self), _Capture(work / "stderr", self)
+
+    def poll(self) -> int | None:
+        return self.wait(0) if self.returncode is None else self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """The exit code (``-N`` for signal N); None only from ``poll``. Raises ``TimeoutExpired``."""
+        if self.returncode is None:
+            done = self._template._wait_for(self._rid, "status", timeout)
+            if done is None:
+                if timeout == 0:
+                    return None
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            with self._template.lock:
+                self._template.answers.pop(self._rid, None)
+            self.returncode = os.waitstatus_to_exitcode(done["status"])
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        with self._template.lock:  # the reader stores the end report under this lock: no pid reuse race
+            if "status" not in self._template.answers.get(self._rid, {}) and self.returncode is None:
+                try:
+                    os.kill(self.pid, sig)
+                except ProcessLookupError:  # reaped an instant ago; its report is on its way
+                    pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Waits for the end and returns ``(stdout, stderr)``, then removes the capture files."""
+        self.wait(timeout)
+        out, err = self.stdout.read(), self.stderr.read()
+        self.stdout, self.stderr = _Done(out), _Done(err)
+        for path in (self._work / "stdout", self._work / "stderr"):
+            path.unlink(missing_ok=True)
+        self._work.rmdir()
+        return out, err
+
+
+class _Done:
+    """What ``stdout``/``stderr`` read once ``communicate`` took them (its files are gone)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def read(self) -> str:
+        return self.text
 
 
 def _read(path: Path) -> str:
@@ -239,6 +335,7 @@ def _enabled(kind: str) -> bool:
     return kind in {k.strip() for k in kinds.split(",")}
 
 
+@functools.cache
 def _installed(kind: str) -> bool:
     """Whether every top-level package the kind preloads is installed (nothing is imported to tell)."""
     import importlib.util
@@ -250,28 +347,53 @@ def _exec(argv: list[str], cwd: str | None, env: dict[str, str], timeout: float)
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
 
 
+def _usable(kind: str, env: dict[str, str]) -> _Template | None:
+    """This process's template of ``kind``, or None where the command must start its own interpreter: the
+    kind is switched off, its modules are not installed (a core-only install, the core legs, has no torch
+    to preload) or ``env`` would start an interpreter differently (a ``PYTHON*`` variable)."""
+    if not _enabled(kind) or not _installed(kind):
+        return None
+    template = _template(kind)
+    return template if template.starts_like(env) else None
+
+
 def snakemake(argv: list[str], *, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
     """``subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)`` for a Snakemake
     command line (``argv[0]`` the console script), forked from this process's Snakemake template."""
-    if not _enabled("snakemake"):
-        return _exec(argv, None, env, timeout)
-    template = _template("snakemake")
-    if not template.starts_like(env):
+    template = _usable("snakemake", env)
+    if template is None:
         return _exec(argv, None, env, timeout)
     return template.run(argv, os.getcwd(), env, timeout)
 
 
-def ckptflow(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-    """The same for ``[sys.executable, "-m", "ckptflow", ...]``, forked from the ckptflow template (torch and
-    transformers imported)."""
+def _check_ckptflow(argv: list[str], kind: str) -> None:
     if argv[:3] != [sys.executable, "-m", "ckptflow"]:
         raise ValueError(f"not a python -m ckptflow command line: {argv[:3]}")
-    if not _enabled("ckptflow") or not _installed("ckptflow"):
-        return _exec(argv, str(cwd), env, timeout)  # a core-only install (the core legs) has no torch to preload
-    template = _template("ckptflow")
-    if not template.starts_like(env):
+    if kind not in CKPTFLOW_KINDS:
+        raise ValueError(f"not a kind of ckptflow template: {kind}")
+
+
+def ckptflow(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: float,
+             kind: str = "ckptflow") -> subprocess.CompletedProcess:
+    """The same for ``[sys.executable, "-m", "ckptflow", ...]``, forked from the template of ``kind``:
+    ``ckptflow`` (torch and transformers imported) or ``ckptflow-core`` (none of the extras)."""
+    _check_ckptflow(argv, kind)
+    template = _usable(kind, env)
+    if template is None:
         return _exec(argv, str(cwd), env, timeout)
     return template.run(argv, str(cwd), env, timeout)
+
+
+def start_ckptflow(argv: list[str], *, cwd: Path, env: dict[str, str],
+                   kind: str = "ckptflow") -> Started | subprocess.Popen:
+    """``subprocess.Popen(argv, stdout=PIPE, stderr=PIPE, text=True, env=env, cwd=cwd)`` for a ckptflow
+    command line, forked from the template of ``kind``: a ``Started`` (its output in files, not pipes)."""
+    _check_ckptflow(argv, kind)
+    template = _usable(kind, env)
+    if template is None:
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                cwd=str(cwd))
+    return template.start(argv, str(cwd), env)
 
 
 if __name__ == "__main__":
