@@ -67,8 +67,7 @@ EXECUTOR_PREFIX = "snakemake_executor_plugin_"  # Snakemake's registry imports e
 # ------------------------------------------------------------------------------------------- template
 
 
-def _preload(kind: str) -> None:
-    import gc
+def _import(kind: str) -> None:
     import importlib
     import pkgutil
 
@@ -78,6 +77,12 @@ def _preload(kind: str) -> None:
         for info in pkgutil.iter_modules():
             if info.ispkg and info.name.startswith(EXECUTOR_PREFIX):
                 importlib.import_module(info.name)
+
+
+def _preload(kind: str) -> None:
+    import gc
+
+    _import(kind)
     gc.freeze()
     if threading.active_count() != 1:
         raise SystemExit(f"preloaded: the {kind} template runs {threading.active_count()} Python threads; "
@@ -396,7 +401,18 @@ def start_ckptflow(argv: list[str], *, cwd: Path, env: dict[str, str],
     return template.start(argv, str(cwd), env)
 
 
+def warm() -> None:
+    """Imports every installed kind's modules once, so that their bytecode is cached before the suite's
+    processes start (``make test`` runs it on a new environment: pip installs without compiling)."""
+    for kind in PRELOAD:
+        if _installed(kind):
+            _import(kind)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] != "serve" or sys.argv[2] not in PRELOAD:
-        raise SystemExit(f"usage: preloaded.py serve {{{','.join(PRELOAD)}}}  (started by the tests)")
-    serve(sys.argv[2])
+    if sys.argv[1:] == ["warm"]:
+        warm()
+    elif len(sys.argv) != 3 or sys.argv[1] != "serve" or sys.argv[2] not in PRELOAD:
+        raise SystemExit(f"usage: preloaded.py serve {{{','.join(PRELOAD)}}} | warm  (run by the tests and make)")
+    else:
+        serve(sys.argv[2])
