@@ -48,12 +48,14 @@ lint: setup
 # pytest's status. Where Slurm cannot run (not root, no apt-get) the slurm tests skip, except under CI
 # (the variable CI set), where they must run: there a Slurm that does not come up fails `make test`.
 # The suite runs on PYTEST_WORKERS pytest-xdist workers (`--dist loadgroup`: the `alone` tests go, one
-# after another, to one worker, the `slurm` tests to another; tests/conftest.py). The servers start as soon
-# as setup is done, and the core legs with them (their environments install while lint runs and Slurm
-# starts, where one core is idle; beside setup's own pip they slowed it by half), then run alongside
-# pytest on the same servers; their summary (and the whole log of a leg that failed) is printed after pytest's.
-# On a new environment, the suite's imports are made once while lint runs (pytest's collection and the
-# preloaded templates' modules), so that the workers find their bytecode cached instead of each compiling it. pytest prints its 40 longest steps, so every CI log says where the time goes. `make test` exits non-zero when pytest or a core leg failed.
+# after another, to one worker, the `slurm` tests to another; tests/conftest.py). The order keeps both
+# cores busy: the core legs' environments install, one after another, while setup's pip (one core)
+# installs the development environment; on a new environment the suite's imports are then made once
+# (pytest's collection and the preloaded templates' modules: their bytecode cached before the workers
+# start, instead of each compiling it) while the servers start, lint runs and Slurm starts; then pytest
+# and the core legs run side by side on the same servers. The legs' summary (and the whole log of a leg
+# that failed) is printed after pytest's. `make test` prints when each phase ended and pytest's 40 longest
+# steps, so every CI log says where the time goes; it exits non-zero when pytest or a core leg failed.
 PYTEST_WORKERS ?= 4
 CORE_LEGS_RUN ?= yes
 # When make started (read once, as it parses this file): `make test` says how long each phase took.
@@ -61,25 +63,28 @@ STARTED := $(shell date +%s)
 test:
 	@set -u; \
 	elapsed() { echo $$(( $$(date +%s) - $(STARTED) )); }; \
-	$(MAKE) --no-print-directory setup || exit $$?; \
+	legs=; if [ "$(CORE_LEGS_RUN)" = yes ]; then \
+	  mkdir -p .ckptflow/core-legs; \
+	  $(PYTHON) tests/helpers/core_legs.py --prepare >.ckptflow/core-legs/prepare.log 2>&1 & legs=$$!; \
+	fi; \
+	$(MAKE) --no-print-directory setup || { wait; exit 1; }; \
+	echo "make test: setup done $$(elapsed) s after the start" >&2; \
 	trap '$(BIN)/python tests/helpers/slurm.py down --root $(SLURM_ROOT) >/dev/null & \
 	      $(BIN)/python tests/helpers/servers.py down --root $(SERVERS_ROOT); wait' EXIT; \
 	warm=; if [ -e $(WARM_MARK) ]; then \
 	  { $(BIN)/python -m pytest --collect-only -q -p no:cacheprovider >/dev/null 2>&1; \
 	    $(BIN)/python tests/helpers/preloaded.py warm && rm -f $(WARM_MARK); } & warm=$$!; \
 	fi; \
-	$(BIN)/python tests/helpers/servers.py up --root $(SERVERS_ROOT) || exit $$?; \
-	legs=; if [ "$(CORE_LEGS_RUN)" = yes ]; then \
-	  mkdir -p .ckptflow/core-legs; $(CORE_LEGS) >.ckptflow/core-legs/summary.log 2>&1 & legs=$$!; \
-	fi; \
-	$(MAKE) --no-print-directory lint || { wait $$legs $$warm; exit 1; }; \
-	echo "make test: setup and lint done $$(elapsed) s after the start" >&2; \
+	$(BIN)/python tests/helpers/servers.py up --root $(SERVERS_ROOT) || { wait; exit 1; }; \
+	$(MAKE) --no-print-directory lint || { wait; exit 1; }; \
+	echo "make test: lint done $$(elapsed) s after the start" >&2; \
 	if [ "$(SLURM_UP)" = yes ]; then \
 	  $(BIN)/python tests/helpers/slurm.py up --root $(SLURM_ROOT) >/dev/null; rc=$$?; \
 	  if [ $$rc -eq 3 ] && [ -z "$${CI:-}" ]; then echo "make test: Slurm cannot run here; the slurm tests skip" >&2; \
-	  elif [ $$rc -ne 0 ]; then wait $$legs $$warm; exit $$rc; fi; \
+	  elif [ $$rc -ne 0 ]; then wait; exit $$rc; fi; \
 	fi; \
-	[ -z "$$warm" ] || wait $$warm; \
+	wait; \
+	if [ -n "$$legs" ]; then $(CORE_LEGS) >.ckptflow/core-legs/summary.log 2>&1 & legs=$$!; fi; \
 	echo "make test: servers up $$(elapsed) s after the start" >&2; \
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=40 $(PYTEST_ARGS); rc=$$?; \
 	echo "make test: pytest done $$(elapsed) s after the start" >&2; \

@@ -17,7 +17,12 @@ test has its own bucket and every pytest process its own cache (tests/conftest.p
 An interpreter is looked up as ``$(pyenv root)/versions/X.Y.*/bin/pythonX.Y``, then ``pythonX.Y`` on PATH.
 A missing one skips its leg with a message, except when ``CI`` is set: then it fails.
 
+``--prepare`` only creates the environments, one after another (no servers needed; any Python 3.11 runs
+it): ``make test`` does that while its own setup installs the development environment, on the core that
+setup's pip leaves idle, so that the legs later only run their tests.
+
     python tests/helpers/core_legs.py [--versions 3.10 3.12] [--jobs N] [--servers DIR] [-- PYTEST_ARGS...]
+    python tests/helpers/core_legs.py --prepare [--versions ...]
 """
 
 from __future__ import annotations
@@ -167,12 +172,28 @@ def run_leg(version: str, python: str, servers: Path, pytest_args: list[str]) ->
     return rc
 
 
+def prepare_all(found: dict[str, str]) -> int:
+    """``--prepare``: each leg's environment, one after another; a failure is told here and again, in its
+    leg's log, when the leg runs (and prepares it again)."""
+    ROOT.mkdir(parents=True, exist_ok=True)
+    failed = []
+    for version, python in found.items():
+        with open(ROOT / f"prepare-py{version}.log", "w", encoding="utf-8") as out:
+            try:
+                prepare(version, python, out)
+            except (subprocess.CalledProcessError, SystemExit) as exc:
+                log(f"{version}: preparing its environment failed: {exc}")
+                failed.append(version)
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--versions", nargs="+", default=list(VERSIONS))
     p.add_argument("--jobs", type=int, default=0, help="legs at the same time (default: all)")
     p.add_argument("--servers", type=Path, default=Path(os.environ.get("CKPTFLOW_TEST_SERVERS")
                                                          or REPO / ".ckptflow" / "test-servers"))
+    p.add_argument("--prepare", action="store_true", help="only create the environments, one after another")
     p.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
     args = p.parse_args(argv)
     ci = bool(os.environ.get("CI"))
@@ -190,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         log(f"{version}: {python}")
         found[version] = python
+    if args.prepare:
+        return prepare_all(found)
     ran = list(found)
     servers = args.servers.resolve()
     with ThreadPoolExecutor(max_workers=args.jobs or max(1, len(found))) as pool:
