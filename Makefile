@@ -49,8 +49,8 @@ lint: setup
 # (the variable CI set), where they must run: there a Slurm that does not come up fails `make test`.
 # The suite runs on PYTEST_WORKERS pytest-xdist workers (`--dist loadgroup`: the `alone` tests go, one
 # after another, to one worker, the `slurm` tests to another; tests/conftest.py). The order keeps both
-# cores busy: the core legs' environments install, one after another, while setup's pip (one core)
-# installs the development environment; on a new environment the suite's imports are then made once
+# cores busy: the core legs' environments install, one after another and at a lower priority, while
+# setup's pip (one core) installs the development environment; on a new environment the suite's imports are then made once
 # (pytest's collection and the preloaded templates' modules: their bytecode cached before the workers
 # start, instead of each compiling it) while the servers start, lint runs and Slurm starts; then pytest
 # and the core legs run side by side on the same servers. The legs' summary (and the whole log of a leg
@@ -65,7 +65,7 @@ test:
 	elapsed() { echo $$(( $$(date +%s) - $(STARTED) )); }; \
 	legs=; if [ "$(CORE_LEGS_RUN)" = yes ]; then \
 	  mkdir -p .ckptflow/core-legs; \
-	  $(PYTHON) tests/helpers/core_legs.py --prepare >.ckptflow/core-legs/prepare.log 2>&1 & legs=$$!; \
+	  nice -n 10 $(PYTHON) tests/helpers/core_legs.py --prepare >.ckptflow/core-legs/prepare.log 2>&1 & legs=$$!; \
 	fi; \
 	$(MAKE) --no-print-directory setup || { wait; exit 1; }; \
 	echo "make test: setup done $$(elapsed) s after the start" >&2; \
