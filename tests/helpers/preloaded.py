@@ -257,7 +257,7 @@ class Started:
     ``stdout`` and ``stderr`` captured and text mode: ``pid``, ``args``, ``returncode``, ``poll``, ``wait``,
     ``send_signal``, ``kill``, ``terminate``, ``communicate``; ``stdout.read()`` and ``stderr.read()`` give
     what it has written so far. The template, its parent, reaps it and reports how it ended; a signal is
-    sent only while that report has not come (not to a process that has been reaped)."""
+    sent only while that report has not come."""
 
     def __init__(self, template: _Template, rid: int, argv: list[str], pid: int, work: Path) -> None:
         self._template, self._rid, self._work = template, rid, work
@@ -281,7 +281,7 @@ class Started:
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
-        with self._template.lock:  # the reader stores the end report under this lock: no pid reuse race
+        with self._template.lock:  # the reader stores the end report under this lock
             if "status" not in self._template.answers.get(self._rid, {}) and self.returncode is None:
                 try:
                     os.kill(self.pid, sig)
