@@ -24,8 +24,8 @@ setup: $(STAMP)
 # pyproject.toml declares ranges; constraints.txt is the lock the project is developed and tested with.
 # torch==2.13.0 is pinned there, so it is resolved in the same pip command as everything that depends
 # on it (transformers): pip takes the CPU build from local disk and never a newer torch.
-# pip installs without compiling bytecode (--no-compile): compiling every file of every wheel took 40 s
-# of a fresh setup's 90, one file after another, for modules mostly never imported. Python writes the
+# pip installs without compiling bytecode (--no-compile): compiling every file of every wheel took 38 s
+# of a fresh setup's 79, one file after another, for modules mostly never imported. Python writes the
 # bytecode of what is imported on first import instead; `make test` does that for the suite's imports
 # while lint runs (WARM_MARK says the environment is new).
 WARM_MARK := $(VENV)/.bytecode-cold
@@ -50,9 +50,10 @@ lint: setup
 # The suite runs on PYTEST_WORKERS pytest-xdist workers (`--dist loadgroup`: the `alone` tests go, one
 # after another, to one worker, the `slurm` tests to another; tests/conftest.py). The order keeps both
 # cores busy: the core legs' environments install, one after another and at a lower priority, while
-# setup's pip (one core) installs the development environment; on a new environment the suite's imports are then made once
-# (pytest's collection and the preloaded templates' modules: their bytecode cached before the workers
-# start, instead of each compiling it) while the servers start, lint runs and Slurm starts; then pytest
+# setup's pip (one core) installs the development environment; on a new environment the suite's imports
+# are then made once (pytest's collection and the preloaded templates' modules: their bytecode cached
+# before the workers start, instead of each compiling it) while the servers start, lint runs and Slurm
+# starts; then pytest
 # and the core legs run side by side on the same servers. The legs' summary (and the whole log of a leg
 # that failed) is printed after pytest's. `make test` prints when each phase ended and pytest's 40 longest
 # steps, so every CI log says where the time goes; it exits non-zero when pytest or a core leg failed.
