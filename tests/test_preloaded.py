@@ -7,14 +7,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from helpers import REPO, preloaded
-from helpers.cli import finish, start_cli, wait_for_file
+from helpers.cli import finish, run_on_terminal, start_cli, wait_for_file
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 SNAKEFILE = """
@@ -166,3 +168,167 @@ def test_a_started_verb_is_a_fork_handled_as_a_popen_paused_killed_or_run_to_its
     started_out, started_err = finish(started)
     assert (forked.returncode, forked_err) == (started.returncode, started_err) == (0, "")
     assert json.loads(forked_out) == json.loads(started_out) and json.loads(forked_out)["status"] == "built"
+
+
+JOBS_SNAKEFILE = """
+rule all:
+    input: "merge.json", "probe.json"
+
+rule merge:
+    output: "merge.json"
+    threads: 1
+    params: word="forty-two"
+    script: "scripts/merge.py"
+
+rule probe:
+    output: "probe.json"
+    threads: 2
+    params: word="seven"
+    script: "scripts/probe.py"
+
+rule fail:
+    script: "scripts/fail.py"
+
+rule killed:
+    script: "scripts/killed.py"
+"""
+PROBE = """
+import json, os, sys
+import torch
+print("job stdout", snakemake.rule, flush=True)
+print("job stderr", snakemake.rule, file=sys.stderr, flush=True)
+seen = {"pid": os.getpid(), "parent": os.getppid(), "cwd": os.getcwd(), "path0": sys.path[0],
+        "argv": sys.argv, "x": os.environ.get("FORK_TEST_X"), "word": snakemake.params.word,
+        "threads": torch.get_num_threads(), "main": __name__}
+open(snakemake.output[0], "w").write(json.dumps(seen))
+"""
+
+
+def _jobs_workflow(tmp_path: Path) -> Path:
+    (tmp_path / "Snakefile").write_text(JOBS_SNAKEFILE, encoding="utf-8")
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    for name in ("merge", "probe"):
+        (scripts / f"{name}.py").write_text(PROBE, encoding="utf-8")
+    (scripts / "fail.py").write_text("import sys\nsys.exit(3)\n", encoding="utf-8")
+    (scripts / "killed.py").write_text("import os\nos.kill(os.getpid(), 9)\n", encoding="utf-8")
+    return tmp_path / "Snakefile"
+
+
+@pytest.mark.slow
+def test_a_forked_snakemakes_script_jobs_fork_from_the_ckptflow_templates_and_end_as_started_ones(
+        tmp_path, monkeypatch):
+    snakefile = _jobs_workflow(tmp_path)
+    env = {**os.environ, "FORK_TEST_X": "x"}
+    runs = {}
+    for name, switches in (("forked", "snakemake,ckptflow,ckptflow-core,snakemake-jobs"), ("started", "snakemake")):
+        monkeypatch.setenv("CKPTFLOW_TEST_PRELOADED", switches)
+        env["CKPTFLOW_TEST_PRELOADED"] = switches
+        work = tmp_path / name
+        work.mkdir()
+        monkeypatch.chdir(work)
+        done = preloaded.snakemake([SNAKEMAKE, "-s", str(snakefile), "--cores", "2"], env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        for rule in ("merge", "probe"):  # a job's stdout and stderr are Snakemake's
+            assert f"job stdout {rule}" in done.stdout and f"job stderr {rule}" in done.stderr
+        seen = {rule: json.loads((work / f"{rule}.json").read_text()) for rule in ("merge", "probe")}
+        fail = preloaded.snakemake([SNAKEMAKE, "-s", str(snakefile), "--cores", "1", "fail"], env=env)
+        killed = preloaded.snakemake([SNAKEMAKE, "-s", str(snakefile), "--cores", "1", "killed"], env=env)
+        runs[name] = seen, fail, killed
+    (forked, fail, killed), (started, *ends) = runs["forked"], runs["started"]
+    # The merge job forks from the template that imported torch, the others from the one without it.
+    assert forked["merge"]["parent"] == preloaded._templates["ckptflow"].proc.pid
+    assert forked["probe"]["parent"] == preloaded._templates["ckptflow-core"].proc.pid
+    assert started["merge"]["parent"] not in {t.proc.pid for t in preloaded._templates.values()}
+    for rule in ("merge", "probe"):
+        for key in ("cwd", "path0"):
+            forked[rule][key] = forked[rule][key].replace(str(tmp_path / "forked"), str(tmp_path / "started"))
+        for seen in (forked[rule], started[rule]):
+            assert Path(seen["argv"][0]).name.endswith(f".{rule}.py") and seen.pop("argv")
+            assert seen.pop("pid") != seen.pop("parent")
+        # Working directory, path, environment, the rule's parameters, torch's threads (the rule's): the same.
+        assert forked[rule] == started[rule], rule
+    assert started["merge"]["threads"] == 1 and started["probe"]["threads"] == 2
+    # A job's exit status, or the signal that ended it, is what Snakemake sees.
+    for fork, start, said in ((fail, ends[0], "returned non-zero exit status 3."),
+                              (killed, ends[1], "died with <Signals.SIGKILL: 9>.")):
+        assert fork.returncode == start.returncode == 1
+        assert said in fork.stderr and said in start.stderr
+
+
+def _pause_script(work: Path, name: str) -> str:
+    scripts = work / ".snakemake" / "scripts"
+    scripts.mkdir(parents=True, exist_ok=True)
+    script = scripts / f"tmp{name}.probe.py"
+    script.write_text("import os, time\nopen('pid', 'w').write(str(os.getpid()))\ntime.sleep(300)\n",
+                      encoding="utf-8")
+    return str(script.relative_to(work))
+
+
+def _gone(pid: int) -> bool:
+    return not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+def test_a_script_jobs_launcher_stands_for_its_job(tmp_path, monkeypatch):
+    monkeypatch.setenv("CKPTFLOW_TEST_PRELOADED", "ckptflow-core,snakemake-jobs")
+    launcher = preloaded._job_launcher(dict(os.environ))
+    core = preloaded._templates["ckptflow-core"].proc.pid
+    for sig, code in ((signal.SIGKILL, -9), (signal.SIGTERM, -15)):
+        work = tmp_path / sig.name
+        work.mkdir()
+        proc = subprocess.Popen([launcher, _pause_script(work, "abcdefgh")], cwd=work, stderr=subprocess.PIPE,
+                                text=True)
+        wait_for_file(work / "pid", proc)
+        deadline = time.monotonic() + 60
+        while not (work / "pid").read_text() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        job = int((work / "pid").read_text())
+        assert job != proc.pid and Path(f"/proc/{job}/stat").read_text().split()[3] == str(core)
+        proc.send_signal(sig)  # SIGKILL: the template sees the launcher gone; SIGTERM: the launcher sends it on
+        assert proc.wait(60) == code
+        proc.stderr.close()
+        while not _gone(job) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _gone(job), f"the job of a launcher ended by {sig.name} still runs"
+    # Any other command line is the real interpreter's, as Snakemake would have started it.
+    other = subprocess.run([launcher, "-c", "import sys; print(sys.flags.isolated, sys.flags.no_site)"],
+                           capture_output=True, text=True, timeout=60)
+    assert (other.returncode, other.stdout) == (0, "0 0\n")
+
+
+@pytest.mark.slow
+def test_a_verb_given_a_terminal_is_a_fork_handled_as_a_popen(tmp_path, monkeypatch):
+    monkeypatch.setenv("CKPTFLOW_TEST_PRELOADED", "ckptflow,ckptflow-core")
+    experts, out = _experts(tmp_path)
+    flag = tmp_path / "paused"
+    env = {**os.environ, "CKPTFLOW_TEST_PAUSE_AT": "merge:after-model-write", "CKPTFLOW_TEST_PAUSE_FILE": str(flag)}
+    master, slave = os.openpty()
+    terminal = os.ttyname(slave)
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        paused = preloaded.start_ckptflow_attached(
+            [sys.executable, "-m", "ckptflow", "merge", "--mode", "avg", "--experts", experts, "--out", out],
+            cwd=REPO, env=env, stdin=null, stdout=slave, stderr=slave)
+    finally:
+        os.close(slave)
+        os.close(null)
+    assert isinstance(paused, preloaded.Attached)
+    deadline = time.monotonic() + 120
+    while not (flag.exists() and flag.read_text()) and paused.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert flag.read_text().split()[0] == str(paused.pid)
+    assert Path(f"/proc/{paused.pid}/stat").read_text().split()[3] == str(preloaded._templates["ckptflow"].proc.pid)
+    assert os.readlink(f"/proc/{paused.pid}/fd/1") == os.readlink(f"/proc/{paused.pid}/fd/2") == terminal
+    with pytest.raises(subprocess.TimeoutExpired):
+        paused.wait(0.2)
+    paused.kill()
+    assert paused.wait(60) == -9 and paused.poll() == -9
+    paused.kill()  # once it has ended, a signal goes nowhere
+    os.close(master)
+    # Run to its end on a terminal, a fork writes what the verb started with that terminal writes.
+    args = ("verify", "--artifact-dir", str(tmp_path / "absent"))
+    forked = run_on_terminal(*args, columns=60)
+    monkeypatch.setenv("CKPTFLOW_TEST_PRELOADED", "0")
+    started = run_on_terminal(*args, columns=60)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (started.returncode, started.stdout, started.stderr)
+    assert forked.returncode in (1, 2) and forked.stderr.strip()

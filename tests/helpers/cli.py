@@ -15,10 +15,10 @@ from pathlib import Path
 
 from . import REPO, preloaded
 
-# run_cli and start_cli fork every verb from a template that imported its third-party modules once
-# (tests/helpers/preloaded.py): the verbs that load torch and transformers from the ``ckptflow`` template,
-# the others from ``ckptflow-core``, which imports none of the extras. The probes of what a process imports,
-# writes or holds in memory start their own interpreter.
+# run_cli, start_cli and run_on_terminal fork every verb from a template that imported its third-party
+# modules once (tests/helpers/preloaded.py): the verbs that load torch and transformers from the ``ckptflow``
+# template, the others from ``ckptflow-core``, which imports none of the extras. The probes of what a
+# process imports, writes or holds in memory start their own interpreter.
 TORCH_VERBS = frozenset({"merge", "materialize"})
 
 
@@ -130,21 +130,41 @@ def run_on_terminal(*args: str, env: dict | None = None, timeout: float = 300,
                 return
             chunks.append(data)
 
-    reader = threading.Thread(target=drain, daemon=True)
+    err_read, err_write = (-1, -1) if stderr_terminal else os.pipe()
+    errors: list[bytes] = []
+
+    def drain_errors() -> None:
+        while data := os.read(err_read, 65536):
+            errors.append(data)
+
+    readers = [threading.Thread(target=drain, daemon=True)]
+    if not stderr_terminal:
+        readers.append(threading.Thread(target=drain_errors, daemon=True))
+    null = os.open(os.devnull, os.O_RDONLY)
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "ckptflow", *args], stdin=subprocess.DEVNULL, stdout=slave,
-                                stderr=slave if stderr_terminal else subprocess.PIPE, env=child_env, cwd=REPO)
-        os.close(slave)
-        slave = -1
-        reader.start()
-        _, err = proc.communicate(timeout=timeout)
-        reader.join(timeout)
+        argv = [sys.executable, "-m", "ckptflow", *args]
+        proc = preloaded.start_ckptflow_attached(argv, cwd=REPO, env=child_env, stdin=null, stdout=slave,
+                                                 stderr=slave if stderr_terminal else err_write, kind=_kind(args))
+        for fd in (slave, err_write):  # the verb holds them now; its end is their end
+            if fd != -1:
+                os.close(fd)
+        slave = err_write = -1
+        for reader in readers:
+            reader.start()
+        try:
+            proc.wait(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for reader in readers:
+            reader.join(timeout)
     finally:
-        if slave != -1:
-            os.close(slave)
+        for fd in (slave, err_write, err_read, null):
+            if fd != -1:
+                os.close(fd)
         os.close(master)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, b"".join(chunks).decode(),
-                                       (err or b"").decode())
+    return subprocess.CompletedProcess(argv, proc.returncode, b"".join(chunks).decode(), b"".join(errors).decode())
 
 
 def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[str, str]:

@@ -20,13 +20,21 @@ counts start their interpreter as usual; so does every call whose environment ch
 variable the template started under, and every kind whose modules are not installed (the core legs have
 no torch and no Snakemake; their verbs fork from ``ckptflow-core``). A verb started in the background
 (``start_cli``: pause points, races, SIGKILL) is a fork too, handled through ``Started`` as a
-``subprocess.Popen``; its output goes to files, not pipes. The console scripts themselves still run as
-such (the demo, the Slurm tests, ``test_snakemake.py``). ``CKPTFLOW_TEST_PRELOADED`` names the kinds that
-use a template (default all three; ``0`` none, so every call starts its own interpreter).
+``subprocess.Popen``; its output goes to files, not pipes. A verb on a pseudo-terminal (``run_on_terminal``)
+is a fork too, given the terminal itself (``Attached``). The script jobs of a forked Snakemake (every
+workflow step) fork from the ckptflow templates: the ``python`` that Snakemake runs them with is a small
+launcher that hands the job's streams, directory and environment to a template and stands for the job
+(job_launcher.py). The console scripts themselves still run as such (the demo, the Slurm tests,
+``test_snakemake.py``), and so do their jobs. ``CKPTFLOW_TEST_PRELOADED`` names the kinds that use a
+template, and ``snakemake-jobs`` where a forked Snakemake's jobs fork too (default: the three kinds and
+``snakemake-jobs``; ``0``: none, so every call starts its own interpreter).
 
-Protocol (JSON lines): the client writes ``{"id", "argv", "cwd", "env", "stdout", "stderr"}``; the template
-answers ``{"id", "pid"}`` once forked and ``{"id", "status"}`` (the ``waitpid`` status) once that process
-has ended.
+Protocol (JSON lines). On the template's standard input the client writes ``{"id", "argv", "cwd", "env",
+"stdout", "stderr"}`` (the output files' paths); the template answers ``{"id", "pid"}`` once forked and
+``{"id", "status"}`` (the ``waitpid`` status) once that process has ended. On a ckptflow template's
+``jobs.sock`` (a Unix socket in its directory) a launcher sends ``{"argv", "cwd", "env"}`` with its
+standard input, output and error as descriptors, and is answered ``{"pid"}`` then ``{"status"}`` on the
+same connection.
 """
 
 from __future__ import annotations
@@ -34,8 +42,10 @@ from __future__ import annotations
 import functools
 import json
 import os
+import select
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -61,6 +71,9 @@ PRELOAD = {
     ),
 }
 CKPTFLOW_KINDS = ("ckptflow", "ckptflow-core")
+TORCH_SCRIPTS = ("merge.py", "materialize.py")  # the workflow's scripts whose jobs fork from ``ckptflow``
+JOBS_SOCKET = "jobs.sock"  # in a ckptflow template's directory: its script jobs' launchers connect here
+READY = -1  # the id of the template's first message: preloaded (and listening for script jobs)
 EXECUTOR_PREFIX = "snakemake_executor_plugin_"  # Snakemake's registry imports every installed one at start
 
 
@@ -95,20 +108,30 @@ def _send(message: dict) -> None:
         data = data[os.write(1, data):]
 
 
-def _child(kind: str, request: dict, sel: selectors.BaseSelector) -> None:
+def _child(kind: str, request: dict, sel: selectors.BaseSelector, sockets: list[socket.socket],
+           fds: list[int] | None = None) -> None:
     """In the forked process: becomes the requested command; never returns (the command's SystemExit, or the
-    one raised here, ends the process through the interpreter's normal exit)."""
+    one raised here, ends the process through the interpreter's normal exit). ``fds``: a script job's
+    standard streams, handed over by its launcher (job_launcher.py); otherwise the request names files."""
+    for sock in sockets:
+        sock.close()
     for key in list(sel.get_map().values()):
-        if key.fileobj != 0:
+        if key.data and key.data[0] == "ended":  # the other processes' pidfds
             os.close(key.fileobj)
     sel.close()
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-        out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        os.dup2(out, fd)
-        os.close(out)
+    if fds:
+        for target, fd in zip((0, 1, 2), fds, strict=True):
+            os.dup2(fd, target)
+        for fd in fds:
+            os.close(fd)
+    else:
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+            out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.dup2(out, fd)
+            os.close(out)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -116,23 +139,69 @@ def _child(kind: str, request: dict, sel: selectors.BaseSelector) -> None:
     if kind == "snakemake":  # ``snakemake ARGS``: the console script's directory first on the path
         sys.argv = argv
         sys.path[0] = os.path.dirname(argv[0])
+        if request.get("executable"):  # what its script jobs run as ``python``
+            sys.executable = request["executable"]
         from snakemake.cli import main
 
         main(argv[1:])
+    elif argv[1:3] != ["-m", "ckptflow"]:  # ``python SCRIPT``, a Snakemake script job: its directory first
+        sys.argv = argv[1:]
+        sys.path[0] = os.path.dirname(os.path.realpath(argv[1]))
+        _threads_as_started()
+        import runpy
+
+        runpy.run_path(os.path.abspath(argv[1]), run_name="__main__")
     else:  # ``python -m ckptflow ARGS`` (either ckptflow kind): the working directory first on the path
         import runpy
 
         sys.argv = [argv[0], *argv[3:]]
         sys.path[0] = request["cwd"]
+        _threads_as_started()
         runpy.run_module("ckptflow", run_name="__main__", alter_sys=True)
     raise SystemExit(0)
 
 
+def _threads_as_started() -> None:
+    """torch's thread count as an interpreter started under this environment would have it: OpenMP reads
+    ``OMP_NUM_THREADS`` when torch loads, in the template (Snakemake sets it to a job's threads)."""
+    torch = sys.modules.get("torch")
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if torch is not None and threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+
+
+def _receive_job(conn: socket.socket) -> tuple[dict, list[int]]:
+    """A launcher's request (one JSON line) and the descriptors sent with it."""
+    conn.settimeout(30)
+    data, fds = b"", []
+    while not data.endswith(b"\n"):
+        chunk, more, _flags, _address = socket.recv_fds(conn, 1 << 20, 3)
+        fds += more
+        if not chunk:
+            raise ConnectionError("a job launcher closed its connection before its request ended")
+        data += chunk
+    if len(fds) != 3:
+        raise ConnectionError(f"a job launcher sent {len(fds)} descriptors, not its three standard streams")
+    return json.loads(data), fds
+
+
 def serve(kind: str) -> None:
-    """The template: preload, then fork one process per request and report when each ended."""
+    """The template: preload, then fork one process per request and report when each ended. Requests come
+    from the pytest process on standard input and, for the ckptflow kinds, from Snakemake script jobs'
+    launchers on ``jobs.sock`` in the working directory; a launcher's connection closing before its job
+    ended means the launcher was killed, and so is its job."""
     _preload(kind)
     sel = selectors.DefaultSelector()
     sel.register(0, selectors.EVENT_READ)
+    sockets: list[socket.socket] = []
+    launchers: dict[int, socket.socket] = {}  # job pid -> its launcher's connection
+    if kind in CKPTFLOW_KINDS:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(JOBS_SOCKET)
+        listener.listen(64)
+        sockets.append(listener)
+        sel.register(listener.fileno(), selectors.EVENT_READ, ("listen",))
+    _send({"id": READY, "ready": True})
     pending = b""
     while True:
         for key, _ in sel.select():
@@ -146,15 +215,49 @@ def serve(kind: str) -> None:
                     request = json.loads(line)
                     pid = os.fork()
                     if pid == 0:
-                        _child(kind, request, sel)
-                    sel.register(os.pidfd_open(pid), selectors.EVENT_READ, (request["id"], pid))
+                        _child(kind, request, sel, [*sockets, *launchers.values()])
+                    sel.register(os.pidfd_open(pid), selectors.EVENT_READ, ("ended", request["id"], pid))
                     _send({"id": request["id"], "pid": pid})
+            elif key.data[0] == "listen":
+                conn, _ = sockets[0].accept()
+                try:
+                    request, fds = _receive_job(conn)
+                except (OSError, ValueError) as error:
+                    os.write(2, f"preloaded: a job request failed: {error}\n".encode())
+                    conn.close()
+                    continue
+                pid = os.fork()
+                if pid == 0:
+                    _child(kind, request, sel, [*sockets, *launchers.values(), conn], fds)
+                for fd in fds:
+                    os.close(fd)
+                conn.settimeout(None)
+                conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
+                launchers[pid] = conn
+                sel.register(os.pidfd_open(pid), selectors.EVENT_READ, ("ended", None, pid))
+                sel.register(conn.fileno(), selectors.EVENT_READ, ("launcher", pid))
+            elif key.data[0] == "launcher":  # the launcher's end of the connection closed: it was killed
+                pid = key.data[1]
+                if pid not in launchers:  # its job ended in this same round and was reported
+                    continue
+                sel.unregister(key.fileobj)
+                launchers.pop(pid).close()
+                os.kill(pid, signal.SIGKILL)  # not reaped yet: its pidfd's event unregisters this one
             else:
-                rid, pid = key.data
+                _, rid, pid = key.data
                 _, status = os.waitpid(pid, 0)
                 sel.unregister(key.fileobj)
                 os.close(key.fileobj)
-                _send({"id": rid, "status": status})
+                if rid is not None:
+                    _send({"id": rid, "status": status})
+                elif pid in launchers:
+                    conn = launchers.pop(pid)
+                    sel.unregister(conn.fileno())
+                    try:
+                        conn.sendall((json.dumps({"status": status}) + "\n").encode())
+                    except OSError:
+                        pass  # the launcher died meanwhile; it has nobody to report to
+                    conn.close()
 
 
 # --------------------------------------------------------------------------------------------- client
@@ -189,6 +292,15 @@ class _Template:
             self.gone = True
             self.lock.notify_all()
 
+    @property
+    def jobs(self) -> str:
+        """The socket a ckptflow template listens on for Snakemake script jobs (job_launcher.py)."""
+        return str(self.dir / JOBS_SOCKET)
+
+    def ready(self) -> None:
+        """Waits until the template has imported its modules (and listens for script jobs)."""
+        self._wait_for(READY, "ready", 300)
+
     def starts_like(self, env: dict[str, str]) -> bool:
         """Whether an interpreter started under ``env`` would start as the template did."""
         return all(env.get(k) == self.env.get(k) for k in {*env, *self.env} if k.startswith("PYTHON"))
@@ -201,20 +313,22 @@ class _Template:
                                    f"its log: {self.log}\n{self.log.read_text(errors='replace')[-4000:]}")
             return self.answers[rid] if ok else None
 
-    def start(self, argv: list[str], cwd: str, env: dict[str, str]) -> Started:
+    def start(self, argv: list[str], cwd: str, env: dict[str, str], executable: str | None = None) -> Started:
         with self.lock:
             rid = self.next_id
             self.next_id += 1
         work = Path(tempfile.mkdtemp(prefix=f"run{rid}-", dir=self.dir))
         out, err = work / "stdout", work / "stderr"
-        request = {"id": rid, "argv": argv, "cwd": cwd, "env": env, "stdout": str(out), "stderr": str(err)}
+        request = {"id": rid, "argv": argv, "cwd": cwd, "env": env, "stdout": str(out), "stderr": str(err),
+                   "executable": executable}
         with self.write_lock:
             self.proc.stdin.write((json.dumps(request) + "\n").encode())
             self.proc.stdin.flush()
         return Started(self, rid, argv, self._wait_for(rid, "pid", 120)["pid"], work)
 
-    def run(self, argv: list[str], cwd: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-        started = self.start(argv, cwd, env)
+    def run(self, argv: list[str], cwd: str, env: dict[str, str], timeout: float,
+            executable: str | None = None) -> subprocess.CompletedProcess:
+        started = self.start(argv, cwd, env, executable)
         try:
             out, err = started.communicate(timeout=timeout)
         except subprocess.TimeoutExpired as expired:
@@ -335,8 +449,9 @@ def _template(kind: str) -> _Template:
 
 
 def _enabled(kind: str) -> bool:
-    """``CKPTFLOW_TEST_PRELOADED``: the kinds that fork from a template, comma-separated (default: all)."""
-    kinds = os.environ.get("CKPTFLOW_TEST_PRELOADED", ",".join(PRELOAD))
+    """``CKPTFLOW_TEST_PRELOADED``: the kinds that fork from a template, comma-separated, and
+    ``snakemake-jobs`` where a forked Snakemake's script jobs fork too (default: all)."""
+    kinds = os.environ.get("CKPTFLOW_TEST_PRELOADED", ",".join([*PRELOAD, "snakemake-jobs"]))
     return kind in {k.strip() for k in kinds.split(",")}
 
 
@@ -364,11 +479,42 @@ def _usable(kind: str, env: dict[str, str]) -> _Template | None:
 
 def snakemake(argv: list[str], *, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
     """``subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)`` for a Snakemake
-    command line (``argv[0]`` the console script), forked from this process's Snakemake template."""
+    command line (``argv[0]`` the console script), forked from this process's Snakemake template. Its
+    script jobs fork from the ckptflow templates (``TORCH_SCRIPTS`` from ``ckptflow``, the others from
+    ``ckptflow-core``) through the ``python`` it runs them with (job_launcher.py)."""
     template = _usable("snakemake", env)
     if template is None:
         return _exec(argv, None, env, timeout)
-    return template.run(argv, os.getcwd(), env, timeout)
+    return template.run(argv, os.getcwd(), env, timeout, executable=_job_launcher(env))
+
+
+_launchers: dict[str, str] = {}
+
+
+def _job_launcher(env: dict[str, str]) -> str | None:
+    """The ``python`` a forked Snakemake runs its script jobs with: a file that calls job_launcher.py with
+    the ckptflow templates' sockets. None where neither kind forks (every job then starts as usual)."""
+    if not _enabled("snakemake-jobs"):
+        return None
+    sockets = {}
+    for kind in CKPTFLOW_KINDS:
+        template = _usable(kind, env)
+        if template is not None:
+            template.ready()  # else the first jobs would find no socket and start their own interpreter
+        sockets[kind] = None if template is None else template.jobs
+    if not any(sockets.values()):
+        return None
+    text = (f"#!{sys.executable} -IS\n"
+            f"# The python of a forked Snakemake's script jobs (written by {Path(__file__).name}).\n"
+            f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+            f"from job_launcher import main\nmain({sockets!r}, {list(TORCH_SCRIPTS)!r}, {sys.executable!r})\n")
+    with _templates_lock:
+        if text not in _launchers:
+            path = Path(tempfile.mkdtemp(prefix="preloaded-jobs-")) / "python"
+            path.write_text(text, encoding="utf-8")
+            path.chmod(0o755)
+            _launchers[text] = str(path)
+        return _launchers[text]
 
 
 def _check_ckptflow(argv: list[str], kind: str) -> None:
@@ -399,6 +545,70 @@ def start_ckptflow(argv: list[str], *, cwd: Path, env: dict[str, str],
         return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                 cwd=str(cwd))
     return template.start(argv, str(cwd), env)
+
+
+class Attached:
+    """A verb forked with standard streams the caller opened (a pseudo-terminal, a pipe), handed to the
+    template over its jobs socket as a script job's launcher hands them: handled as the
+    ``subprocess.Popen`` of a command started with those streams (``pid``, ``args``, ``returncode``,
+    ``poll``, ``wait``, ``kill``). Closing the connection (this object collected, this process gone) while
+    the verb runs makes the template kill it."""
+
+    def __init__(self, template: _Template, argv: list[str], cwd: str, env: dict[str, str],
+                 streams: tuple[int, int, int]) -> None:
+        self.args, self.returncode = argv, None
+        template.ready()
+        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._conn.connect(template.jobs)
+        request = {"argv": argv, "cwd": cwd, "env": env}
+        socket.send_fds(self._conn, [(json.dumps(request) + "\n").encode()], list(streams))
+        self._pending = b""
+        self.pid = json.loads(self._line(None))["pid"]
+        self._pidfd = os.pidfd_open(self.pid)  # the template reaps it only after telling its status here
+
+    def _line(self, timeout: float | None) -> bytes:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self._conn], [], [], left)[0]:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            chunk = self._conn.recv(1 << 16)
+            if not chunk:
+                raise RuntimeError(f"the template ended before {self.args[3:5]} did")
+            self._pending += chunk
+        line, self._pending = self._pending.split(b"\n", 1)
+        return line
+
+    def poll(self) -> int | None:
+        try:
+            return self.wait(0)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = os.waitstatus_to_exitcode(json.loads(self._line(timeout))["status"])
+            self._conn.close()
+            os.close(self._pidfd)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            except ProcessLookupError:  # ended an instant ago; its status is on its way
+                pass
+
+
+def start_ckptflow_attached(argv: list[str], *, cwd: Path, env: dict[str, str], stdin: int, stdout: int, stderr: int,
+                            kind: str = "ckptflow") -> Attached | subprocess.Popen:
+    """``subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd)`` for a ckptflow
+    command line whose streams are descriptors the caller opened, forked from the template of ``kind``."""
+    _check_ckptflow(argv, kind)
+    template = _usable(kind, env)
+    if template is None:
+        return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=str(cwd))
+    return Attached(template, argv, str(cwd), env, (stdin, stdout, stderr))
 
 
 def warm() -> None:
