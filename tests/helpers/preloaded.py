@@ -187,9 +187,10 @@ def _receive_job(conn: socket.socket) -> tuple[dict, list[int]]:
 
 def serve(kind: str) -> None:
     """The template: preload, then fork one process per request and report when each ended. Requests come
-    from the pytest process on standard input and, for the ckptflow kinds, from Snakemake script jobs'
-    launchers on ``jobs.sock`` in the working directory; a launcher's connection closing before its job
-    ended means the launcher was killed, and so is its job."""
+    from the pytest process on standard input and, for the ckptflow kinds, on ``jobs.sock`` in the working
+    directory with the streams as descriptors (a Snakemake script job's launcher, an ``Attached`` verb); a
+    connection that closes before its process ended means the one that asked was killed, and so is the
+    process."""
     _preload(kind)
     sel = selectors.DefaultSelector()
     sel.register(0, selectors.EVENT_READ)
