@@ -125,9 +125,15 @@ def s3rver_credentials_path(server_state: dict) -> Path:
     return Path(_running(server_state, "s3rver")["credentials"])
 
 
-@pytest.fixture(scope="session")
-def s3rver_bucket(server_state: dict) -> str:
-    return _running(server_state, "s3rver")["bucket"]
+@pytest.fixture
+def s3rver_bucket(s3rver_credentials_path: Path):
+    """A fresh, empty s3rver bucket for one test; emptied and removed afterwards. Never shared: s3rver
+    answers HeadBucket by listing the bucket, reading every object's metadata file, and fails with HTTP 500
+    when another worker is writing one of them meanwhile (a partly written file)."""
+    bucket = f"ckptflow-t-{uuid.uuid4().hex[:16]}"
+    servers.create_bucket(s3rver_credentials_path, bucket)
+    yield bucket
+    servers.remove_bucket(s3rver_credentials_path, bucket)
 
 
 @pytest.fixture
