@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -250,6 +251,7 @@ def start_seaweedfs(root: Path, profile: Profile) -> dict:
         "-webdav=false", "-admin.ui=false", f"-admin.port={profile.admin}", "-s3.port.iceberg=0", "-s3.port.lance=0",
     ]
     env = dict(os.environ, TMPDIR=str(base / "tmp"))
+    volumes = _volumes_on_disk(base / "data")  # a restart: what it must serve again before it is usable
     entry = spawn(cmd, log=logs / "weed.out", env=env, cwd=base)
     entry["port"] = profile.s3
     creds = root / "credentials-seaweedfs.json"
@@ -258,7 +260,37 @@ def start_seaweedfs(root: Path, profile: Profile) -> dict:
         write_credentials(creds, profile.access_key, profile.secret_key, profile.s3)
         entry.update(credentials=str(creds), endpoint_url=f"http://{HOST}:{profile.s3}", bucket=profile.bucket)
         _create_bucket(creds, profile.bucket, entry)
+        _wait_for_volumes(entry, profile.master, volumes)
     return entry
+
+
+def _volumes_on_disk(data: Path) -> set[int]:
+    """The ids of the volumes an earlier start left in ``data`` (files ``[COLLECTION_]ID.dat``)."""
+    return {int(m.group(1)) for path in data.glob("*.dat") if (m := re.fullmatch(r"(?:.+_)?(\d+)\.dat", path.name))}
+
+
+def _wait_for_volumes(entry: dict, master_port: int, volumes: set[int], timeout: float = 60.0) -> None:
+    """Wait until the master lists every one of ``volumes``. A restarted SeaweedFS answers S3, and its bucket
+    exists, before its volume server has told the master which volumes it holds; until then reading an
+    object stored before the restart fails with HTTP 500 ("volume id N not found"), for seconds on a busy
+    machine."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    deadline = time.monotonic() + timeout
+    listed: set[int] = set()
+    while not volumes <= listed:
+        if not is_running(entry):
+            raise ServerError(f"seaweedfs exited during start-up; see {entry['log']}:\n{log_tail(Path(entry['log']))}")
+        if time.monotonic() > deadline:
+            raise ServerError(f"seaweedfs's master on {HOST}:{master_port} did not list volumes "
+                              f"{sorted(volumes - listed)} of its data directory within {timeout:.0f} s; see {entry['log']}")
+        try:
+            with opener.open(f"http://{HOST}:{master_port}/vol/status", timeout=2) as answer:
+                centers = json.loads(answer.read())["Volumes"].get("DataCenters") or {}
+            listed = {v["Id"] for racks in centers.values() for nodes in racks.values() for vols in nodes.values()
+                      for v in vols or ()}
+        except (OSError, ValueError, KeyError, AttributeError, TypeError):
+            pass
+        time.sleep(0.1)
 
 
 @contextlib.contextmanager
