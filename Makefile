@@ -53,8 +53,7 @@ lint: setup
 # setup's pip (one core) installs the development environment; on a new environment the suite's imports
 # are then made once (pytest's collection and the preloaded templates' modules: their bytecode cached
 # before the workers start, instead of each compiling it) while the servers start, lint runs and Slurm
-# starts; then pytest
-# and the core legs run side by side on the same servers. The legs' summary (and the whole log of a leg
+# starts; then pytest and the core legs run side by side on the same servers. The legs' summary (and the whole log of a leg
 # that failed) is printed after pytest's. `make test` prints when each phase ended and pytest's 40 longest
 # steps, so every CI log says where the time goes; it exits non-zero when pytest or a core leg failed.
 PYTEST_WORKERS ?= 4

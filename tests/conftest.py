@@ -125,24 +125,26 @@ def s3rver_credentials_path(server_state: dict) -> Path:
     return Path(_running(server_state, "s3rver")["credentials"])
 
 
+def _own_bucket(credentials_path: Path):
+    """A fresh, empty bucket on the server of ``credentials_path`` for one test; emptied and removed after."""
+    bucket = f"ckptflow-t-{uuid.uuid4().hex[:16]}"
+    servers.create_bucket(credentials_path, bucket)
+    yield bucket
+    servers.remove_bucket(credentials_path, bucket)
+
+
 @pytest.fixture
 def s3rver_bucket(s3rver_credentials_path: Path):
-    """A fresh, empty s3rver bucket for one test; emptied and removed afterwards. Never shared: s3rver
-    answers HeadBucket by listing the bucket, reading every object's metadata file, and fails with HTTP 500
-    when another worker is writing one of them meanwhile (a partly written file)."""
-    bucket = f"ckptflow-t-{uuid.uuid4().hex[:16]}"
-    servers.create_bucket(s3rver_credentials_path, bucket)
-    yield bucket
-    servers.remove_bucket(s3rver_credentials_path, bucket)
+    """A bucket of the test's own on s3rver. Never shared: s3rver answers HeadBucket by listing the bucket,
+    reading every object's metadata file, and fails with HTTP 500 when another worker is writing one of
+    them meanwhile (a partly written file)."""
+    yield from _own_bucket(s3rver_credentials_path)
 
 
 @pytest.fixture
 def seaweedfs_bucket(seaweedfs_credentials_path: Path):
-    """A fresh, empty SeaweedFS bucket for one test; emptied and removed afterwards."""
-    bucket = f"ckptflow-t-{uuid.uuid4().hex[:16]}"
-    servers.create_bucket(seaweedfs_credentials_path, bucket)
-    yield bucket
-    servers.remove_bucket(seaweedfs_credentials_path, bucket)
+    """A bucket of the test's own on SeaweedFS."""
+    yield from _own_bucket(seaweedfs_credentials_path)
 
 
 @pytest.fixture
