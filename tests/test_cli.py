@@ -48,6 +48,34 @@ def test_usage_errors_exit_2(artifact):
     assert proc.returncode == 2 and json.loads(proc.stdout)["status"] == "usage-error"
 
 
+@pytest.mark.parametrize(("argv", "prefix", "named"), [
+    (("publish",), "ckptflow publish: error: ", "--artifact-dir"),
+    (("verify", "--artifact-dir"), "ckptflow verify: error: ", "--artifact-dir"),
+    (("no-such-verb",), "ckptflow: error: ", "no-such-verb"),
+])
+def test_an_argument_error_names_its_verb_and_prints_one_json_report_when_piped(argv, prefix, named):
+    proc = run_cli(*argv)
+    assert proc.returncode == 2, proc.stderr
+    [line] = [ln for ln in proc.stderr.splitlines() if ": error: " in ln]
+    assert line.startswith(prefix) and named in line, proc.stderr
+    validate(proc.report, "report_error", what="error report")
+    assert proc.report["status"] == "usage-error" and proc.report["error"]["type"] == "UsageError"
+    assert proc.report["error"]["message"] == line.removeprefix(prefix)
+    assert "Traceback" not in proc.stderr
+
+
+def test_an_argument_error_on_a_terminal_is_its_usage_and_one_line_with_json_on_request(capsys, monkeypatch):
+    monkeypatch.setattr("ckptflow.cli._is_terminal", lambda stream: True)
+    with pytest.raises(SystemExit) as exc:
+        main(["publish"])
+    assert exc.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "usage: ckptflow publish" in err and "ckptflow publish: error: " in err
+    with pytest.raises(SystemExit):
+        main(["publish", "--json"])
+    assert json.loads(capsys.readouterr().out)["status"] == "usage-error"
+
+
 def test_python_m_and_main_are_the_same_program(artifact, capsys):
     code = main(["seal", "--artifact-dir", str(artifact), "--iteration", "7", "model=model.pt"])
     assert code == 0

@@ -34,11 +34,20 @@ VERBS = ["seal", "merge", "publish", "verify", "prune-verified", "restore", "fet
          "ls", "resume-check", "retain-checkpoints", "gc-uploads"]
 
 
+class _ArgumentError(SystemExit):
+    """An argument error argparse found (exit 2); ``main`` adds its JSON report before it propagates."""
+
+    def __init__(self, message: str):
+        super().__init__(EXIT_USAGE)
+        self.message = message
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
+        """The parser's usage and one line named after it (``ckptflow publish: error: ...`` for a verb's)."""
         self.print_usage(sys.stderr)
-        sys.stderr.write(f"ckptflow: error: {message}\n")
-        sys.exit(EXIT_USAGE)
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise _ArgumentError(message)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,7 +144,13 @@ def _error_report(status: str, exc: BaseException) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except _ArgumentError as exc:  # a usage error has its report too (no store was opened: no credentials)
+        if "--json" in argv or not _is_terminal(sys.stdout):
+            _emit({"status": "usage-error", "error": {"type": "UsageError", "message": exc.message}, "credentials": None})
+        raise
     _forget_credentials_used()  # a report names only this command's credentials
     logging.basicConfig(
         level=logging.INFO if args.verbose or getattr(args, "verbose_verb", False) else logging.WARNING,
