@@ -16,14 +16,15 @@ from helpers import REPO
 
 SRC = REPO / "src" / "ckptflow"
 
-BASE, CORE, STEP, FRONT = 0, 1, 2, 3
+BASE, CORE, STEP, LIFECYCLE, FRONT = 0, 1, 2, 3, 4
 # Top-level names under ckptflow/ and their layer. Core packages (records, store, conversion) stand on
-# the base only, side by side: none of them imports another.
+# the base only, side by side: none of them imports another. ``status`` reads the whole life of an
+# artifact (it calls archive.verify), so it stands above the steps: no step may import it.
 LAYERS = {
     "__init__": BASE, "errors": BASE, "jsonio": BASE, "fsutil": BASE, "digest": BASE, "progress": BASE,
     "testhooks": BASE, "schemas": BASE, "lock": BASE,
     "records": CORE, "store": CORE, "conversion": CORE,
-    "artifact": STEP, "archive": STEP, "merge": STEP, "materialize": STEP, "trainer": STEP, "status": STEP,
+    "artifact": STEP, "archive": STEP, "merge": STEP, "materialize": STEP, "trainer": STEP, "status": LIFECYCLE,
     "cli": FRONT, "commands": FRONT, "workflow_plan": FRONT, "workflow_steps": FRONT, "workflow_config": FRONT, "__main__": FRONT,
 }
 # Front ends the library side of the workflow may not lean on: it imports steps and store.open only.
@@ -94,3 +95,9 @@ def test_the_check_catches_a_wrong_way_import(tmp_path, monkeypatch, source, exp
     fake = SRC / "store" / "zz_layer_probe.py"  # never written: only its path is used
     monkeypatch.setattr(Path, "read_text", lambda self, encoding=None: source)
     assert any(expected in v for v in violations(fake))
+
+
+def test_the_check_catches_a_step_that_imports_the_lifecycle_layer(monkeypatch):
+    fake = SRC / "archive" / "zz_layer_probe.py"  # never written: only its path is used
+    monkeypatch.setattr(Path, "read_text", lambda self, encoding=None: "from ..status.collect import collect_status\n")
+    assert any("a lower layer imports a higher one" in v for v in violations(fake))

@@ -6,6 +6,7 @@ SeaweedFS bucket and on a ``file://`` archive; foreign objects sit beside them.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -229,3 +230,31 @@ def test_ls_never_shows_a_local_copy_bound_to_another_archive_as_local(archive, 
     listed_there = run_cli("ls", f"file://{other_root}/proj", "--runs-root", str(tmp_path / "runs"))
     assert {it: a["local"]["state"] for (_, it), a in rows(listed_there.report).items()} == {
         100: "local", 200: "pruned"}
+
+
+@pytest.mark.slow
+def test_ls_shows_local_only_for_a_copy_whose_manifest_the_archive_declares(archive, tmp_path):
+    """The archive holds RUN1 iter 100, 200 and 300 published from spare/; runs/ holds other bytes for 100
+    (no receipt) and 200 (the published copy's receipt copied beside it: status calls it foreign), and a
+    byte-identical copy of 300 made before its publication (no receipt)."""
+    _, root_uri, opts = archive
+    runs, spare = tmp_path / "runs" / RUN1, tmp_path / "spare" / RUN1
+    theirs = {it: make_artifact(spare, iteration=it, seed=it) for it in (100, 200, 300)}
+    mine = {it: make_artifact(runs, iteration=it, seed=it + 1) for it in (100, 200)}
+    mine[300] = runs / "checkpoint_artifacts" / theirs[300].name
+    shutil.copytree(theirs[300], mine[300])
+    for it in (100, 200, 300):
+        assert publish(theirs[it], root_uri, opts).returncode == 0
+    shutil.copy2(theirs[200] / ".uploaded", mine[200] / ".uploaded")
+    status = run_cli("status", str(tmp_path / "runs"), "--json")
+    assert {r["iteration"]: r["published"]["state"] for r in status.report["rows"]} == {
+        100: "none", 200: "foreign", 300: "none"}
+    proc = run_cli("ls", f"{root_uri}/proj", "--runs-root", str(tmp_path / "runs"), *opts)
+    assert proc.returncode == 0, proc.stderr
+    validate(proc.report, "report_ls", what="ls report")
+    got = {it: a["local"] for (_, it), a in rows(proc.report).items()}
+    assert {it: cell["state"] for it, cell in got.items()} == {100: "differs", 200: "foreign", 300: "local"}
+    local_digest = sha256_bytes(manifest_path(mine[100]).read_bytes())
+    assert local_digest in got[100]["detail"] and str(mine[100]) in got[100]["detail"]
+    assert str(mine[200] / ".uploaded") in got[200]["detail"] or str(mine[200]) in got[200]["detail"]
+    assert "detail" not in got[300]

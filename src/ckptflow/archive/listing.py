@@ -18,23 +18,19 @@ digest), so a listing costs one GET per artifact, started as soon as the declara
 (while the next page is fetched) and sent concurrently by as many threads as the store's transfers use,
 through the store's ``small_gets`` where it has them (S3: signed requests outside botocore's machinery).
 
-``runs_root`` adds the local side: ``status.collect_status`` judges each local artifact (committed,
-incomplete, damaged, pruned, ...) and ``local_state`` reduces its row to one word (``local``, ``pruned``,
-``partial``, ``absent``, ...). A local copy whose receipt names another destination is ``elsewhere``, one
-whose receipt binds another declaration than the one read here ``differs``: never ``local`` or ``pruned``
-for a copy of another archive. Rows are matched by run, ``<project>/<group>/<run>/<ts>``: the last four path
-segments before ``checkpoint_artifacts``, on both sides, as status names a run.
+Each artifact keeps what binds a copy to it: the manifest digest its declaration records (a legacy
+one's: the digest of the manifest read) and the declaration's bytes. The local column of ``ls --runs-root``
+is judged from them one floor up, in ``status/listed.py``, which reads the runs root as ``status`` does.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE, RUN_DEPTH
 from ..digest import sha256_bytes
@@ -45,16 +41,11 @@ from ..records import (
     LegacyRecord,
     parse_declaration,
     parse_manifest,
-    read_receipt,
     utc_timestamp,
 )
-from ..records.receipt import ReceiptDestination
 from ..store.base import ObjectInfo, ObjectStore
-from ..store.uri import StoreURI, destination_label, segment_prefix
+from ..store.uri import StoreURI, segment_prefix
 from .keys import object_key
-
-if TYPE_CHECKING:
-    from ..status.report import Row
 
 STATES = ("committed", "damaged", "incomplete", "legacy", "corrupt", "not-an-artifact")
 CORRUPT = "corrupt"
@@ -79,6 +70,14 @@ class ArchivedArtifact:
     bytes: int | None = None
     local: dict[str, Any] | None = None
     declaration: Future[bytes] | None = field(default=None, repr=False)  # its GET, started while listing
+    # The digest of the manifest this archive binds (its declaration's; a legacy one's, of the bytes read);
+    # None when no record of it could be read.
+    manifest_sha256: str | None = field(default=None, repr=False)
+
+    def declaration_bytes(self) -> bytes | None:
+        """The declaration read while listing; None when there is none or it could not be read."""
+        future = self.declaration
+        return future.result() if future is not None and future.done() and future.exception() is None else None
 
     def modified(self, rel: str) -> str | None:
         info = self.objects.get(rel)
@@ -128,7 +127,7 @@ class Listing:
         }
 
 
-def list_archive(store: ObjectStore, uri: StoreURI, *, runs_root: Path | None = None) -> Listing:
+def list_archive(store: ObjectStore, uri: StoreURI) -> Listing:
     """Every archived artifact under ``uri`` in ``store`` (the store ``open_uri`` gives for it)."""
     # A file:// URI is its own root: its path's segments place the keys in the archive's layout.
     base = uri.bucket.strip("/").split("/") if uri.scheme == "file" else []
@@ -139,12 +138,7 @@ def list_archive(store: ObjectStore, uri: StoreURI, *, runs_root: Path | None = 
         artifacts, other = _group(store.iter_list(key_prefix), base, uri,
                                   lambda art: pool.submit(_get, store, art, DECLARATION_FILENAME))
         list(pool.map(lambda a: _judge(store, a), artifacts))
-    if runs_root is not None:
-        rows = _local_rows(runs_root)
-        for art in artifacts:
-            here = ReceiptDestination.at(store.destination, art.prefix)
-            art.local = local_state(rows.get((_run_key(art.run), art.iteration)), here, _declaration_bytes(art))
-    return Listing(uri, artifacts, other, runs_root)
+    return Listing(uri, artifacts, other)
 
 
 def _group(infos: Iterable[ObjectInfo], base: list[str], uri: StoreURI,
@@ -210,6 +204,7 @@ def _judge_declared(store: ObjectStore, art: ArchivedArtifact) -> None:
         art.state, art.detail = CORRUPT, (f"{DECLARATION_FILENAME} at {art.uri} is for iteration "
                                           f"{declaration.iteration}: the archive is misplaced; check how it was copied")
         return
+    art.manifest_sha256 = declaration.manifest_sha256
     manifest = art.objects.get(MANIFEST_FILENAME)
     declared = {f.path: f for f in declaration.files}
     if manifest is None:
@@ -233,93 +228,16 @@ def _judge_declared(store: ObjectStore, art: ArchivedArtifact) -> None:
 
 
 def _judge_legacy(store: ObjectStore, art: ArchivedArtifact) -> None:
+    data = _get(store, art, MANIFEST_FILENAME)
     try:
-        manifest = parse_manifest(_get(store, art, MANIFEST_FILENAME), what=f"{MANIFEST_FILENAME} at {art.uri}")
+        manifest = parse_manifest(data, what=f"{MANIFEST_FILENAME} at {art.uri}")
     except LegacyRecord as exc:
         art.state, art.detail = "legacy", str(exc)
         return
+    art.manifest_sha256 = sha256_bytes(data)
     files = manifest.physical_files()
     art.files = len(files) + 1
     art.bytes = sum(f.size for f in files) + art.objects[MANIFEST_FILENAME].size
     art.state = "legacy"
     art.detail = (f"{art.uri} has a manifest but no {DECLARATION_FILENAME} (an older publisher): fetch checks "
                   "each file by HEAD; republish it to bind every file by digest")
-
-
-# --------------------------------------------------------------------------------------------- local
-
-
-def _run_key(run: str) -> str:
-    return "/".join(run.split("/")[-RUN_DEPTH:])
-
-
-def _local_rows(runs_root: Path) -> dict[tuple[str, int], Row]:
-    from ..status.collect import collect_status  # only with --runs-root: the listing alone needs none of it
-
-    status = collect_status(runs_root)
-    return {(_run_key(r.run), r.iteration): r for r in status.rows if r.artifact_dir is not None}
-
-
-def local_state(row: Row | None, here: ReceiptDestination | None = None,
-                declaration: bytes | None = None) -> dict[str, Any]:
-    """One word for a local artifact, from status's judgement of it: ``absent`` (no directory), ``local``
-    (committed, every payload here), ``pruned`` (payloads gone, receipt kept), ``partial``/``missing``
-    (some gone), or status's own state when the directory is not committed (incomplete, damaged, corrupt, ...).
-
-    ``here`` is where the listed artifact lives and ``declaration`` the bytes read there: a local copy
-    whose receipt names neither this place is ``elsewhere``, one whose receipt binds another declaration
-    ``differs``; neither is shown as this archive's local (or pruned) copy."""
-    if row is None:
-        return {"state": "absent"}
-    out: dict[str, Any] = {"path": str(row.artifact_dir)}
-    if row.local["state"] != "committed":
-        cell = row.local
-    elif (other := _bound_elsewhere(row, here, declaration)) is not None:
-        cell = other
-    elif row.pruned["state"] in ("pruned", "partial", "missing"):
-        cell = row.pruned
-    else:
-        cell = {"state": "local"}
-    out["state"] = cell["state"]
-    if cell.get("detail"):
-        out["detail"] = cell["detail"]
-    return out
-
-
-def _declaration_bytes(art: ArchivedArtifact) -> bytes | None:
-    future = art.declaration
-    return future.result() if future is not None and future.done() and future.exception() is None else None
-
-
-def _place(dest: ReceiptDestination) -> tuple[str, ...]:
-    """A destination as one place: a file:// root and prefix name one path however the root was chosen."""
-    if dest.scheme == "file":
-        return "file", os.path.realpath(os.path.join(dest.endpoint, dest.prefix.strip("/")))
-    return dest.scheme, dest.endpoint, dest.bucket, dest.prefix.strip("/")
-
-
-def _where(dest: ReceiptDestination) -> str:
-    return destination_label(dest, dest.prefix)
-
-
-def _bound_elsewhere(row: Row, here: ReceiptDestination | None, declaration: bytes | None) -> dict[str, Any] | None:
-    """The local cell when the local copy's receipt (one status found to belong to it) does not bind the
-    listed artifact: ``elsewhere`` (it names other destinations) or ``differs`` (it names this one, but
-    another declaration: the archive was republished from another copy); None when it binds it or there
-    is no such receipt."""
-    if here is None or row.published["state"] != "receipt":
-        return None
-    try:
-        receipt = read_receipt(row.artifact_dir)
-    except (CkptflowError, OSError) as exc:
-        return {"state": CORRUPT, "detail": str(exc)}
-    if _place(here) not in {_place(d) for d in receipt.destinations}:
-        return {"state": "elsewhere", "detail": (
-            f"{row.artifact_dir}'s receipt names {_where(receipt.destination)}, not {_where(here)}: this local copy "
-            "was published there; list that archive to see it")}
-    if declaration is not None and sha256_bytes(declaration) != receipt.declaration_sha256:
-        return {"state": "differs", "detail": (
-            f"{row.artifact_dir}'s receipt binds declaration sha256 {receipt.declaration_sha256}, but "
-            f"{_where(here)} holds {sha256_bytes(declaration)}: the archive was published again from another "
-            "copy; run `ckptflow verify --artifact-dir` on this copy")}
-    return None

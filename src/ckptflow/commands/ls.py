@@ -34,8 +34,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(exc.message, remedy=exc.remedy) from None
     store, _ = open_uri(uri, None, credentials_for(uri, args.credentials))
     store.require_bucket()
-    runs_root = Path(args.runs_root) if args.runs_root else None
-    return list_archive(store, uri, runs_root=runs_root).to_report()
+    listing = list_archive(store, uri)
+    if args.runs_root:
+        from ..status.listed import attach_local
+
+        attach_local(listing, store.destination, Path(args.runs_root))
+    return listing.to_report()
 
 
 _DASH = "—"

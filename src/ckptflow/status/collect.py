@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from ..archive.verify import describe_failures, verify_artifact
 from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE, RUN_DEPTH, find_runs
+from ..digest import sha256_bytes
 from ..errors import CkptflowError, NotFound, Refused
 from ..fsutil import require_directory
 from ..jsonio import decode_json_object, validate
@@ -139,6 +140,7 @@ def _read_artifact(row: Row, path: Path) -> None:
     if verification_record.FILENAME in entries:
         _read_verification(row, path / verification_record.FILENAME)
     if manifest is not None:
+        row.manifest_sha256 = sha256_bytes(manifest[0])
         _read_payloads(row, path, manifest[1])
         model = manifest[1].components.get("model")
         row.model_sha256 = getattr(model, "sha256", None)

@@ -37,6 +37,7 @@ class Row:
     archived_bytes: int | None = None
     receipt_mtime: float | None = field(default=None, repr=False)
     receipt_sha256: str | None = field(default=None, repr=False)
+    manifest_sha256: str | None = field(default=None, repr=False)  # the committed local manifest's digest
     # The model digests to compare: the local manifest's and the one the teacher was built from.
     model_sha256: str | None = field(default=None, repr=False)
     teacher_sha256: str | None = field(default=None, repr=False)
