@@ -82,7 +82,9 @@ def payload_bytes(art) -> int:
 
 
 def keep_free(runs, args, target, *more):
-    proc = run_cli("prune-verified", "--runs-root", str(runs), "--keep-free", str(target), *args, *more)
+    """The real CLI freeing to ``target``: a size text (``100%``), or an int of bytes (passed as ``<n>B``)."""
+    target = f"{target}B" if isinstance(target, int) else target
+    proc = run_cli("prune-verified", "--runs-root", str(runs), "--keep-free", target, *args, *more)
     assert proc.report is not None, proc.stderr
     validate(proc.report, "report_prune_verified", what="prune-verified report")
     return proc
@@ -188,7 +190,8 @@ def test_a_changed_local_payload_is_kept_with_its_reason_and_the_next_oldest_goe
 
 
 @pytest.mark.parametrize("value, nbytes, percent", [
-    ("20G", 20 << 30, None), ("512M", 512 << 20, None), ("1.5GiB", 3 << 29, None), ("1000", 1000, None),
+    ("20G", 20 << 30, None), ("512M", 512 << 20, None), ("1.5GiB", 3 << 29, None), ("1000B", 1000, None),
+    ("20GB", 20 << 30, None),
     ("15%", None, 15.0), (" 7.5 % ", None, 7.5),
 ])
 def test_keep_free_spellings(value, nbytes, percent):
@@ -196,10 +199,17 @@ def test_keep_free_spellings(value, nbytes, percent):
     assert (target.nbytes, target.percent) == (nbytes, percent)
 
 
-@pytest.mark.parametrize("value", ["", "G", "-5G", "101%", "20X", "15%%"])
+@pytest.mark.parametrize("value", ["", "G", "-5G", "101%", "20X", "15%%", "20iB", "1.5iB"])
 def test_a_wrong_keep_free_is_a_usage_error(value):
     with pytest.raises(UsageError, match="--keep-free"):
         parse_target(value)
+
+
+@pytest.mark.parametrize("value", ["20", "1073741824", " 7.5 ", 20])
+def test_a_bare_number_is_not_a_size_and_is_refused_naming_the_units(value):
+    with pytest.raises(UsageError, match="needs a unit") as refused:
+        parse_target(value)
+    assert "20G" in refused.value.remedy and "15%" in refused.value.remedy
 
 
 @pytest.mark.slow
@@ -207,6 +217,7 @@ def test_cli_usage_errors_write_nothing(tmp_path):
     (tmp_path / "runs").mkdir()
     for args in (("--runs-root", str(tmp_path / "runs")),
                  ("--runs-root", str(tmp_path / "runs"), "--keep-free", "20Q"),
+                 ("--runs-root", str(tmp_path / "runs"), "--keep-free", "20"),
                  ("--runs-root", str(tmp_path / "runs"), "--keep-free", "1G", "--keep-newest", "0"),
                  ("--paths", str(tmp_path / "runs"), "--keep-free", "1G")):
         proc = run_cli("prune-verified", *args)

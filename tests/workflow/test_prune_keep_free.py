@@ -28,7 +28,7 @@ def test_prune_all_with_keep_free_frees_the_oldest_only_to_the_target_and_keeps_
         one = sum(p.stat().st_size for p in arts[0].rglob("*") if p.is_file() and not p.name.startswith("."))
         target = shutil.disk_usage(runs).free + one // 2  # the oldest artifact is enough
         flow = Flow(tmp_path / "wf", config={"runs_root": str(runs), "bucket": f"file://{archive}",
-                                             "prune": {"keep_free": str(target), "keep_newest": 1}})
+                                             "prune": {"keep_free": f"{target}B", "keep_newest": 1}})
 
         assert flow.planned("prune_all").count("prune_keep_free") == 1
         flow.ok("prune_all")

@@ -13,7 +13,7 @@ Plan, then do (``plan_order`` returns the order; ``keep_free`` walks it):
 - Each candidate goes through every gate of ``prune_verified`` (``prune.prune_one``), and one more: an
   artifact another process reads in place (a materialize's reader mark) or writes (a fetch's or merge's
   lock held beside it) is kept, naming it; its open files would free nothing, so the next one goes.
-- The target is ``SIZE`` bytes (``20G``: binary units) or ``PCT`` of the file system's size (``15%``),
+- The target is ``SIZE`` bytes (``20G``: binary units; a bare number is refused) or ``PCT`` of the file system's size (``15%``),
   free to this user as ``statvfs`` reports it (``f_bavail``, ``df``'s "available"). The real run measures
   the free space again after each artifact and stops as soon as the target is met; a dry run deletes
   nothing and computes the free space after from the sizes it would free (each file rounded up to the
@@ -40,9 +40,12 @@ from .prune import PruneReport, kept_entry, prune_one
 from .release import present_payload
 from .verify import READ_ALL, READ_NONE
 
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
-_SIZE_RE = re.compile(r"^\s*(?P<n>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[KMGTP]?)(?:I?B)?\s*$", re.IGNORECASE)
-_PCT_RE = re.compile(r"^\s*(?P<n>[0-9]+(?:\.[0-9]+)?)\s*%\s*$")
+_UNITS = {"B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
+_NUMBER = r"^\s*(?P<n>[0-9]+(?:\.[0-9]+)?)\s*"
+_SIZE_RE = re.compile(_NUMBER + r"(?:(?P<unit>[KMGTP])(?:I?B)?|(?P<bytes>B))\s*$", re.IGNORECASE)
+_PCT_RE = re.compile(_NUMBER + r"%\s*$")
+_BARE_RE = re.compile(_NUMBER + r"$")
+_SPELLINGS = "pass e.g. --keep-free 20G (binary units B, K, M, G, T; 20GiB and 20GB spell the same) or --keep-free 15%"
 
 
 @dataclass(frozen=True)
@@ -58,17 +61,21 @@ class Target:
 
 
 def parse_target(value: object) -> Target:
-    """``20G``, ``512M``, ``1.5T``, ``1073741824`` (bytes; K/M/G/T/P are powers of 1024, ``GiB``/``GB``
-    spell the same) or ``15%`` (0-100 of the file system's size); anything else is a usage error."""
+    """``20G``, ``512M``, ``1.5T``, ``1073741824B`` (K/M/G/T/P are powers of 1024, ``GiB``/``GB`` spell the
+    same, ``B`` is bytes) or ``15%`` (0-100 of the file system's size); anything else is a usage error. A bare
+    number is refused: ``20`` would mean 20 bytes, a target met on any disk, where 20G was meant."""
     text = str(value).strip()
     if m := _PCT_RE.match(text):
         percent = float(m["n"])
         if percent <= 100:
             return Target(text, percent=percent)
     elif m := _SIZE_RE.match(text):
-        return Target(text, nbytes=int(float(m["n"]) * _UNITS[m["unit"].upper()]))
+        return Target(text, nbytes=int(float(m["n"]) * _UNITS[(m["unit"] or m["bytes"]).upper()]))
+    elif _BARE_RE.match(text):
+        raise UsageError(f"--keep-free {text} needs a unit: a size such as {text}G or a percentage such as {text}%",
+                         remedy=_SPELLINGS)
     raise UsageError(f"--keep-free must be a size such as 20G or a percentage such as 15%, got {text!r}",
-                     remedy="pass e.g. --keep-free 20G (binary units K, M, G, T) or --keep-free 15%")
+                     remedy=_SPELLINGS)
 
 
 def check_keep_newest(value: object) -> int:

@@ -21,7 +21,7 @@ def register(sub) -> None:
     which.add_argument("--runs-root", metavar="R", help="free verified artifacts under R, oldest first, until its "
                        "file system has --keep-free free")
     s.add_argument("--keep-free", metavar="SIZE|PCT", help="with --runs-root: the free space to reach, e.g. 20G "
-                   "(binary units) or 15%% of the file system")
+                   "(binary units; a bare number is refused) or 15%% of the file system")
     s.add_argument("--keep-newest", type=int, metavar="K", help="with --runs-root: never free the newest K artifacts "
                    "of a run (default 1)")
     s.add_argument("--credentials", help="credentials JSON; default $CKPTFLOW_CREDENTIALS")
