@@ -134,7 +134,7 @@ def normalise_config(config: Mapping[str, Any]) -> dict[str, Any]:
         if "keep_newest" in prune:
             prune["keep_newest"] = _as_int(prune["keep_newest"])
         if prune.get("keep_free") is not None and not isinstance(prune["keep_free"], str):
-            prune["keep_free"] = str(prune["keep_free"])  # a YAML number of bytes
+            prune["keep_free"] = str(prune["keep_free"])  # a YAML number: refused by _check_keep_free (no unit)
         out["prune"] = prune
     return out
 
@@ -180,6 +180,7 @@ def checked_config(config: Mapping[str, Any]) -> dict[str, Any]:
     errors = sorted(validator.iter_errors(out), key=lambda e: (e.validator != "additionalProperties",
                                                                list(map(str, e.absolute_path))))
     if not errors:
+        _check_keep_free(out)
         return out
     error = jsonschema.exceptions.best_match([errors[0]]) if errors[0].validator != "additionalProperties" else errors[0]
     path = ".".join(map(str, error.absolute_path))
@@ -193,6 +194,23 @@ def checked_config(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def _raise(exc: CkptflowError) -> NoReturn:
     raise exc
+
+
+def _check_keep_free(config: Mapping[str, Any]) -> None:
+    """config ``prune.keep_free`` read as ``prune_all`` will read it (``archive.keep_free.parse_target``), a
+    wrong one refused here by its key, before any planning."""
+    from .archive.keep_free import parse_target
+
+    value = (config.get("prune") or {}).get("keep_free")
+    if value is None:
+        return
+    try:
+        parse_target(value)
+    except UsageError:
+        raise UsageError(f"config prune.keep_free is {value!r}: not a size with a unit (20G, 512M, 1.5T, 1000B; "
+                         "binary units) nor a percentage of the file system of runs_root (15%)",
+                         remedy=config_flag("prune.keep_free", '"20G"') + ", or null to prune every verified "
+                         f"artifact (see {README})") from None
 
 
 # --------------------------------------------------------------------------------------------- remedies

@@ -106,6 +106,14 @@ def test_a_merge_needs_its_recipe_and_its_experts(flow):
 
 
 @pytest.mark.slow
+def test_a_wrong_keep_free_is_named_by_its_config_key_before_planning(flow):
+    for value in ("20 gigs", "20"):
+        line = _refusal(flow, "prune_all", prune=json.dumps({"keep_free": value}))
+        assert f"config prune.keep_free is {value!r}" in line and "unit" in line, line
+        assert "--config 'prune={\"keep_free\": \"20G\"}'" in line and "--keep-free" not in line, line
+
+
+@pytest.mark.slow
 def test_a_teacher_needs_a_base_that_holds_a_config(flow):
     line = _refusal(flow, "materialize_teacher", iter=300)
     assert "config base is not set" in line and "--config base=" in line, line
