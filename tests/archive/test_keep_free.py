@@ -253,3 +253,43 @@ def test_an_artifact_whose_fetch_lock_is_held_is_kept_naming_the_holder(runs, ar
         holder.wait(timeout=60)
     again = keep_free(runs, args, "100%")
     assert [r["path"] for r in again.report["removed"]] == [str(busy)]
+
+
+@pytest.mark.slow
+def test_only_artifacts_on_the_runs_roots_file_system_are_freed_and_the_dry_run_plans_the_same(tmp_path):
+    store = LocalStore(tmp_path / "archive")
+    store.root.mkdir()
+    assert run_probe(store, "scratch").record.passed
+    with tmpfs_mounts(tmp_path / "disks") as mount:
+        root = mount(64 * MiB) / "runs"
+        (root / "proj" / "group").mkdir(parents=True)
+        with tmpfs_mounts(root / "proj" / "group") as inner:  # run "disk0" lives on a file system of its own
+            elsewhere = inner(64 * MiB)
+            # The other file system's artifacts were published first: oldest first would pick them first.
+            for seed, (run, iteration, at) in enumerate([(elsewhere.name, 100, "2026-11-29T00:00:00Z"),
+                                                         (elsewhere.name, 200, "2026-11-29T00:30:00Z"),
+                                                         ("a", 100, "2026-11-29T01:00:00Z"),
+                                                         ("a", 200, "2026-11-29T02:00:00Z")]):
+                art = make_artifact(run_dir(root, run), iteration=iteration, model_bytes=MODEL_BYTES, seed=seed)
+                (art / "optim.pt").unlink()
+                publish_artifact(art, store, f"proj/group/{run}/{TS}/checkpoints", progress=False)
+                rec = receipt_record.read_receipt(art)
+                receipt_record.write_receipt(art, receipt_record.Receipt(
+                    rec.destination, rec.declaration_sha256, rec.files, at, rec.server_checksums,
+                    rec.earlier_destinations))
+            other, mine = art_of(root, elsewhere.name, 100), art_of(root, "a", 100)
+            free = shutil.disk_usage(root).free
+            target = free + payload_bytes(mine) // 2  # one artifact of the runs root's file system is enough
+
+            dry = keep_free(root, (), target, "--dry-run")
+            real = keep_free(root, (), target)
+
+            assert dry.returncode == real.returncode == 0, (dry.stderr, real.stderr)
+            assert [r["path"] for r in dry.report["removed"]] == [r["path"] for r in real.report["removed"]] == [str(mine)]
+            assert payload_bytes(other) > MODEL_BYTES and payload_bytes(mine) == 0
+            for proc in (dry, real):
+                assert "another file system" in kept_reasons(proc.report)[str(other)]
+                assert not any(k.get("error") for k in proc.report["kept"])
+            measured = shutil.disk_usage(root).free
+            assert real.report["keep_free"]["met"] and real.report["keep_free"]["free_after"] == measured >= target
+            assert dry.report["keep_free"]["met"] and dry.report["keep_free"]["free_after"] == measured

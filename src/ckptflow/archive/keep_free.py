@@ -5,7 +5,9 @@ Plan, then do (``plan_order`` returns the order; ``keep_free`` walks it):
 - Candidates are the committed artifacts under R (``artifact.committed_artifacts``, the runs ``status``
   shows) that still hold a payload file, less the newest ``keep_newest`` of each run (highest iteration
   numbers among its committed artifacts; default 1, never 0: a run keeps the checkpoint it would resume
-  from).
+  from), and only those on R's own file system: an artifact whose directory or a payload file is on
+  another device (``st_dev``: a file system mounted inside R, a run linked in from elsewhere) frees nothing
+  toward the target and is kept, saying so, so the dry run and the real run pick the same artifacts.
 - **Oldest first**: within a run in iteration order; across runs by publication time (the receipt's
   ``uploaded_at``), by merging the runs' queues on the time of each queue's next artifact, so a run's
   later iteration never goes before its earlier one. An artifact without a readable receipt sorts last
@@ -26,6 +28,8 @@ needed``: the target was met before it). A target that cannot be met is not an e
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,7 +99,9 @@ class Candidate:
 
 
 def plan_order(runs_root: Path, keep_newest: int) -> tuple[list[Candidate], list[dict]]:
-    """(candidates oldest first, kept entries for the newest of each run); see the module doc."""
+    """(candidates oldest first, kept entries for the newest of each run and for those on another file
+    system than ``runs_root``); see the module doc."""
+    device = os.stat(runs_root).st_dev
     by_run: dict[str, list[tuple[int, Path]]] = {}
     for run, name in committed_artifacts(runs_root):
         path = Path(runs_root) / run / ARTIFACTS_DIR / name
@@ -108,7 +114,12 @@ def plan_order(runs_root: Path, keep_newest: int) -> tuple[list[Candidate], list
         newest += [kept_entry(path, f"one of the newest {keep_newest} artifact(s) of run {run} (--keep-newest "
                               f"{keep_newest}); a target never frees it", False)
                    for _, path in kept if _holds_payload(path)]
-        queue = [Candidate(run, it, path, _published_at(path)) for it, path in older if _holds_payload(path)]
+        older = [(it, path) for it, path in older if _holds_payload(path)]
+        elsewhere = [path for _, path in older if _devices(path) != {device}]
+        newest += [kept_entry(path, f"on another file system than {runs_root}: freeing it gives no space there "
+                              "(free it with prune-verified --paths, or --keep-free on a runs root on its file "
+                              "system)", False) for path in elsewhere]
+        queue = [Candidate(run, it, path, _published_at(path)) for it, path in older if path not in elsewhere]
         if queue:
             queues.append(queue)
     order = []
@@ -129,6 +140,19 @@ def _holds_payload(path: Path) -> bool:
         return True
 
 
+def _devices(path: Path) -> set[int]:
+    """The file systems (``st_dev``) of the artifact directory ``path`` and of its payload files present."""
+    devices = {os.stat(path).st_dev}
+    try:
+        payload = present_payload(path, manifest_record.read_manifest(path))
+    except (CkptflowError, OSError):
+        return devices  # the gates say why it stays
+    for rel in payload:
+        with contextlib.suppress(OSError):
+            devices.add(os.lstat(path / rel).st_dev)
+    return devices
+
+
 def _published_at(path: Path) -> str | None:
     try:
         return receipt_record.read_receipt(path).uploaded_at
@@ -142,6 +166,7 @@ def keep_free(runs_root: Path | str, target: Target, store_for, *, keep_newest: 
     runs_root = require_directory(runs_root, "runs root", "pass the directory holding <project>/<group>/<run>/<ts>")
     keep_newest = check_keep_newest(keep_newest)
     free, block, st = space.free_space(runs_root)
+    device = os.stat(runs_root).st_dev
     want = target.bytes_of(st.f_blocks * block)
     order, newest = plan_order(runs_root, keep_newest)
     report = PruneReport(dry_run=dry_run, read_data=read_data)
@@ -155,7 +180,8 @@ def keep_free(runs_root: Path | str, target: Target, store_for, *, keep_newest: 
             break
         checked = prune_one(report, cand.path, store_for, read, progress, in_use=True)
         if dry_run:
-            now += sum(-(-ident[2] // block) * block for ident in checked.files.values()) if checked else 0
+            now += sum(-(-ident[2] // block) * block for ident in checked.files.values()
+                       if ident[0] == device) if checked else 0  # what unlinking gives back on this file system
         else:
             now = space.free_space(runs_root)[0]
     report.kept += newest
