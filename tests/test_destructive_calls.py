@@ -46,6 +46,24 @@ store.delete(k)
     assert len(found) == 24
 
 
+def test_the_finder_counts_every_store_write_as_a_replacement():
+    source = """
+client.put_object(Bucket=b, Key=k, Body=d); client.copy_object(Bucket=b, Key=k, CopySource=s)
+client.complete_multipart_upload(Bucket=b, Key=k, UploadId=u); client.upload_file(p, b, k); client.upload_fileobj(f, b, k)
+store._call("PUT", k, client.put_object, Body=d); store._call("CompleteMultipartUpload", k, client.complete_multipart_upload)
+requests.Request("PUT", url, data=d); session.request("POST", url)
+store.put_file(k, p, digest=d); store.put_files(files); store.put_bytes_create_once(k, d, sha256=h)
+store.put_bytes_wrong_checksum(k, d)
+"""
+    found = _calls(source)
+    assert None not in found, found
+    assert found.count("put_object") == 2 and found.count("complete_multipart_upload") == 2
+    assert {"http PUT", "http POST", "put_file", "put_files", "put_bytes_create_once"} <= set(found)
+    # A part is invisible until its upload is completed; a read or a wrapper of reads is no write.
+    assert _calls('client.upload_part(Bucket=b, Key=k); store._call("GET", k, client.get_object); '
+                  'requests.Request("GET", url)') == [None] * 3
+
+
 def test_the_finder_ignores_calls_that_keep_bytes():
     source = """
 import dataclasses, os

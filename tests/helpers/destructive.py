@@ -8,7 +8,13 @@ A *destructive call* is one of:
 - truncation: ``os.truncate``/``os.ftruncate``/``file.truncate``, ``open(..., "w"...)``/``Path.open("w")``,
   ``os.open`` with ``O_TRUNC``, ``Path.write_text``/``Path.write_bytes``;
 - on a store: ``abort_multipart_upload``, ``delete_object(s)``, and every call of a store's own
-  ``delete``/``abort_upload``/``abort_unused``.
+  ``delete``/``abort_upload``/``abort_unused``;
+- a store write, which replaces whatever object stood at its key: ``put_object``, ``copy_object``,
+  ``complete_multipart_upload``, ``upload_file``/``upload_fileobj`` (also when the client's method is passed to
+  a wrapper that calls it, ``store._call("PUT", key, client.put_object, ...)``), an HTTP request built with
+  ``PUT``/``POST`` (``requests.Request("PUT", ...)``: the GCS XML uploads), and every call of a store's own
+  ``put_file``/``put_files``/``put_bytes_create_once``/``put_bytes_wrong_checksum``. An ``upload_part`` is not
+  one: a part is invisible until its upload is completed.
 
 ``str.replace`` (two or more arguments) and ``dataclasses.replace``/``datetime.replace`` (keywords) are not
 byte replacements and are not counted.
@@ -44,6 +50,9 @@ REMOVE = {"unlink", "remove", "rmdir", "rmtree"}
 REPLACE = {"rename", "replace", "move", "copyfile", "copy", "copy2", "copytree"}
 TRUNCATE = {"truncate", "ftruncate", "write_text", "write_bytes"}
 STORE = {"abort_multipart_upload", "delete_object", "delete_objects", "delete", "abort_upload", "abort_unused"}
+CLIENT_WRITES = {"put_object", "copy_object", "complete_multipart_upload", "upload_file", "upload_fileobj"}
+STORE_WRITES = CLIENT_WRITES | {"put_file", "put_files", "put_bytes_create_once", "put_bytes_wrong_checksum"}
+HTTP_WRITES = {"PUT", "POST"}
 WRITE_MODE = re.compile(r"[wx]|\+")
 
 
@@ -111,8 +120,14 @@ def classify(node: ast.Call) -> str | None:
         return name
     if name in TRUNCATE:
         return name
-    if name in STORE:
+    if name in STORE or name in STORE_WRITES:
         return name
+    if name in ("Request", "request") and node.args and isinstance(node.args[0], ast.Constant) \
+            and node.args[0].value in HTTP_WRITES:
+        return f"http {node.args[0].value}"
+    passed = [a.attr for a in node.args if isinstance(a, ast.Attribute) and a.attr in CLIENT_WRITES | STORE]
+    if passed:
+        return passed[0]  # a client's write handed to a wrapper that calls it
     if name == "open":
         if receiver == "os":
             flags = ast.unparse(node.args[1]) if len(node.args) > 1 else ""

@@ -7,8 +7,11 @@ Order (each step is safe to interrupt; a rerun resumes or refuses by name):
    the artifact. Nothing else (a stale unselected ``optim.pt`` stays out).
 2. Hash each selected file once. A digest that contradicts the manifest is refused before anything
    remote happens; missing ``file`` component digests are added to the local manifest (atomically).
-3. Create the declaration ``.posttrain-archive.json`` with a create-once PUT. An identical one means
-   resume; a different one is refused before a payload is written. It is never deleted or replaced.
+3. Judge what a prefix without a declaration already holds (``judge_undeclared``: another tool's upload,
+   say): an object with a declared file's size and SHA-256 (its metadata, or its bytes read) is adopted;
+   any other object is refused by key, before anything is written. Then create the declaration
+   ``.posttrain-archive.json`` with a create-once PUT. An identical one means resume; a different one is
+   refused before a payload is written. It is never deleted or replaced.
 4. Upload every declared payload not already present with the declared size and sha256; HEAD-verify.
    On S3 an unfinished multipart upload a killed run left for the same bytes is resumed: only its parts
    not proven (server checksum = this hashing pass's digest of the range) are sent (``store/s3_uploads.py``).
@@ -63,6 +66,7 @@ from .verify import (
     ObjectState,
     check_declaration,
     check_remote_inventory,
+    read_back,
     refuse_overlapping_archive,
     require_all_ok,
 )
@@ -90,9 +94,12 @@ class PublishResult:
     resumed_uploads: list[dict] = field(default_factory=list)
     aborted_uploads: list[dict] = field(default_factory=list)
     earlier_destinations: tuple[receipt_record.ReceiptDestination, ...] = ()
+    adopted_objects: list[dict] = field(default_factory=list)
 
     def to_report(self) -> dict:
         earlier = {"earlier_destinations": [d.to_dict() for d in self.earlier_destinations]} if self.earlier_destinations else {}
+        if self.adopted_objects:
+            earlier["adopted_objects"] = self.adopted_objects
         return {
             "status": self.status,
             "artifact_dir": str(self.artifact_dir),
@@ -120,6 +127,60 @@ def refuse_merge_in_progress(artifact_dir: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------------- remote
+
+
+def judge_undeclared(store: ObjectStore, prefix: str, inv: LocalInventory) -> list[dict]:
+    """Before the first write under a prefix that holds no declaration: judge every object already there
+    (reads only). One with a declared file's size and SHA-256, by its ``sha256`` metadata or, without
+    metadata, by its bytes read and hashed, is adopted (``{"path", "proof"}``, sorted by path); any other
+    object (other bytes, or no file of this artifact) refuses the publication by key, since a payload write
+    would replace it. A declared prefix returns ``[]``: its objects were written under that declaration."""
+    from .probe import PROBE_DIR
+
+    declaration_key = object_key(prefix, declaration_record.FILENAME)
+    if store.head(declaration_key) is not None:
+        return []
+    declared = {object_key(prefix, e.path): e for e in inv.files}
+    scratch = object_key(prefix, PROBE_DIR) + "/"  # a probe's own scratch objects (it removes them)
+    foreign: list[str] = []
+    adopted: list[dict] = []
+    to_read: list[FileEntry] = []
+    for listed in store.list(prefix + "/"):
+        if listed.key == declaration_key or listed.key.startswith(scratch):
+            continue
+        uri = store.destination.uri(listed.key)
+        entry = declared.get(listed.key)
+        if entry is None:
+            foreign.append(f"{uri} (not a file of this artifact)")
+            continue
+        info = store.head(listed.key)
+        if info is None:
+            continue  # gone since the listing
+        if info.size != entry.size:
+            foreign.append(f"{uri} ({info.size} bytes, not the {entry.size} of {entry.path})")
+        elif info.sha256 is None:
+            to_read.append(entry)
+        elif info.sha256 != entry.sha256 or info.checksum_sha256 not in (None, entry.sha256):
+            foreign.append(f"{uri} (sha256 {info.sha256 if info.sha256 != entry.sha256 else info.checksum_sha256}, "
+                           f"not the {entry.sha256} of {entry.path})")
+        else:
+            adopted.append({"path": entry.path, "proof": "sha256 metadata"})
+    for state in read_back(store, prefix, to_read):
+        if state.state == "ok":
+            adopted.append({"path": state.path, "proof": "read"})
+        elif state.state != "missing":
+            foreign.append(f"{store.destination.uri(state.key)} ({state.detail})")
+    if foreign:
+        more = f" (+{len(foreign) - 5} more)" if len(foreign) > 5 else ""
+        raise Refused(
+            f"{store.destination.uri(prefix)} holds no declaration, and {len(foreign)} object(s) there are not this "
+            f"artifact's: {'; '.join(foreign[:5])}{more}; publishing would replace them, so nothing was written",
+            remedy="publish this artifact to another destination, or move those objects away first if they are "
+            "not needed (ckptflow never replaces an object it did not write)")
+    for row in adopted:
+        log.info("%s: adopting %s already there with its bytes (%s)", store.destination.uri(prefix), row["path"],
+                 row["proof"])
+    return sorted(adopted, key=lambda row: row["path"])
 
 
 def _create_or_match_declaration(store: ObjectStore, prefix: str, inv: LocalInventory) -> None:
@@ -300,6 +361,7 @@ def publish_artifact(
             _commit_manifest(store, prefix, inv)
             _create_or_match_declaration(store, prefix, inv)
     else:
+        result.adopted_objects = judge_undeclared(store, prefix, inv)
         _create_or_match_declaration(store, prefix, inv)
         testhooks.reached("publish:after-declaration")
         payloads = [e for e in inv.files if e.path != manifest_record.FILENAME]

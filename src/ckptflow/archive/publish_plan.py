@@ -5,8 +5,10 @@ memory only), the destination derived or checked exactly as the real run does it
 and the store only read: HEAD and GET of the archive's records and payloads, never a PUT, a multipart
 upload, a probe object, a cache entry or a file beside the artifact. The report names the destination URI
 of every file with what the real run would do with it: ``send`` (absent or different there), ``stored``
-(already there with these bytes), ``adopt`` (the committed archive there is this artifact's) or ``skip``
-(the receipt already matches).
+(already there with these bytes), ``adopt`` (the committed archive there is this artifact's, or an object
+another tool left under a prefix without a declaration holds it, by its sha256 metadata) or ``skip`` (the
+receipt already matches). Objects under a prefix without a declaration are judged as the real run judges
+them (``publish.judge_undeclared``): a foreign one is refused by key here too.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from ..records import declaration as declaration_record
 from ..records import manifest as manifest_record
 from ..store.base import ObjectStore
 from .keys import object_key
-from .publish import adopt_pruned, check_destination, receipt_matches
+from .publish import adopt_pruned, check_destination, judge_undeclared, receipt_matches
 from .publish_inventory import build_local_inventory
 from .verify import check_remote_inventory
 
@@ -68,6 +70,7 @@ def plan_publication(artifact_dir: Path | str, store: ObjectStore, upload_prefix
     records = {declaration_record.FILENAME: inv.declaration_bytes, manifest_record.FILENAME: inv.manifest_bytes}
 
     actions: dict[str, str] = {}
+    adopted: list[dict] = []
     if receipt_matches(artifact_dir, dest, decl_sha, inv):
         would = "skipped"
         actions = {e.path: "skip" for e in inv.files}
@@ -80,9 +83,11 @@ def plan_publication(artifact_dir: Path | str, store: ObjectStore, upload_prefix
         would = "adopted"
     else:
         would = "published"
+        adopted = judge_undeclared(store, prefix, inv)
+        by_metadata = {row["path"] for row in adopted if row["proof"] == "sha256 metadata"}
         payloads = [e for e in inv.files if e.path != manifest_record.FILENAME]
         for entry, state in zip(payloads, check_remote_inventory(store, prefix, payloads), strict=True):
-            actions[entry.path] = "stored" if state.state == "ok" else "send"
+            actions[entry.path] = ("adopt" if entry.path in by_metadata else "stored") if state.state == "ok" else "send"
         actions[manifest_record.FILENAME] = "send"
     files = [{"path": e.path, "uri": _uri(store, object_key(prefix, e.path)), "size": e.size,
               "action": actions.get(e.path, "adopt")} for e in inv.files]
@@ -101,4 +106,6 @@ def plan_publication(artifact_dir: Path | str, store: ObjectStore, upload_prefix
         report["would_remove"] = sorted(e.path for e in inv.manifest.physical_files() if e.path not in inv.pruned)
     if earlier:
         report["earlier_destinations"] = [d.to_dict() for d in earlier]
+    if adopted:
+        report["adopted_objects"] = adopted
     return report

@@ -168,6 +168,13 @@ def _check_all(store: ObjectStore, prefix: str, entries, read: str, recorded: di
     return [next(read_back) if isinstance(h, _ToRead) else h for h in heads]
 
 
+def read_back(store: ObjectStore, prefix: str, entries: list[FileEntry], *, progress: bool | None = False
+              ) -> list[ObjectState]:
+    """Read and hash every entry's object whatever its metadata says (one stream of ranges, as
+    ``--read-data`` reads): ``ok`` when its bytes are the entry's, ``mismatch`` or ``missing`` otherwise."""
+    return _read_back(store, [_ToRead(e, object_key(prefix, e.path), None) for e in entries], progress)
+
+
 def effective_read(store: ObjectStore, read: str) -> str:
     """``file://`` bytes are local: reading them is the cheap proof, so they are always read."""
     return READ_ALL if store.destination.scheme == "file" else read
