@@ -216,13 +216,20 @@ def held_by(path: Path) -> str | None:
         os.close(fd)
 
 
+def artifact_key(target: Path | str) -> Path:
+    """The directory a reader mark is kept beside: ``target`` with every symlink resolved (the mark names
+    the directory whose files are read, however the reader spelled it)."""
+    return Path(os.path.realpath(target))
+
+
 @contextlib.contextmanager
 def reading(target: Path) -> Iterator[Path | None]:
     """Mark ``target`` (a directory) as read in place by this process for the block: a new, uniquely named
     file beside it holding this process's lock record, removed when the block ends. Where the mark cannot
     be created (a read-only or another user's directory, where this user could not prune either) the
-    block runs unmarked (yields None)."""
-    target = Path(target)
+    block runs unmarked (yields None). The mark is keyed by the resolved directory (``artifact_key``), so a
+    reader through a symlink (``checkpoint_artifacts/best``) marks the artifact it reads."""
+    target = artifact_key(target)
     mark = target.with_name(tagged_name(f".{target.name}", READING_SUFFIX))
     try:
         fd = os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
@@ -248,8 +255,9 @@ def reading(target: Path) -> Iterator[Path | None]:
 
 def readers_of(target: Path) -> list[str]:
     """Who reads ``target`` in place now: one ``pid P on host H, started T`` per live reader mark beside it.
-    A mark of another host counts (its reader may still run); one of this host whose pid is gone does not."""
-    target = Path(target)
+    A mark of another host counts (its reader may still run); one of this host whose pid is gone does not.
+    ``target`` is resolved as ``reading`` resolves it: any spelling of the directory finds its readers."""
+    target = artifact_key(target)
     try:
         names = sorted(os.listdir(target.parent))
     except FileNotFoundError:
