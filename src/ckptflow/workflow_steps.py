@@ -231,9 +231,9 @@ def prune_step(artifact_dir: str, credentials: str | None, report_path: str) -> 
     from .archive.prune import prune_verified
 
     report = prune_verified([Path(artifact_dir)], store_factory(credentials)).to_report()
-    if report["status"] == "failed":
-        raise VerificationFailed(f"inconsistent remote objects for {artifact_dir}: {report['kept']}",
-                                 remedy="the artifact was kept; inspect the archive")
+    if report["status"] == "failed":  # the archive no longer matches, or the local bytes are in no archive
+        raise VerificationFailed(f"prune kept {artifact_dir}: {_errors(report)}",
+                                 remedy="the artifact was kept; do what its reason says")
     _write_report(report_path, report)
     return report
 
@@ -248,6 +248,11 @@ def restore_step(artifact_dir: str, credentials: str | None, report_path: str) -
     return report
 
 
+def _errors(report: dict[str, Any]) -> str:
+    """The reasons of a prune report's kept entries that are errors, each naming its artifact and file."""
+    return "; ".join(k["reason"] for k in report["kept"] if k.get("error"))
+
+
 def keep_free_step(runs_root: str, keep_free: str, keep_newest: int, credentials: str | None,
                    report_path: str) -> dict[str, Any]:
     """Free verified artifacts under ``runs_root``, oldest first, to the ``keep_free`` target; a kept artifact
@@ -258,9 +263,8 @@ def keep_free_step(runs_root: str, keep_free: str, keep_newest: int, credentials
     report = free_to_target(Path(runs_root), parse_target(keep_free), store_factory(credentials),
                             keep_newest=int(keep_newest)).to_report()
     if report["status"] == "failed":
-        raise VerificationFailed(f"inconsistent remote objects under {runs_root}: "
-                                 f"{[k for k in report['kept'] if k.get('error')]}",
-                                 remedy="those artifacts were kept; inspect their archives")
+        raise VerificationFailed(f"prune kept artifacts under {runs_root}: {_errors(report)}",
+                                 remedy="those artifacts were kept; do what each reason says")
     _write_report(report_path, report)
     return report
 

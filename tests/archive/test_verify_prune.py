@@ -13,8 +13,10 @@ from ckptflow.archive.verify import verify_artifact
 from ckptflow.errors import NotFound, Refused
 from ckptflow.fsutil import walk_files
 from ckptflow.records import receipt as receipt_record
+from ckptflow.store.local import LocalStore
 from ckptflow.store.s3 import S3Store
-from helpers.artifacts import ARTIFACT_PREFIX, UPLOAD_PREFIX
+from helpers.artifacts import ARTIFACT_PREFIX, UPLOAD_PREFIX, make_artifact
+from helpers.cli import run_cli
 
 PAYLOAD = ["model.pt", "optim/.metadata", "optim/__0_0.distcp", "optim/__1_0.distcp", "optim/__2_0.distcp"]
 
@@ -152,3 +154,38 @@ def test_prune_refuses_paths_outside_checkpoint_artifacts(tmp_path, qualified):
     (d / "model.pt").write_bytes(b"x")
     report = prune_verified([d], store_for(qualified))
     assert "checkpoint_artifacts" in report.kept[0]["reason"] and (d / "model.pt").exists()
+
+
+def test_a_local_payload_rewritten_after_publication_is_kept_as_an_error_naming_the_file(published, qualified):
+    (published / "optim.pt").unlink()
+    with open(published / "optim" / "__1_0.distcp", "r+b") as fh:
+        fh.write(b"rewritten in place")
+    report = prune_verified([published], store_for(qualified))
+    assert report.removed == [] and report.has_errors
+    [kept] = report.kept
+    assert kept["error"] is True and "optim/__1_0.distcp" in kept["reason"]
+    assert all((published / p).exists() for p in PAYLOAD)
+
+
+@pytest.mark.slow
+def test_prune_verified_exits_1_naming_a_payload_rewritten_after_publication(tmp_path):
+    """By ``--paths`` and by ``--keep-free``: the copy is kept, and the command fails naming the file."""
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    assert run_probe(LocalStore(archive), "scratch").record.passed
+    run = tmp_path / "runs" / "proj" / "group" / "run" / "20261129T000000Z"
+    arts = [make_artifact(run, iteration=it, seed=it) for it in (100, 200)]
+    for art in arts:
+        (art / "optim.pt").unlink()
+        assert run_cli("publish", "--artifact-dir", str(art), "--bucket", f"file://{archive}").returncode == 0
+    with open(arts[0] / "model.pt", "r+b") as fh:
+        fh.write(b"retrained in place")
+    by_paths = run_cli("prune-verified", "--paths", str(arts[0]))
+    to_target = run_cli("prune-verified", "--runs-root", str(tmp_path / "runs"), "--keep-free", "100%")
+    for proc in (by_paths, to_target):
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        [kept] = [k for k in proc.report["kept"] if k["path"] == str(arts[0])]
+        assert kept.get("error") is True and "model.pt" in kept["reason"]
+        assert str(arts[0]) in proc.stderr
+        assert proc.report["removed"] == []
+    assert (arts[0] / "model.pt").read_bytes().startswith(b"retrained in place")

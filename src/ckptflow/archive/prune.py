@@ -45,7 +45,7 @@ from ..records import manifest as manifest_record
 from ..records import receipt as receipt_record
 from ..records import verification as verification_record
 from .keys import ARTIFACTS_DIR
-from .release import Checked, NotProven, prove_release, unlink_checked
+from .release import Checked, LocalChanged, NotProven, prove_release, unlink_checked
 from .verify import DAMAGED, READ_ALL, READ_NONE, check_binding
 
 log = logging.getLogger(__name__)
@@ -164,6 +164,8 @@ def _plan_one(artifact_dir: Path, store_for, read: str, progress: bool | None,
         # An object missing or changed (remote, or a local payload rewritten since publish): the archive no
         # longer matches the receipt. Only "unverifiable" (no proof without reading) is a mere missing proof.
         raise _Keep(str(exc), error=any(s.state in DAMAGED for s in exc.states)) from None
+    except LocalChanged as exc:  # the local bytes are in no archive: keeping them is right, and an error
+        raise _Keep(str(exc), error=True) from None
     except CkptflowError as exc:
         raise _Keep(str(exc)) from None
 

@@ -40,6 +40,11 @@ def _file_stat(st: os.stat_result) -> FileStat:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+class LocalChanged(Refused):
+    """A local payload no longer hashes to the receipt: it was rewritten after publication (or while it was
+    hashed). The copy is kept, and that is an error: its bytes are archived nowhere."""
+
+
 class NotProven(VerificationFailed):
     """The remote copy does not prove every recorded object; ``states`` says which and how."""
 
@@ -115,7 +120,7 @@ def hash_bound(artifact_dir: Path, payload: list[str], receipt: receipt_record.R
             changed.append(rel)
         checked.files[rel] = ident
     if changed:
-        raise Refused(
+        raise LocalChanged(
             f"{artifact_dir}: local bytes of {changed[:5]} differ from the archived copy; nothing deleted",
             remedy="the local copy changed after publication; keep it and publish it as a new artifact",
         )
