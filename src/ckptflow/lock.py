@@ -19,8 +19,8 @@ the record holds our token. So a finished or refused request leaves nothing besi
 SIGKILLed one leaves its record, which the next request replaces as above.
 
 Reader marks (``reading``, ``readers_of``) are the other kind of claim held here: a process reading an
-artifact in place (materialize ``--ckpt-dir``) creates ``.<iter_N>.<host>.<pid>.<token>.reading`` beside
-it for as long as it reads, and removes it after (and the marks of killed readers of this host). Any number of readers may hold one at once; a prune
+artifact in place (materialize ``--ckpt-dir``, a merge's experts) creates ``.<iter_N>.<host>.<pid>.<token>.reading``
+beside it (the directory resolved) for as long as it reads, and removes it after (and the marks of killed readers of this host). Any number of readers may hold one at once; a prune
 keeps an artifact a live reader names (removing files another process holds open would free no space
 and take the bytes from under it). A mark whose writer is gone (this host, dead pid) names nobody.
 

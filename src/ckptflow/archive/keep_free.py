@@ -13,7 +13,7 @@ Plan, then do (``plan_order`` returns the order; ``keep_free`` walks it):
   later iteration never goes before its earlier one. An artifact without a readable receipt sorts last
   (its prune is refused by the gates anyway, with the reason).
 - Each candidate goes through every gate of ``prune_verified`` (``prune.prune_one``), and one more: an
-  artifact another process reads in place (a materialize's reader mark) or writes (a fetch's or merge's
+  artifact another process reads in place (a materialize's or a merge's reader mark) or writes (a fetch's or merge's
   lock held beside it) is kept, naming it; its open files would free nothing, so the next one goes.
 - The target is ``SIZE`` bytes (``20G``: binary units; a bare number is refused) or ``PCT`` of the file system's size (``15%``),
   free to this user as ``statvfs`` reports it (``f_bavail``, ``df``'s "available"). The real run measures

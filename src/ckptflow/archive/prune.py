@@ -17,7 +17,7 @@ Each file is then unlinked only while it is still the file that was hashed (``re
 A dry run writes nothing anywhere: where the real run would first probe the endpoint (no cached probe
 record), it runs every other check and says so in the entry's ``needs`` instead of probing.
 Freeing to a target (``keep_free.py``, ``in_use=True``) also keeps an artifact a live process reads in
-place (its reader mark, ``lock.reading``: a materialize from ``--ckpt-dir``) or writes (a held
+place (its reader mark, ``lock.reading``: a materialize from ``--ckpt-dir``, a merge of its model.pt) or writes (a held
 ``iter_N.lock`` of a fetch into it, ``iter_N.merge.lock`` of a merge), naming that process, checked first
 and again just before the first unlink: files held open free no space, so the next artifact goes
 instead. A prune of named ``--paths`` goes ahead under a reader (its open descriptor keeps reading the

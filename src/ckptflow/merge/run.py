@@ -28,19 +28,21 @@ artifact was published), decides again from what is there now (skip, refuse, or 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import __version__, testhooks
-from ..artifact import iteration_from_dir
+from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE, iteration_from_dir
 from ..digest import FileDigest, default_workers, sha256_file
 from ..errors import (
+    CkptflowError,
     ConflictError,
     InvalidRecord,
     NotFound,
@@ -51,7 +53,7 @@ from ..errors import (
 )
 from ..fsutil import atomic_write_bytes, dead_temporaries, fsync_dir, unique_temp_path
 from ..jsonio import encode_json
-from ..lock import DEFAULT_WAIT_SECONDS, check_wait_seconds, held_lock
+from ..lock import DEFAULT_WAIT_SECONDS, artifact_key, check_wait_seconds, held_lock, reading
 from ..progress import ByteProgress
 from ..records import manifest as manifest_record
 from ..records import merge_progress, merge_record
@@ -111,8 +113,34 @@ def merge_experts(
     artifact_dir = out.parent
     with held_lock(lock_path(artifact_dir), wait, step="merge", busy=f"{artifact_dir} is being merged by another request",
                    remedy="let that merge finish, then rerun (it skips once the same request is complete), "
-                   "or raise --lock-wait-seconds"):
-        return _merge_locked(mode, experts_abs, out, base_dir, lam, dir_iteration, diag_path, force, progress)
+                   "or raise --lock-wait-seconds"), _reading_experts(experts_abs):
+        try:
+            return _merge_locked(mode, experts_abs, out, base_dir, lam, dir_iteration, diag_path, force, progress)
+        except FileNotFoundError as exc:
+            gone = [p for p in experts_abs if not os.path.lexists(p)]
+            if isinstance(exc, CkptflowError) or not gone:
+                raise
+            raise _expert_removed(gone[0], out) from None
+
+
+@contextlib.contextmanager
+def _reading_experts(experts: list[Path]) -> Iterator[None]:
+    """Mark each expert's artifact directory (``checkpoint_artifacts/iter_N``, resolved) as read in place for
+    the merge (``lock.reading``): a prune to a target keeps it while the merge hashes and reads its files."""
+    dirs = {artifact_key(p).parent for p in experts}
+    with contextlib.ExitStack() as held:
+        for d in sorted(d for d in dirs if ITER_DIR_RE.match(d.name) and d.parent.name == ARTIFACTS_DIR):
+            held.enter_context(reading(d))
+        yield
+
+
+def _expert_removed(path: Path, out: Path) -> NotFound:
+    """The named failure of a merge whose expert file went away while it read it (nothing was committed)."""
+    where = path.parent
+    restore = (f"ckptflow restore --artifact-dir {where} refills it from its archive if it was pruned, or "
+               if ITER_DIR_RE.match(where.name) else "")
+    return NotFound(f"expert {path} was removed while the merge read it; nothing was committed to {out}",
+                    path=str(path), remedy=f"put it back ({restore}restore it from where it came), then rerun the merge")
 
 
 def lock_path(artifact_dir: Path) -> Path:
