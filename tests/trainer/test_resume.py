@@ -6,11 +6,17 @@ import pytest
 import torch
 from trainer_helpers import tiny_training
 
+from ckptflow.archive.probe import run_probe
+from ckptflow.archive.prune import prune_verified
+from ckptflow.archive.publish import publish_artifact
 from ckptflow.commands.summary import render
 from ckptflow.errors import Refused
+from ckptflow.fsutil import walk_files
 from ckptflow.jsonio import validate
+from ckptflow.store.local import LocalStore
 from ckptflow.trainer.resume import check_run_attempt, pin_run_attempt
 from ckptflow.trainer.write import write_artifact
+from helpers.artifacts import UPLOAD_PREFIX
 from helpers.cli import run_cli
 from helpers.trees import tree_bytes
 
@@ -157,3 +163,29 @@ def test_command_exit_codes_reports_and_summaries(tmp_path, model):
     proc = run_cli("resume-check", "--attempt-dir", str(attempt), "--resume-path", str(ckpt))
     assert proc.returncode == 0 and proc.report["resume_from"] == str(ckpt)
     assert str(ckpt) in render("resume-check", proc.report, None)
+
+
+@pytest.mark.slow
+def test_a_pruned_resume_point_is_refused_by_both_paths_naming_restore(tmp_path, model):
+    """A full-plan artifact published and pruned (its manifest and receipt left) is no resume point until it
+    is restored, whether the guard finds it (--attempt-dir) or is given it (--resume-path); a complete
+    checkpoint of the same iteration still is one."""
+    attempt = tmp_path / "proj" / "group" / "run1" / "20261129T000000Z"
+    art = artifact(attempt, 20, model, full=True)
+    store = LocalStore(tmp_path / "archive")
+    store.root.mkdir()
+    assert run_probe(store, "scratch").record.passed
+    publish_artifact(art, store, UPLOAD_PREFIX, progress=False)
+    assert prune_verified([art], lambda destination: store).removed
+    assert sorted(walk_files(art)) == [".posttrain-checkpoint-artifact.json", ".uploaded"]
+    before = tree_bytes(tmp_path)
+    for extra in ((), ("--resume-path", str(art))):
+        proc = run_cli("resume-check", "--attempt-dir", str(attempt), *extra)
+        assert proc.returncode == 1 and proc.report["decision"] == "refused", proc.stdout
+        assert str(art) in proc.report["reason"] and "pruned" in proc.report["reason"]
+        assert f"ckptflow restore --artifact-dir {art}" in proc.report["remedies"][0]
+        assert "snakemake restore --config iter=20" in proc.report["remedies"][0]
+    assert tree_bytes(tmp_path) == before
+    ckpt = checkpoint(attempt, 20)
+    d = check_run_attempt(attempt)
+    assert d.decision == "resume" and d.resume_from == str(ckpt)

@@ -18,6 +18,10 @@ whether it may start in the attempt directory ``<run>/<ts>`` and from where:
   loaded with ``weights_only=True``). A file or directory inside a model-only artifact (or inside any
   ``iter_N`` directory), a missing path, a save without ``trainer.pt`` or still in progress, and a state
   whose iteration cannot be established or contradicts the directory's are refused by name;
+- a full-plan artifact whose payload files are not all on disk (pruned: its manifest and receipt left) is
+  no resume point until it is restored, whether ``auto`` finds it or ``resume_path`` names it: both refuse,
+  naming ``ckptflow restore`` as the first remedy (``unrestored``); a complete checkpoint of the same
+  iteration is resumed instead;
 - a fresh attempt, and an interrupted artifact directory without its manifest, are unaffected;
 - ``resume="off"`` starts in the attempt directory when it holds nothing, else mints a fresh attempt beside it.
 
@@ -45,6 +49,11 @@ from .checkpoints import CHECKPOINTS_DIR, is_complete_checkpoint, iteration_of_n
 from .write import IN_PROGRESS, TRAINER_FILE
 
 FULL_PLAN = frozenset({"model", "optim", "trainer"})
+
+
+def restore_remedy(artifact_dir: Path, iteration: int) -> str:
+    return (f"restore the artifact's payloads from its archive first: `ckptflow restore --artifact-dir {artifact_dir}` "
+            f"(in the workflow: `snakemake restore --config iter={iteration}`), then resume from it")
 
 
 def remedies(attempt_dir: Path, newest: Path | None) -> list[str]:
@@ -111,8 +120,27 @@ def is_full_plan_artifact(artifact_dir: Path) -> bool:
         return False
 
 
+def unrestored(artifact_dir: Path) -> list[str]:
+    """The payload files the manifest of ``artifact_dir`` names that are not on disk (a pruned artifact: all
+    of them); [] when every one is there, or when the manifest cannot be read (judged elsewhere)."""
+    try:
+        manifest = manifest_record.read_manifest(artifact_dir)
+    except (InvalidRecord, OSError):
+        return []
+    return sorted(e.path for e in manifest.physical_files() if not os.path.lexists(artifact_dir / e.path))
+
+
+class _Unrestored(Exception):
+    """A full-plan artifact chosen or named as the resume point lacks payload files (``unrestored``)."""
+
+    def __init__(self, artifact_dir: Path, iteration: int, gone: list[str]):
+        super().__init__(str(artifact_dir))
+        self.artifact_dir, self.iteration, self.gone = artifact_dir, iteration, gone
+
+
 def judge_resume_path(path: Path | str) -> tuple[Path | None, int | None, str]:
-    """(real path, iteration, how it was established) of an explicit resume path, or (None, None, why not)."""
+    """(real path, iteration, how it was established) of an explicit resume path, or (None, None, why not);
+    raises ``_Unrestored`` for a full-plan artifact whose payloads are not all on disk."""
     given = Path(path)
     if not os.path.lexists(given):
         return None, None, f"{given} does not exist"
@@ -146,6 +174,8 @@ def _judge_artifact(art: Path, shown: str) -> tuple[Path | None, int | None, str
     if not is_full_plan_artifact(art):
         return None, None, f"resume=auto never resumes from a model-only artifact ({shown})"
     it = manifest_record.read_manifest(art).iteration
+    if gone := unrestored(art):
+        raise _Unrestored(art, it, gone)
     return _with_state(art, art / TRAINER_FILE, it)
 
 
@@ -203,10 +233,21 @@ def check_run_attempt(attempt_dir: Path | str, resume: str = "auto", resume_path
     def refuse(reason: str) -> ResumeDecision:
         return ResumeDecision("refused", reason, remedies=remedies(attempt, newest), **base)
 
+    def refuse_unrestored(point: _Unrestored) -> ResumeDecision:
+        gone = point.gone
+        reason = (f"the resume point {point.artifact_dir} (iteration {point.iteration}) is pruned: {len(gone)} of its "
+                  f"payload files ({', '.join(gone[:3])}{', ...' if len(gone) > 3 else ''}) are not on disk, so its "
+                  "trainer state cannot be read until the artifact is restored")
+        return ResumeDecision("refused", reason, remedies=[restore_remedy(point.artifact_dir, point.iteration),
+                                                           *remedies(attempt, newest)], **base)
+
     if resume == "off":
         return _mint_fresh(attempt, base)
     if resume_path is not None:
-        real, it, how = judge_resume_path(resume_path)
+        try:
+            real, it, how = judge_resume_path(resume_path)
+        except _Unrestored as point:
+            return refuse_unrestored(point)
         if real is None:
             if "model-only" in how:
                 return refuse(how)
@@ -214,7 +255,12 @@ def check_run_attempt(attempt_dir: Path | str, resume: str = "auto", resume_path
                           "at or beyond the newest committed artifact")
         cand = real
     else:
-        cands = {**resumable_checkpoints(attempt), **{i: d for i, d in artifacts.items() if is_full_plan_artifact(d)}}
+        full = {i: d for i, d in artifacts.items() if is_full_plan_artifact(d)}
+        pruned = {i: gone for i, d in full.items() if (gone := unrestored(d))}
+        # A complete checkpoint of an iteration stands in for its pruned artifact.
+        cands = {**resumable_checkpoints(attempt), **{i: d for i, d in full.items() if i not in pruned}}
+        if pruned and max(pruned) > max(cands, default=-1):
+            return refuse_unrestored(_Unrestored(full[max(pruned)], max(pruned), pruned[max(pruned)]))
         if not cands:
             if newest is None:
                 return ResumeDecision("fresh", "a fresh attempt: no committed artifact, no resumable checkpoint", **base)
