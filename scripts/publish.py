@@ -7,6 +7,7 @@ snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
 with step_job(snakemake.log[0], snakemake.rule):
     config, w = snakemake.config, snakemake.wildcards
     # Not params (see rules/publish.smk): where to publish is not part of the rerun identity.
-    publish_step(artifact_path(config["runs_root"], w.run, w.iteration), upload_prefix(w.run), config.get("bucket"),
-                 config.get("credentials"), snakemake.output.report, publication=snakemake.params.publication,
+    artifact = artifact_path(config["runs_root"], w.run, w.iteration)
+    publish_step(artifact, upload_prefix(artifact, w.run), config.get("bucket"), config.get("credentials"),
+                 snakemake.output.report, publication=snakemake.params.publication,
                  named_by=step_reports(config["reports_dir"], w.run, w.iteration))

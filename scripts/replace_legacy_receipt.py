@@ -7,6 +7,7 @@ snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
 with step_job(snakemake.log[0], snakemake.rule):
     config, w = snakemake.config, snakemake.wildcards
     # Not params, as for rule publish: where to publish is not part of the rerun identity.
-    replace_legacy_receipt_step(artifact_of(snakemake.input.manifest), upload_prefix(w.run), config.get("bucket"),
+    artifact = artifact_of(snakemake.input.manifest)
+    replace_legacy_receipt_step(artifact, upload_prefix(artifact, w.run), config.get("bucket"),
                                 config.get("credentials"), snakemake.output.report,
                                 named_by=step_reports(config["reports_dir"], w.run, w.iteration))

@@ -5,7 +5,8 @@ The named input functions of ``rules/common.smk`` call these (the configuration 
 ``workflow_config``; the jobs in ``workflow_steps``; the ``scripts/`` shims take their paths from here):
 
 - paths: ``artifact_path`` (the artifact of a job's ``run`` and ``iteration``), ``artifact_of``,
-  ``step_reports``, ``upload_prefix``; the archive's URI of a receipt, ``archive_uri_of``;
+  ``step_reports``, ``upload_prefix`` (``archive.keys``' derivation); the archive's URI of a receipt,
+  ``archive_uri_of``;
 - rerun triggers: ``publication_number``, ``recorded_destinations``, ``restore_inputs``,
   ``records_fingerprint``; the scopes of ``restore_all`` and ``scrub``, ``keep_free_target``;
 - ``teacher_source``: where ``materialize_teacher`` builds from;
@@ -56,12 +57,13 @@ def step_reports(reports_dir: str, run: str, iteration: str) -> list[str]:
     return [f"{reports_dir.rstrip('/')}/{kind}/{run}/{iteration}.json" for kind in ("publish", "verify", "legacy-receipt")]
 
 
-def upload_prefix(run: str) -> str:
-    """Where a run's artifacts are published under the bucket: ``<run>/checkpoints`` (``keys.run_upload_prefix``;
-    ``publish_artifact`` checks it against the artifact's path like any explicit prefix)."""
-    from .archive.keys import run_upload_prefix
+def upload_prefix(artifact_dir: str | Path, run: str) -> str:
+    """Where the artifact of a job's ``run`` is published under the bucket: ``<project>/<group>/<run>/<ts>/
+    checkpoints`` derived from its path as the CLI and the trainer derive it, whatever the depth of runs_root
+    (``keys.run_tree_upload_prefix``; ``<run>/checkpoints`` outside the runs layout)."""
+    from .archive.keys import run_tree_upload_prefix
 
-    return run_upload_prefix(run)
+    return run_tree_upload_prefix(artifact_dir, run)
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,11 @@ def archive_uri_of(receipt: receipt_record.Receipt) -> str:
 
 
 def teacher_source(artifact_dir: str | Path, run: str, *, bucket: str | None, has_recipe: bool) -> TeacherSource:
-    """Choose the source of ``materialize_teacher`` from local records (sizes only; the library verifies)."""
+    """Choose the source of ``materialize_teacher`` from local records (sizes only; the library verifies). The
+    archive is expected under the artifact's derived prefix (``keys.run_tree_artifact_prefix``), where every
+    front end publishes it."""
+    from .archive.keys import run_tree_artifact_prefix
+
     artifact_dir = Path(artifact_dir)
     if not manifest_record.path_in(artifact_dir).is_file():
         if has_recipe:
@@ -107,7 +113,7 @@ def teacher_source(artifact_dir: str | Path, run: str, *, bucket: str | None, ha
         if artifact_dir.exists():
             raise NotFound(f"{artifact_dir} has no {manifest_record.FILENAME}: it is not a committed artifact",
                            path=str(artifact_dir), remedy="wait for the save to finish, or seal the artifact")
-        uri = require_bucket(bucket).child(f"{run}/{ARTIFACTS_DIR}/{artifact_dir.name}")
+        uri = require_bucket(bucket).child(run_tree_artifact_prefix(artifact_dir, run))
         return TeacherSource("archive", artifact_dir, str(uri), why=f"no local {artifact_dir}")
     present, why = _model_present(artifact_dir)
     if present:
@@ -122,7 +128,7 @@ def teacher_source(artifact_dir: str | Path, run: str, *, bucket: str | None, ha
         raise NotFound(f"{why}, and no receipt names its archive: {exc}", path=str(artifact_dir),
                        remedy="restore the payload, or publish the artifact before pruning it") from None
     # Only a receipt of this very artifact names its archive: a copied one would build another teacher.
-    receipt_record.check_belongs(receipt, artifact_dir, expected_prefix=f"{run}/{ARTIFACTS_DIR}/{artifact_dir.name}")
+    receipt_record.check_belongs(receipt, artifact_dir, expected_prefix=run_tree_artifact_prefix(artifact_dir, run))
     return TeacherSource("archive", artifact_dir, archive_uri_of(receipt), why=f"{why}; its receipt names the archive")
 
 

@@ -49,6 +49,10 @@ def test_publish_without_a_prefix_archives_under_the_runs_layout(tmp_path):
     f"{RUN}/checkpoint_artifacts/iter_000300",  # the artifact's own prefix: checkpoint_artifacts twice
     "proj/grp/run1/20261130T000000Z/checkpoints",  # another attempt of the run
     "proj/grp/run2/20261201T000000Z/checkpoints",  # another run
+    "projB/grpB/run1/20261201T000000Z/checkpoints",  # another project's prefix: same run and attempt names
+    "proj/grpB/run1/20261201T000000Z/checkpoints",  # another group
+    "team/proj/grp/run1/20261201T000000Z/checkpoints",  # an extra leading segment
+    "run1/20261201T000000Z/checkpoints",  # project and group dropped
 ])
 def test_a_prefix_that_would_archive_elsewhere_is_refused_before_any_byte(
         tmp_path, wrong, seaweedfs_bucket, seaweedfs_credentials_path, probe_cache):

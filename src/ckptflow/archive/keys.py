@@ -7,9 +7,12 @@ An archived artifact is named by its URI (``parse_artifact_uri``), which fetch a
 ``upload_prefix_for`` is the one place that decides a publication's upload prefix, for the CLI, the
 trainer and the workflow alike: an artifact in the runs layout
 ``<runs_root>/<project>/<group>/<run>/<ts>/checkpoint_artifacts/iter_N`` (``<ts>`` the attempt's UTC start,
-``YYYYMMDDTHHMMSSZ``) derives ``<project>/<group>/<run>/<ts>/checkpoints`` from its own path. An explicit
-prefix must end in ``checkpoints`` and, in the runs layout, name the artifact's own run and attempt: archives
-are create-once, so a prefix that would put one anywhere else is refused before anything is written.
+``YYYYMMDDTHHMMSSZ``) derives ``<project>/<group>/<run>/<ts>/checkpoints`` from its own path: the four
+directories above ``checkpoint_artifacts``, whatever the depth of ``runs_root``, so every front end derives
+the same prefix (the workflow calls ``upload_prefix_for`` too, never its ``run`` wildcard). An explicit prefix
+must end in ``checkpoints`` and, in the runs layout, be the derived one, whole: archives are create-once,
+so a prefix that would put one anywhere else (another project's, with the same run and attempt names) is
+refused before anything is written.
 """
 
 from __future__ import annotations
@@ -74,13 +77,26 @@ def upload_prefix_for(artifact_dir: Path | str, explicit: str | None) -> str:
             f"--upload-prefix {explicit!r} does not end in /{CHECKPOINTS_DIR}: {artifact_dir} would be archived at "
             f"{artifact_prefix(cleaned, Path(artifact_dir).name) if cleaned else 'an empty prefix'}, "
             "not beside the run's checkpoints; nothing was written", remedy=remedy)
-    if derived is not None:
-        ours = derived.split("/")[-3:-1]
-        if segments[-3:-1] != ours:
-            raise UsageError(
-                f"--upload-prefix {explicit!r} names run/attempt {'/'.join(segments[-3:-1]) or '(none)'}, but "
-                f"{artifact_dir} belongs to {'/'.join(ours)}; nothing was written", remedy=remedy)
+    if derived is not None and cleaned != derived:
+        raise UsageError(
+            f"--upload-prefix {explicit!r} is not {derived}, the prefix of {artifact_dir}'s own "
+            "<project>/<group>/<run>/<ts>: the archive would land where another run's belongs; nothing was written",
+            remedy=remedy)
     return cleaned
+
+
+def run_tree_upload_prefix(artifact_dir: Path | str, run: str) -> str:
+    """The upload prefix of an artifact a workflow finds at ``<runs_root>/<run>/checkpoint_artifacts/iter_N``:
+    in the runs layout the derived one (as the CLI and the trainer derive it, whatever the depth of runs_root:
+    ``run`` may hold more or fewer segments than ``<project>/<group>/<run>/<ts>``); outside it, where nothing can
+    be derived, ``<run>/checkpoints``, the explicit prefix the CLI then needs."""
+    derived = derived_upload_prefix(artifact_dir)
+    return derived if derived is not None else run_upload_prefix(run)
+
+
+def run_tree_artifact_prefix(artifact_dir: Path | str, run: str) -> str:
+    """The key prefix (``.../checkpoint_artifacts/iter_N``) of such an artifact (``run_tree_upload_prefix``)."""
+    return artifact_prefix(run_tree_upload_prefix(artifact_dir, run), Path(artifact_dir).name)
 
 
 def object_key(prefix: str, relpath: str) -> str:
