@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -253,19 +254,43 @@ def check_destination(store: ObjectStore, receipt: receipt_record.Receipt, artif
     open_check_destination(store, receipt.destination, what=str(receipt_record.path_in(artifact_dir)))
 
 
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of a directory, None when it cannot be stat'ed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _same_directory(one: Path, among: tuple[Path, ...]) -> Path | None:
+    """The directory of ``among`` that is ``one`` (same device and inode, whatever the path), else None."""
+    wanted = _identity(one)
+    return next((p for p in among if wanted is not None and _identity(p) == wanted), None)
+
+
 def refuse_overlapping_archive(store: ObjectStore, artifact_dir: Path) -> None:
     """A ``file://`` archive root that contains the artifact, or lies inside it, would put archive objects
-    and metadata into the artifact (or make the local copy its own "remote" one): refused."""
+    and metadata into the artifact (or make the local copy its own "remote" one): refused. Paths are
+    compared resolved, then directories by device and inode, so the runs tree reached by another mount
+    path (a bind mount, a second NFS mount of one export) is caught as well."""
     if store.destination.scheme != "file":
         return
     root = Path(store.destination.endpoint).resolve()
     art = Path(artifact_dir).resolve()
+    remedy = "choose a file:// archive root that neither contains nor lies inside the artifact directory"
     if root == art or root in art.parents or art in root.parents:
         raise Refused(
             f"archive root {root} overlaps the artifact {art}: the archive must live outside the runs tree "
-            "holding the artifact, and not inside it",
-            remedy="choose a file:// archive root that neither contains nor lies inside the artifact directory",
-        )
+            "holding the artifact, and not inside it", remedy=remedy)
+    inside = _same_directory(root, (art, *art.parents))  # the root contains the artifact
+    within = _same_directory(art, root.parents)  # the root lies inside the artifact
+    if inside is not None or within is not None:
+        how = (f"the root is {inside}, which holds the artifact, under another mount path" if inside is not None
+               else f"{within}, above the root, is the artifact under another mount path")
+        raise Refused(
+            f"archive root {root} overlaps the artifact {art}: {how} (same device and inode); the archive must "
+            "live outside the runs tree holding the artifact, and not inside it", remedy=remedy)
 
 
 def check_binding(store: ObjectStore, receipt: receipt_record.Receipt, artifact_dir: Path) -> None:
