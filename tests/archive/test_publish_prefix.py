@@ -112,3 +112,30 @@ def test_a_file_archive_root_that_does_not_exist_is_refused_and_not_created(tmp_
     proc = run_cli("publish", "--artifact-dir", str(art), "--bucket", f"file://{root}")
     assert proc.returncode == 1 and f"archive root {root} does not exist" in proc.stderr, proc.stderr
     assert not root.exists()
+
+
+def test_a_run_tree_outside_the_layout_takes_an_explicit_prefix_only_with_the_documented_override(tmp_path):
+    # <project>/<run>/<ts>: the path derives <runs>/proj/run1/<ts>, which names no project of the tree.
+    art = make_artifact(tmp_path / "runs" / "proj" / "run1" / "20261201T000000Z")
+    (tmp_path / "archive").mkdir()
+    bucket = f"file://{tmp_path / 'archive'}"
+    wanted = "proj/default/run1/20261201T000000Z/checkpoints"
+    before = tree_state(tmp_path)
+    refused = run_cli("publish", "--artifact-dir", str(art), "--bucket", bucket, "--upload-prefix", wanted)
+    assert refused.returncode == 2 and "--outside-runs-layout" in refused.stderr, refused.stderr
+    alone = run_cli("publish", "--artifact-dir", str(art), "--bucket", bucket, "--outside-runs-layout")
+    assert alone.returncode == 2 and "--upload-prefix" in alone.stderr, alone.stderr
+    assert tree_state(tmp_path) == before
+    dry = run_cli("publish", "--artifact-dir", str(art), "--bucket", bucket, "--upload-prefix", wanted,
+                  "--outside-runs-layout", "--dry-run")
+    assert dry.returncode == 0 and dry.report["destination"]["prefix"] == wanted.replace(
+        "checkpoints", "checkpoint_artifacts/iter_000300"), dry.stderr
+    assert "as given" in dry.stderr  # said, never silent
+    proc = run_cli("publish", "--artifact-dir", str(art), "--bucket", bucket, "--upload-prefix", wanted,
+                   "--outside-runs-layout")
+    assert proc.returncode == 0 and proc.report["destination"]["prefix"] == dry.report["destination"]["prefix"]
+    # It still must end in /checkpoints: the override takes the prefix as given, not any prefix.
+    other = make_artifact(tmp_path / "runs2" / "proj" / "run1" / "20261201T000000Z")
+    bare = run_cli("publish", "--artifact-dir", str(other), "--bucket", bucket, "--upload-prefix",
+                   "proj/default/run1/20261201T000000Z", "--outside-runs-layout")
+    assert bare.returncode == 2 and "does not end in /checkpoints" in bare.stderr, bare.stderr

@@ -12,11 +12,14 @@ directories above ``checkpoint_artifacts``, whatever the depth of ``runs_root``,
 the same prefix (the workflow calls ``upload_prefix_for`` too, never its ``run`` wildcard). An explicit prefix
 must end in ``checkpoints`` and, in the runs layout, be the derived one, whole: archives are create-once,
 so a prefix that would put one anywhere else (another project's, with the same run and attempt names) is
-refused before anything is written.
+refused before anything is written. A run tree not laid out as ``<project>/<group>/<run>/<ts>`` (its path
+then derives a prefix that names no project of it) publishes under an explicit ``UnderivedPrefix``
+(``ckptflow publish --upload-prefix P --outside-runs-layout``): taken as given, and said so on stderr.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -39,6 +42,8 @@ def artifact_prefix(upload_prefix: str, artifact_name: str) -> str:
     return f"{parent}/{ARTIFACTS_DIR}/{artifact_name}" if parent else f"{ARTIFACTS_DIR}/{artifact_name}"
 
 
+log = logging.getLogger(__name__)
+
 CHECKPOINTS_DIR = "checkpoints"  # the last segment of every upload prefix
 ATTEMPT_RE = re.compile(r"^\d{8}T\d{6}Z")  # an attempt directory <ts>, perhaps with a -fresh-... suffix
 
@@ -57,9 +62,19 @@ def derived_upload_prefix(artifact_dir: Path | str) -> str | None:
     return run_upload_prefix("/".join(parts[-6:-2]))
 
 
+class UnderivedPrefix(str):
+    """An explicit upload prefix for a run tree not laid out as ``<project>/<group>/<run>/<ts>``
+    (``--outside-runs-layout``): it must still end in ``checkpoints``, but is not compared with the prefix
+    the artifact's path derives; ``upload_prefix_for`` says on stderr that it took it as given."""
+
+
+OVERRIDE = "--outside-runs-layout"
+
+
 def upload_prefix_for(artifact_dir: Path | str, explicit: str | None) -> str:
     """The upload prefix to publish ``artifact_dir`` under: ``explicit`` when given and consistent with
-    the artifact's path, else the one derived from it; anything else is refused by name, remedy included."""
+    the artifact's path (or an ``UnderivedPrefix``), else the one derived from it; anything else is refused by
+    name, remedy included."""
     derived = derived_upload_prefix(artifact_dir)
     if explicit is None:
         if derived is None:
@@ -78,10 +93,15 @@ def upload_prefix_for(artifact_dir: Path | str, explicit: str | None) -> str:
             f"{artifact_prefix(cleaned, Path(artifact_dir).name) if cleaned else 'an empty prefix'}, "
             "not beside the run's checkpoints; nothing was written", remedy=remedy)
     if derived is not None and cleaned != derived:
+        if isinstance(explicit, UnderivedPrefix):
+            log.warning("%s: publishing under --upload-prefix %s as given (%s), not under %s, the prefix its path "
+                        "derives", artifact_dir, cleaned, OVERRIDE, derived)
+            return cleaned
         raise UsageError(
             f"--upload-prefix {explicit!r} is not {derived}, the prefix of {artifact_dir}'s own "
             "<project>/<group>/<run>/<ts>: the archive would land where another run's belongs; nothing was written",
-            remedy=remedy)
+            remedy=f"{remedy} (a run tree not laid out as <project>/<group>/<run>/<ts>: add {OVERRIDE} to take "
+            "--upload-prefix as given)")
     return cleaned
 
 

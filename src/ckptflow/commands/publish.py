@@ -18,6 +18,11 @@ def register(sub) -> None:
         "checkpoint_artifacts/iter_N); default: derived from the artifact's path in the runs layout, which an "
         "explicit prefix must agree with",
     )
+    s.add_argument(
+        "--outside-runs-layout", action="store_true",
+        help="the artifact's run tree is not laid out as <project>/<group>/<run>/<ts>: take --upload-prefix as given "
+        "(it must still end in /checkpoints) instead of refusing one that differs from the prefix its path derives",
+    )
     s.add_argument("--bucket", help="bucket name (S3) or s3://B, gs://B, file:///DIR; default $CKPTFLOW_BUCKET")
     s.add_argument("--credentials", help="credentials JSON; default $CKPTFLOW_CREDENTIALS")
     s.add_argument(
@@ -43,18 +48,26 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from ..archive.keys import OVERRIDE, UnderivedPrefix
     from ..archive.publish import publish_artifact
+    from ..errors import UsageError
     from ..store.open import open_bucket_arg
     from .gc_uploads import parse_age
 
     stale = parse_age(args.stale_upload_age)
+    prefix = args.upload_prefix
+    if args.outside_runs_layout:
+        if prefix is None:
+            raise UsageError(f"{OVERRIDE} takes --upload-prefix as given, but none was passed",
+                             remedy="pass --upload-prefix <...>/checkpoints with it, or leave both out")
+        prefix = UnderivedPrefix(prefix)
     store = open_bucket_arg(args.bucket, args.credentials)
     if args.dry_run:
         from ..archive.publish_plan import plan_publication
 
-        return plan_publication(Path(args.artifact_dir), store, args.upload_prefix, delete_local=args.delete_local,
+        return plan_publication(Path(args.artifact_dir), store, prefix, delete_local=args.delete_local,
                                 add_destination=args.add_destination)
-    result = publish_artifact(Path(args.artifact_dir), store, args.upload_prefix, delete_local=args.delete_local,
+    result = publish_artifact(Path(args.artifact_dir), store, prefix, delete_local=args.delete_local,
                               stale_upload_age=stale, add_destination=args.add_destination)
     return result.to_report()
 
