@@ -171,6 +171,18 @@ def get_all_prune_reports(wildcards):
     return [f"{REPORTS}/prune/{run}/{it}.json" for run, it in artifacts]
 
 
+def get_prune_round(wildcards):
+    """The prune job's rerun trigger: see ckptflow.workflow_plan.prune_round."""
+    return ckptflow_plan.prune_round(
+        f"{REPORTS}/prune/{wildcards.run}/{wildcards.iteration}.json"
+    )
+
+
+def get_keep_free_round(wildcards):
+    """The keep-free prune job's rerun trigger: see ckptflow.workflow_plan.prune_round."""
+    return ckptflow_plan.prune_round(f"{REPORTS}/prune/keep-free.json")
+
+
 def get_prune_all_input(wildcards):
     """Every artifact's prune report, or with config prune.keep_free the one keep-free report."""
     if ckptflow_plan.keep_free_target(config) is None:

@@ -1,3 +1,6 @@
+# The outputs are step reports. The param round is the rerun trigger of a restore: the round the report
+# records, plus one while a payload file it removed is on disk again (ckptflow.workflow_plan.prune_round),
+# so a restored artifact is pending prune again, as a published one is.
 rule prune:
     input:
         receipt=get_receipt_input,
@@ -10,6 +13,7 @@ rule prune:
         "../environment.yml"
     params:
         credentials=config["credentials"],
+        round=get_prune_round,
     script:
         "../scripts/prune.py"
 
@@ -27,6 +31,7 @@ rule prune_keep_free:
         credentials=config["credentials"],
         keep_free=config["prune"]["keep_free"],
         keep_newest=config["prune"]["keep_newest"],
+        round=get_keep_free_round,
     script:
         "../scripts/prune_keep_free.py"
 

@@ -6,4 +6,5 @@ from ckptflow.workflow_steps import prune_step, step_job
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
 with step_job(snakemake.log[0], snakemake.rule):
     p, w = snakemake.params, snakemake.wildcards
-    prune_step(artifact_path(snakemake.config["runs_root"], w.run, w.iteration), p.credentials, snakemake.output.report)
+    prune_step(artifact_path(snakemake.config["runs_root"], w.run, w.iteration), p.credentials, snakemake.output.report,
+               round=p.round)

@@ -5,4 +5,5 @@ from ckptflow.workflow_steps import keep_free_step, step_log
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
 with step_log(snakemake.log[0]):
     p = snakemake.params
-    keep_free_step(snakemake.config["runs_root"], p.keep_free, p.keep_newest, p.credentials, snakemake.output.report)
+    keep_free_step(snakemake.config["runs_root"], p.keep_free, p.keep_newest, p.credentials, snakemake.output.report,
+                   round=p.round)

@@ -7,7 +7,7 @@ The named input functions of ``rules/common.smk`` call these (the configuration 
 - paths: ``artifact_path`` (the artifact of a job's ``run`` and ``iteration``), ``artifact_of``,
   ``step_reports``, ``upload_prefix`` (``archive.keys``' derivation); the archive's URI of a receipt,
   ``archive_uri_of``;
-- rerun triggers: ``publication_number``, ``recorded_destinations``, ``restore_inputs``,
+- rerun triggers: ``publication_number``, ``prune_round``, ``recorded_destinations``, ``restore_inputs``,
   ``records_fingerprint``; the scopes of ``restore_all`` and ``scrub``, ``keep_free_target``;
 - ``teacher_source``: where ``materialize_teacher`` builds from;
 - ``show_status``: the status table while the status job is planned.
@@ -173,6 +173,28 @@ def publication_number(artifact_dir: str | Path, report_path: str | Path) -> int
     except (OSError, ValueError, AttributeError, TypeError):
         return 1
     return number if receipt_record.belonging_receipt(artifact_dir) is not None else number + 1
+
+
+def prune_round_path(report_path: str | Path) -> Path:
+    """Where a prune job records its round beside its report (``<report>.round.json``): not an output, so
+    Snakemake, which deletes a job's outputs before running it, never deletes it."""
+    path = Path(report_path)
+    return path.with_name(path.name.removesuffix(".json") + ".round.json")
+
+
+def prune_round(report_path: str | Path) -> int:
+    """The rerun trigger of a prune job (``prune``, ``prune_keep_free``): the round its last job recorded
+    (``prune_round_path``; 1 without one), plus one while a payload file that job removed is on disk again
+    (a restore, a fetch into the artifact). It equals the round the last job was given (and recorded) until
+    a removed payload comes back, so a restore makes the prune pending again, as a publication does. It is
+    read from a file Snakemake never deletes: a job's params are evaluated again after its outputs are gone."""
+    try:
+        record = json.loads(prune_round_path(report_path).read_bytes())
+        number = int(record["round"])
+        removed = [Path(p) for p in record["removed"]]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return 1
+    return number + 1 if any(os.path.lexists(p) for p in removed) else number
 
 
 def recorded_destinations(report_paths: Sequence[str | Path]) -> list[receipt_record.ReceiptDestination]:

@@ -226,15 +226,16 @@ def scrub_step(runs_root: str, credentials: str | None, slice_name: str, report_
     return report
 
 
-def prune_step(artifact_dir: str, credentials: str | None, report_path: str) -> dict[str, Any]:
-    """Prune one artifact if every check holds; a kept artifact is a result (in the report), not a failure."""
+def prune_step(artifact_dir: str, credentials: str | None, report_path: str, *, round: int = 1) -> dict[str, Any]:
+    """Prune one artifact if every check holds; a kept artifact is a result (in the report), not a failure.
+    ``round`` is the rule's rerun trigger (``workflow_plan.prune_round``), recorded in the report."""
     from .archive.prune import prune_verified
 
     report = prune_verified([Path(artifact_dir)], store_factory(credentials)).to_report()
     if report["status"] == "failed":  # the archive no longer matches, or the local bytes are in no archive
         raise VerificationFailed(f"prune kept {artifact_dir}: {_errors(report)}",
                                  remedy="the artifact was kept; do what its reason says")
-    _write_report(report_path, report)
+    _write_round(report_path, report, round)
     return report
 
 
@@ -248,15 +249,26 @@ def restore_step(artifact_dir: str, credentials: str | None, report_path: str) -
     return report
 
 
+def _write_round(report_path: str, report: dict[str, Any], round: int) -> None:
+    """The prune report, with its round, then the round record beside it (``workflow_plan.prune_round``)."""
+    from .workflow_plan import prune_round_path
+
+    report["round"] = round
+    _write_report(report_path, report)
+    removed = sorted(str(Path(e["path"]) / rel) for e in report["removed"] for rel in e["files"])
+    _write_report(prune_round_path(report_path), {"removed": removed, "round": round})
+
+
 def _errors(report: dict[str, Any]) -> str:
     """The reasons of a prune report's kept entries that are errors, each naming its artifact and file."""
     return "; ".join(k["reason"] for k in report["kept"] if k.get("error"))
 
 
 def keep_free_step(runs_root: str, keep_free: str, keep_newest: int, credentials: str | None,
-                   report_path: str) -> dict[str, Any]:
+                   report_path: str, *, round: int = 1) -> dict[str, Any]:
     """Free verified artifacts under ``runs_root``, oldest first, to the ``keep_free`` target; a kept artifact
-    or an unmet target is a result (in the report), an inconsistent archive fails the job."""
+    or an unmet target is a result (in the report), an inconsistent archive fails the job. ``round`` as in
+    ``prune_step``."""
     from .archive.keep_free import keep_free as free_to_target
     from .archive.keep_free import parse_target
 
@@ -265,7 +277,7 @@ def keep_free_step(runs_root: str, keep_free: str, keep_newest: int, credentials
     if report["status"] == "failed":
         raise VerificationFailed(f"prune kept artifacts under {runs_root}: {_errors(report)}",
                                  remedy="those artifacts were kept; do what each reason says")
-    _write_report(report_path, report)
+    _write_round(report_path, report, round)
     return report
 
 
