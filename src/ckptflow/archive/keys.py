@@ -9,7 +9,8 @@ trainer and the workflow alike: an artifact in the runs layout
 ``<runs_root>/<project>/<group>/<run>/<ts>/checkpoint_artifacts/iter_N`` (``<ts>`` the attempt's UTC start,
 ``YYYYMMDDTHHMMSSZ``) derives ``<project>/<group>/<run>/<ts>/checkpoints`` from its own path: the four
 directories above ``checkpoint_artifacts``, whatever the depth of ``runs_root``, so every front end derives
-the same prefix (the workflow calls ``upload_prefix_for`` too, never its ``run`` wildcard). An explicit prefix
+the same prefix (the workflow's ``run_tree_upload_prefix`` takes this derivation, whatever its ``run``
+wildcard holds, and uses the wildcard only outside the layout, where nothing is derived). An explicit prefix
 must end in ``checkpoints`` and, in the runs layout, be the derived one, whole: archives are create-once,
 so a prefix that would put one anywhere else (another project's, with the same run and attempt names) is
 refused before anything is written. A run tree not laid out as ``<project>/<group>/<run>/<ts>`` (its path
