@@ -169,3 +169,34 @@ def test_all_under_scrubs_every_published_artifact_of_a_runs_root(tmp_path, arch
     assert [(o["path"], o["state"]) for o in rows[str(second)]["objects"] if o["state"] != "ok"] == [
         ("optim/__0_0.distcp", "mismatch")]
     assert str(second) in proc.stderr
+
+
+
+def put_without_metadata(archive: Archive, key: str, data: bytes) -> None:
+    """Store ``data`` at ``key`` with no ``sha256`` metadata (S3: a plain PUT; file://: no metadata sidecar)."""
+    if isinstance(archive, S3Archive):
+        archive.store._client.put_object(Bucket=archive.store.bucket, Key=key, Body=data)
+        return
+    archive.write(key, data)
+    obj = archive.store.root / key
+    (obj.parent / ".ckptflow-meta" / f"{obj.name}.json").unlink()
+
+
+def test_a_scrub_reads_an_object_without_sha256_metadata_and_holds_it_to_the_declaration(published, archive):
+    """Bytes were asked for and the declaration holds every digest: an object stored without ``sha256``
+    metadata is read, not skipped as unverifiable; other bytes there are a mismatch."""
+    same, other = "optim/.metadata", "optim/__0_0.distcp"
+    damaged = bytearray(archive.read(f"{ARTIFACT_PREFIX}/{other}"))
+    damaged[10] ^= 0x01
+    put_without_metadata(archive, f"{ARTIFACT_PREFIX}/{same}", archive.read(f"{ARTIFACT_PREFIX}/{same}"))
+    put_without_metadata(archive, f"{ARTIFACT_PREFIX}/{other}", bytes(damaged))
+    proc, _ = scrub(archive, "--artifact-dir", str(published), "--read-data")
+    objects = {o["path"]: o for o in proc.report["objects"]}
+    assert objects[other]["state"] == "mismatch" and proc.returncode == 1
+    assert {o["state"] for p, o in objects.items() if p not in (same, other)} == {"ok"}
+    assert proc.report["bytes_read"] >= sum(f.size for f in receipt_record.read_receipt(published).files)
+    if isinstance(archive, S3Archive):  # the server checksum recorded at publication is gone: replaced
+        assert objects[same]["state"] == "changed"
+    else:
+        assert objects[same] == {"path": same, "key": f"{ARTIFACT_PREFIX}/{same}", "state": "ok",
+                                 "detail": "no sha256 metadata; its bytes, read back, are the declared ones"}

@@ -17,7 +17,8 @@ scrub spread over scheduled runs.
 
 Each object ends in one state: ``ok``, ``missing``, ``changed`` (size, digest or server checksum
 differs, or the recorded server checksum is gone: the object was replaced), ``mismatch`` (its bytes,
-read back, are not the declared ones), or ``unverifiable``.
+read back, are not the declared ones), or ``unverifiable``. An object without ``sha256`` metadata is
+``unverifiable`` by HEAD alone; when bytes are read it is read and held to the declared digest like any other.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ class _ToRead:
     key: str
     checksum: str | None
     replaced: str = ""
+    note: str = ""  # said of an object whose bytes, read back, are the declared ones
 
 
 _NO_PROOF = ("no server checksum was recorded at publication (the endpoint computes none, or the receipt "
@@ -100,9 +102,9 @@ def _head_one(store: ObjectStore, prefix: str, entry: FileEntry, read: str, reco
         return ObjectState(entry.path, key, "missing")
     if info.size != entry.size:
         return ObjectState(entry.path, key, "changed", f"size {info.size}, expected {entry.size}")
-    if info.sha256 is None:
+    if info.sha256 is None and read == READ_NONE:
         return ObjectState(entry.path, key, "unverifiable", "no sha256 metadata")
-    if info.sha256 != entry.sha256:
+    if info.sha256 is not None and info.sha256 != entry.sha256:
         return ObjectState(entry.path, key, "changed", f"sha256 metadata {info.sha256}, expected {entry.sha256}")
     if info.checksum_sha256 is not None and info.checksum_sha256 != entry.sha256:
         return ObjectState(entry.path, key, "changed", f"server checksum {info.checksum_sha256}, expected {entry.sha256}")
@@ -114,6 +116,8 @@ def _head_one(store: ObjectStore, prefix: str, entry: FileEntry, read: str, reco
             if read != READ_ALL:
                 return ObjectState(entry.path, key, "changed", replaced)
         proven = True
+    if info.sha256 is None:  # bytes were asked for, and the receipt's declaration holds the digest: read them
+        return _ToRead(entry, key, info.checksum, replaced, "no sha256 metadata; its bytes, read back, are the declared ones")
     if read == READ_ALL or (read == READ_UNPROVEN and not proven):
         return _ToRead(entry, key, info.checksum, replaced)
     if proof and not proven:
@@ -134,7 +138,7 @@ def _settle(todo: _ToRead, got: FileDigest | NotFound | VerificationFailed) -> O
                            bytes_read=got.size)
     if todo.replaced:
         return ObjectState(entry.path, key, "changed", todo.replaced, bytes_read=got.size)
-    return ObjectState(entry.path, key, "ok", checksum=todo.checksum, bytes_read=got.size)
+    return ObjectState(entry.path, key, "ok", todo.note, checksum=todo.checksum, bytes_read=got.size)
 
 
 def _read_back(store: ObjectStore, todo: list[_ToRead], progress: bool | None) -> list[ObjectState]:
