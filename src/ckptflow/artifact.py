@@ -8,7 +8,9 @@ interrupted save, never a committed artifact.
 A merge writes its manifest just before its completion record ``.merge-complete.json``; a directory
 holding the merge's in-progress marker ``.merge-in-progress.json`` and no completion record is a merge
 in progress (or one killed in progress) whatever else it holds, never a committed artifact
-(``merge_in_progress``): discovery skips it and publish refuses it, until the merge is rerun.
+(``merge_in_progress``): discovery skips it and publish refuses it, until the merge is rerun. A marker
+beside the record that names the model.pt now in place (a merge killed after its record, before it
+removed the marker) is stale: merge, publish and prune remove it (``clear_stale_merge_marker``).
 
 ``seal_artifact`` commits a manifest for components that some other program already wrote; it is how
 checkpoints from other trainers enter ckptflow.
@@ -78,6 +80,40 @@ def merge_in_progress(artifact_dir: Path | str) -> bool:
     marker = merge_progress.path_in(artifact_dir)
     record = merge_record.path_in(artifact_dir)
     return os.path.lexists(marker) and not os.path.lexists(record)
+
+
+def stale_merge_marker(artifact_dir: Path | str) -> Path | None:
+    """The in-progress marker when its merge committed and was killed before removing it, else None.
+
+    Proof: the completion record is there and the marker's last file (the temporary that merge renames to
+    ``model.pt`` after removing the previous record) is the file now at a path the record lists as an
+    output. A merge still in progress removed the previous record before that rename, so a record and the
+    marker's file in place together mean its own record was written. Read-only."""
+    artifact_dir = Path(artifact_dir)
+    marker = merge_progress.path_in(artifact_dir)
+    if not os.path.lexists(marker):
+        return None
+    try:
+        record = merge_record.read_merge_record(artifact_dir)
+        written = merge_progress.read_merge_progress(marker).files[-1]
+    except (CkptflowError, OSError, IndexError):
+        return None
+    for entry in record.outputs:
+        try:
+            if merge_progress.FileState.of(artifact_dir / entry.path) == written:
+                return marker
+        except OSError:
+            continue
+    return None
+
+
+def clear_stale_merge_marker(artifact_dir: Path | str) -> bool:
+    """Remove the in-progress marker a killed merge left beside its committed record (``stale_merge_marker``)."""
+    marker = stale_merge_marker(artifact_dir)
+    if marker is None:
+        return False
+    marker.unlink(missing_ok=True)  # its merge committed: the record, not the marker, governs the directory
+    return True
 
 
 def iteration_from_dir(artifact_dir: Path) -> int:

@@ -1,16 +1,24 @@
 """One writer per output: a lock file beside the output, taken with ``fcntl.flock`` (materialize's
 ``<out>.lock``, merge's ``iter_N.merge.lock``).
 
-The lock file is created with ``O_CREAT|O_EXCL``; once its creator holds the flock, it writes its record
-(pid, host, start time and a random token) into the new, empty file. An existing file is never truncated.
-A request that finds the lock file already there:
+The lock file is created whole: its creator writes its record (pid, host, start time and a random token)
+into a new, uniquely named temporary it flocks, links that at the lock's path (``link`` never replaces a
+file) and removes the temporary's name (``_create``). So a lock file of this tool is never empty, even
+when its creator is killed at any step; a temporary a killed creator left (this host, pid gone) is
+removed by the next request. An existing file is never truncated. A request that finds the lock file
+already there:
 
 - refuses by name when it is not a lock (any content other than a lock record or nothing): a user's
   file of that name is left byte-identical;
 - waits for its flock (up to ``--lock-wait-seconds``, then refuses naming the holder);
 - once it holds the flock on a lock record, that record's holder is gone (killed): the stale lock is
   unlinked (it is a lock record, and no process holds it) and a fresh one created;
-- an empty file it did not create is held as it is (it may be a user's), never written nor removed.
+- an empty file is not this tool's (it may be a user's, or an older version's): it is held as it is,
+  never written nor removed.
+
+``remove_if_stale`` removes a lock record whose holder is provably gone (its flock is free and, on this
+host, its pid is gone) without taking the lock: a request that finds no work to do (restore's
+``already-local``) clears the lock a killed holder left.
 
 After taking the flock the request checks that the path still names the inode it locked (a releasing
 holder may have unlinked it meanwhile), else it starts over. When the block ends (done, refused or
@@ -49,7 +57,15 @@ from pathlib import Path
 
 from . import testhooks
 from .errors import Refused, UsageError
-from .fsutil import dead_temporaries, host_tag, parse_tagged_name, tagged_name, writer_gone
+from .fsutil import (
+    dead_temporaries,
+    host_tag,
+    parse_tagged_name,
+    tagged_name,
+    temp_stem,
+    unique_temp_path,
+    writer_gone,
+)
 
 log = logging.getLogger("ckptflow.lock")
 
@@ -88,21 +104,56 @@ def _holder(fd: int) -> str:
         return "a holder that has not written its name yet"
 
 
-def _open(path: Path) -> tuple[int, bool]:
-    """``(fd, created)``: a new lock file, or the existing one opened as it is (no O_TRUNC)."""
+def _open(path: Path, step: str) -> tuple[int, str | None]:
+    """``(fd, token)``: a new lock file this request created, already flocked and holding its record with
+    ``token``; or the existing one opened as it is (no O_TRUNC), token None."""
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
     while True:
         try:
-            try:
-                return os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644), True
-            except FileExistsError:
-                return os.open(path, flags), False
+            return os.open(path, flags), None
         except FileNotFoundError:
-            continue  # unlinked by its releasing holder between the two opens
+            pass
         except OSError as exc:
             what = "is a symlink" if exc.errno == errno.ELOOP else f"cannot be opened ({exc.strerror})"
             raise Refused(f"the lock file {path} {what}", path=str(path),
                           remedy="make it a regular file this user can write (or remove it), then rerun") from None
+        created = _create(path, step)
+        if created is not None:
+            return created
+        # another request created it between the two calls: open that one
+
+
+def _create(path: Path, step: str) -> tuple[int, str] | None:
+    """Create the lock file whole: its record is written into a new, uniquely named file this request
+    flocks, which is then linked at ``path`` (never over an existing file) and its own name removed. So the
+    lock file never exists without its holder's record, and a kill at any step leaves either nothing, a
+    temporary of a dead process (removed by the next request) or a record nobody holds (replaced by the
+    next request). None when another request's lock file is at ``path`` already."""
+    for dead in dead_temporaries(path.parent, [f".{temp_stem(path.name)}"], ".tmp"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(dead)  # a killed request's temporary (this host, its pid gone): a copy of its record
+    tmp = unique_temp_path(path)
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file nobody else has opened
+        token = secrets.token_hex(16)
+        started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "started": started, "token": token}
+        os.pwrite(fd, (json.dumps(record) + "\n").encode("utf-8"), 0)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            os.close(fd)
+            return None
+        testhooks.reached(f"{step}:lock-created")
+        return fd, token
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        raise
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # this request's own name; the lock file, when linked, stays at ``path``
 
 
 def _still_at(fd: int, path: Path) -> bool:
@@ -133,43 +184,37 @@ def held_lock(path: Path, wait_seconds: float, *, step: str, busy: str, remedy: 
     deadline = time.monotonic() + wait_seconds
     waited = [False]  # the wait is announced (log, test point) once, however often the lock is re-taken
     while True:
-        fd, created = _open(path)
+        fd, token = _open(path, step)
         try:
-            if not created:
+            if token is None:  # an existing lock file: wait for its flock, then judge what it holds
                 _refuse_foreign(fd, path)
-            _acquire(fd, path, wait_seconds, deadline, waited, step, busy, remedy)
-            if not _still_at(fd, path):
-                continue  # released and unlinked by its holder meanwhile: lock the file there now
-            found = _record(fd)
-            if found is None:
-                _refuse_foreign(fd, path)
-            token = None
-            if created and not found:
-                # The file this request created, still empty and flocked by it: only now is the holder
-                # written, so nobody can take a record of ours for the lock of a killed holder.
-                token = secrets.token_hex(16)
-                started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-                record = {"pid": os.getpid(), "host": socket.gethostname(), "started": started, "token": token}
-                os.pwrite(fd, (json.dumps(record) + "\n").encode("utf-8"), 0)
-            elif found:
-                # A lock record nobody holds (we hold its flock): its holder was killed. Replace it.
-                os.unlink(path)
-                continue
+                _acquire(fd, path, wait_seconds, deadline, waited, step, busy, remedy)
+                if not _still_at(fd, path):
+                    continue  # released and unlinked by its holder meanwhile: lock the file there now
+                found = _record(fd)
+                if found is None:
+                    _refuse_foreign(fd, path)
+                if found:
+                    # A lock record nobody holds (we hold its flock): its holder was killed. Replace it.
+                    os.unlink(path)
+                    continue
+                # an empty file: never one of this tool's (created whole, record first); held as it is
             try:
                 yield path
             finally:
-                _release(fd, path, token)
+                _release(fd, path, token, step)
             return
         finally:
             os.close(fd)  # releases the flock
 
 
-def _release(fd: int, path: Path, token: str | None) -> None:
+def _release(fd: int, path: Path, token: str | None, step: str) -> None:
     """Remove the lock file, under its flock, while it is provably ours: our inode, our token."""
     if token is None or not _still_at(fd, path):
         return
     found = _record(fd)
     if found and found.get("token") == token:
+        testhooks.reached(f"{step}:lock-release")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
 
@@ -191,6 +236,31 @@ def _acquire(fd: int, path: Path, wait_seconds: float, deadline: float, waited: 
             raise Refused(f"{busy} ({_holder(fd)}): {path} was still held after {wait_seconds:g} s "
                           "(--lock-wait-seconds); nothing was changed", path=str(path), remedy=remedy)
         time.sleep(min(POLL_SECONDS, left))
+
+
+def remove_if_stale(path: Path) -> bool:
+    """Remove the lock file ``path`` when it holds a lock record whose holder is gone: nobody holds its
+    flock (taken here, so no request can take it meanwhile) and, when the record names this host, its pid
+    no longer runs. An empty or foreign file, a held lock, or one of a live pid stays. True when removed."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held (BlockingIOError), or a file system without flock: its holder may run
+            return False
+        found = _record(fd)
+        if not found or not _still_at(fd, path):
+            return False
+        pid = found.get("pid")
+        if str(found.get("host", "")).split(".")[0] == host_tag() and (not isinstance(pid, int) or not writer_gone(pid)):
+            return False
+        os.unlink(path)  # a lock record nobody holds, under its flock: its holder was killed
+        return True
+    finally:
+        os.close(fd)
 
 
 READING_SUFFIX = ".reading"

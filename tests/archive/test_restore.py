@@ -247,3 +247,95 @@ def test_a_receipt_whose_bucket_was_deleted_is_a_clear_error(tmp_path, seaweedfs
     line = proc.stderr.strip().splitlines()[-1]
     assert ".uploaded" in line and "deleted or moved" in line and f"s3://{bucket}/" in line
     assert tree_bytes(art.parent) == before
+
+
+# ------------------------------------------------------------------ crash windows of prune and restore
+
+
+def hidden_leftovers(art):
+    """Files under ``art`` that are neither a payload nor a record: temporaries, asides, parts."""
+    return sorted(p for p in file_bytes(art) if p not in PAYLOADS and p not in RECORDS)
+
+
+def killed_prune_with_model_set_aside(art, args):
+    """A prune killed between renaming model.pt aside and unlinking it (its first file)."""
+    killed = run_cli("prune-verified", "--paths", str(art), *args, env={"CKPTFLOW_TEST_KILL_AT": "release:after-aside"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert not (art / "model.pt").exists()
+    [aside] = hidden_leftovers(art)
+    assert aside.startswith(".model.pt.")
+    return aside
+
+
+@pytest.mark.slow
+def test_a_prune_killed_with_a_payload_set_aside_is_counted_by_status_and_freed_by_the_rerun(archive, tmp_path):
+    store, args = archive
+    art = published(tmp_path / "run1", store)
+    total = sum(len(b) for p, b in file_bytes(art).items() if p in PAYLOADS)
+    killed_prune_with_model_set_aside(art, args)
+    row = status_row(art)
+    assert row["local_bytes"] == total  # every payload byte is still on disk, one file under another name
+    assert row["pruned"]["state"] == "partial" and "prune-verified" in row["pruned"]["detail"]
+
+    report = prune(art, args)
+    assert report["freed_bytes"] == total and report["kept"] == []
+    assert sorted(file_bytes(art)) == RECORDS and hidden_leftovers(art) == []
+    row = status_row(art)
+    assert row["pruned"]["state"] == "pruned" and row["local_bytes"] == 0
+
+
+@pytest.mark.slow
+def test_a_restore_puts_back_what_a_killed_prune_set_aside_and_a_later_prune_frees_it(archive, tmp_path):
+    store, args = archive
+    art = published(tmp_path / "run1", store)
+    original = file_bytes(art)
+    killed_prune_with_model_set_aside(art, args)
+
+    proc = restore(art, args)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.report["downloaded_bytes"] == 0 and "model.pt" not in proc.report["downloaded"]
+    assert file_bytes(art) == original and hidden_leftovers(art) == []  # the payload once, at its own name
+    assert prune(art, args)["freed_bytes"] == sum(len(original[p]) for p in PAYLOADS)
+
+
+@pytest.mark.slow
+def test_a_restore_killed_between_linking_a_part_and_removing_it_leaves_nothing_that_blocks_pruning(archive, tmp_path):
+    store, args = archive
+    art = published(tmp_path / "run1", store)
+    original = file_bytes(art)
+    prune(art, args)
+    killed = restore(art, args, env={"CKPTFLOW_TEST_KILL_AT": "restore:after-link"})
+    assert killed.returncode == -signal.SIGKILL
+    parts = hidden_leftovers(art)  # the linked one, and those of files still downloading when it was killed
+    assert parts and all(p.endswith(".part") for p in parts)
+
+    # A leftover part is named, with its remedy, by prune (never "not covered by the receipt").
+    proc = run_cli("prune-verified", "--paths", str(art), *args)
+    assert proc.report["freed_bytes"] == 0
+    [kept] = proc.report["kept"]
+    assert parts[0] in kept["reason"] and "ckptflow restore" in kept["reason"], kept
+    assert "not covered" not in kept["reason"]
+
+    for _ in range(2):  # the rerun completes the restore; a restore of a local artifact clears such parts too
+        rerun = restore(art, args)
+        assert rerun.returncode == 0, rerun.stderr
+        assert file_bytes(art) == original and hidden_leftovers(art) == []
+    assert prune(art, args)["freed_bytes"] == sum(len(original[p]) for p in PAYLOADS)  # it frees it again
+    assert sorted(file_bytes(art)) == RECORDS
+
+
+@pytest.mark.slow
+def test_a_restore_lock_left_by_a_killed_holder_is_removed_by_the_next_restore_that_finds_the_artifact_local(
+        archive, tmp_path):
+    store, args = archive
+    art = published(tmp_path / "run1", store)
+    original = file_bytes(art)
+    prune(art, args)
+    lock = art.with_name(art.name + ".restore.lock")
+    killed = restore(art, args, env={"CKPTFLOW_TEST_KILL_AT": "restore:lock-release"})
+    assert killed.returncode == -signal.SIGKILL
+    assert file_bytes(art) == original and json.loads(lock.read_text())["pid"]  # its holder's record stays
+
+    again = restore(art, args)
+    assert again.returncode == 0 and again.report["status"] == "already-local", again.stderr
+    assert not lock.exists() and not list(art.parent.glob(f".{lock.name}*"))

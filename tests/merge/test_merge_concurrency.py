@@ -164,3 +164,48 @@ def test_a_merge_pruned_after_publication_is_complete(moe, out, tmp_path):
     (out.parent / merge_record.FILENAME).write_bytes((out.parent / merge_record.FILENAME).read_bytes() + b"\n")
     damaged = run_cli(*_avg(moe, out), env=env)
     assert damaged.returncode == 1 and "published" in damaged.stderr
+
+
+def _killed_after_record(moe, out):
+    """A merge killed between writing its record and removing its in-progress marker."""
+    killed = run_cli(*_avg(moe, out), env={"CKPTFLOW_TEST_KILL_AT": "merge:after-record"})
+    assert killed.returncode == -signal.SIGKILL
+    assert merge_progress.path_in(out.parent).exists() and merge_record.path_in(out.parent).exists()
+
+
+@pytest.mark.slow
+def test_a_merge_killed_before_removing_its_marker_is_finished_by_the_rerun(moe, out, runs):
+    _killed_after_record(moe, out)
+    rerun = run_cli(*_avg(moe, out))
+    assert rerun.returncode == 0 and rerun.report["status"] == "skipped", rerun.stderr
+    assert not merge_progress.path_in(out.parent).exists()
+    assert committed_artifacts(runs) == [(RUN, "iter_000300")]
+
+
+@pytest.mark.slow
+def test_a_stale_marker_of_a_committed_merge_is_cleared_by_publish_and_prune_and_the_artifact_is_freed(
+        moe, out, tmp_path):
+    env = {"CKPTFLOW_CACHE_DIR": str(tmp_path / "cache")}
+    _killed_after_record(moe, out)
+    stale = merge_progress.path_in(out.parent).read_bytes()
+    assert _publish(out.parent, tmp_path / "archive", env).returncode == 0
+    assert not merge_progress.path_in(out.parent).exists()
+    probe = run_cli("probe", "--bucket", f"file://{tmp_path / 'archive'}", "--prefix", f"{RUN}/checkpoints", env=env)
+    assert probe.returncode == 0, probe.stderr
+
+    merge_progress.path_in(out.parent).write_bytes(stale)  # as the kill left it: a prune finishes it too
+    pruned = run_cli("prune-verified", "--paths", str(out.parent), env=env)
+    assert pruned.returncode == 0 and pruned.report["kept"] == [], pruned.stdout
+    assert pruned.report["freed_bytes"] > 0 and not out.exists()
+    assert not merge_progress.path_in(out.parent).exists()
+
+
+@pytest.mark.slow
+def test_a_merge_killed_while_creating_its_lock_leaves_no_lock_file_after_the_next_merge(moe, out):
+    lock = out.parent.with_name(out.parent.name + ".merge.lock")
+    killed = run_cli(*_avg(moe, out), env={"CKPTFLOW_TEST_KILL_AT": "merge:lock-created"})
+    assert killed.returncode == -signal.SIGKILL
+    assert lock.exists()
+    rerun = run_cli(*_avg(moe, out))
+    assert rerun.returncode == 0 and rerun.report["status"] == "built", rerun.stderr
+    assert sorted(p.name for p in out.parent.parent.iterdir()) == [out.parent.name]  # no lock, no temporary

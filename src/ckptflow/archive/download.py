@@ -78,6 +78,7 @@ def put_in_place(part: Path, final: Path, expected: FileDigest, *, no_clobber: b
     try:
         os.link(part, final)
         same = True
+        testhooks.reached("restore:after-link")
     except FileExistsError:
         same = sha256_file(final) == expected
     os.unlink(part)  # our own part: its bytes are now at final, or another file stands there

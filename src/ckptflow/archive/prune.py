@@ -37,7 +37,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..artifact import ITER_DIR_RE
+from ..artifact import ITER_DIR_RE, clear_stale_merge_marker, stale_merge_marker
 from ..errors import CkptflowError
 from ..fsutil import walk_files
 from ..lock import held_by, readers_of
@@ -45,7 +45,8 @@ from ..records import manifest as manifest_record
 from ..records import receipt as receipt_record
 from ..records import verification as verification_record
 from .keys import ARTIFACTS_DIR
-from .release import Checked, LocalChanged, NotProven, prove_release, unlink_checked
+from .release import Checked, LocalChanged, NotProven, is_aside_name, prove_release, unlink_checked
+from .stage import is_part_name
 from .verify import DAMAGED, READ_ALL, READ_NONE, check_binding
 
 log = logging.getLogger(__name__)
@@ -154,8 +155,16 @@ def _plan_one(artifact_dir: Path, store_for, read: str, progress: bool | None,
     except CkptflowError as exc:
         raise _Keep(str(exc)) from None
 
-    present = [p for p in walk_files(artifact_dir) if p not in _NOT_ARCHIVED and not _is_temp(p)]
+    stale = stale_merge_marker(artifact_dir)  # a killed merge's, beside its record: removed, never "extra"
+    if stale is not None and not dry_run:
+        clear_stale_merge_marker(artifact_dir)
+    present = [p for p in walk_files(artifact_dir) if p not in _NOT_ARCHIVED and not _is_temp(p)
+               and (stale is None or p != stale.name)]
     extra = [p for p in present if receipt.entry(p) is None]
+    parts = [p for p in extra if is_part_name(p.rsplit("/", 1)[-1])]
+    if parts:
+        raise _Keep(f"download parts a restore left: {parts[:5]}; run `ckptflow restore --artifact-dir "
+                    f"{artifact_dir}` (it removes them once every file is in place), then prune-verified again")
     if extra:
         raise _Keep(f"files not covered by the receipt: {extra[:5]}; they would be lost — publish a new artifact instead")
     try:
@@ -171,8 +180,11 @@ def _plan_one(artifact_dir: Path, store_for, read: str, progress: bool | None,
 
 
 def _is_temp(relpath: str) -> bool:
-    # Interrupted atomic writes of our own records (".<name>.<host>.<pid>.<token>.tmp").
+    # Interrupted atomic writes of our own records (".<name>.<host>.<pid>.<token>.tmp"), and payloads a
+    # release set aside (".<name>.<host>.<pid>.<token>.aside": a dead one is released with the payloads).
     name = relpath.rsplit("/", 1)[-1]
+    if is_aside_name(name):
+        return True
     return name.startswith(".") and name.endswith(".tmp")
 
 

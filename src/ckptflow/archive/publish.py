@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import testhooks
-from ..artifact import merge_in_progress
+from ..artifact import clear_stale_merge_marker, merge_in_progress
 from ..digest import FileDigest, sha256_bytes
 from ..errors import ConflictError, NotFound, Refused
 from ..progress import ByteProgress
@@ -330,6 +330,7 @@ def publish_artifact(
     path; an explicit one that would archive it elsewhere is refused (``keys.upload_prefix_for``)."""
     artifact_dir = Path(artifact_dir)
     prefix, dest, earlier = check_destination(artifact_dir, store, upload_prefix, add_destination)
+    clear_stale_merge_marker(artifact_dir)  # a merge killed after its record left it: never archived, never kept
     if delete_local:
         from .probe import require_qualified
 

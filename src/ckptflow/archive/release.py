@@ -12,6 +12,12 @@
 4. Each file is renamed aside, its identity compared with the one hashed, and only then unlinked; a
    file that was replaced (an atomic re-save) or rewritten after its check is put back and kept. A
    file already gone (another prune of the same artifact) is reported, never counted as freed.
+
+An aside is named ``.<name>.<host>.<pid>.<token>.aside`` beside its file. One whose writer is gone (this
+host, dead pid: a prune killed between the rename and the unlink, ``release:after-aside``) still holds
+the payload's bytes: the next release hashes it like a payload against the receipt's entry of its file
+and frees it once the remote copy is proven (``dead_asides``), and a restore puts it back under its own
+name instead of downloading it (``put_back_asides``).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from pathlib import Path
 from .. import testhooks
 from ..digest import default_workers, sha256_file
 from ..errors import Refused, UnsafePath, VerificationFailed
-from ..fsutil import resolve_inside, unique_temp_path
+from ..fsutil import dead_temporaries, parse_tagged_name, resolve_inside, temp_stem, unique_temp_path
 from ..progress import ByteProgress
 from ..records import manifest as manifest_record
 from ..records import receipt as receipt_record
@@ -59,6 +65,7 @@ class Checked:
 
     files: dict[str, FileStat] = field(default_factory=dict)
     gone: list[str] = field(default_factory=list)  # vanished before they were hashed
+    asides: dict[str, str] = field(default_factory=dict)  # a dead aside in ``files`` -> the payload it holds
 
     @property
     def size(self) -> int:
@@ -75,6 +82,53 @@ class Released:
 def present_payload(artifact_dir: Path, manifest: manifest_record.Manifest) -> list[str]:
     """The manifest's payload files still on disk (an earlier prune may have removed them)."""
     return [e.path for e in manifest.physical_files() if os.path.lexists(artifact_dir / e.path)]
+
+
+ASIDE_SUFFIX = ".aside"
+
+
+def dead_asides(artifact_dir: Path, payload: list[str]) -> dict[str, str]:
+    """``{aside: payload}``: asides of ``payload`` files that a killed release left (this host, writer gone),
+    relative to ``artifact_dir``; one listing per directory."""
+    by_dir: dict[str, dict[str, str]] = {}
+    for rel in payload:
+        parent, _, name = rel.rpartition("/")
+        by_dir.setdefault(parent, {})[f".{temp_stem(name)}"] = rel
+    found = {}
+    for parent, stems in by_dir.items():
+        try:
+            directory = resolve_inside(artifact_dir, parent, what="payload directory") if parent else artifact_dir
+        except UnsafePath:
+            continue  # a symlinked directory holds no aside of ours; the release refuses it by name
+        for aside in dead_temporaries(directory, stems, ASIDE_SUFFIX):
+            stem = parse_tagged_name(aside.name, ASIDE_SUFFIX)[0]  # type: ignore[index]  # listed by its stem
+            found[f"{parent}/{aside.name}" if parent else aside.name] = stems[stem]
+    return found
+
+
+def is_aside_name(name: str) -> bool:
+    """Whether ``name`` is shaped like a release's aside (of any writer, live or dead)."""
+    return parse_tagged_name(name, ASIDE_SUFFIX) is not None
+
+
+def put_back_asides(artifact_dir: Path, payload: list[str]) -> list[str]:
+    """Give each payload file a killed release set aside its own name back (a link, never over a file
+    standing there), then drop the aside name when both name one file; returns the payloads put back. An
+    aside of a file that stands there as another file is left for a release to judge."""
+    back = []
+    for aside_rel, rel in sorted(dead_asides(artifact_dir, payload).items()):
+        aside, path = artifact_dir / aside_rel, artifact_dir / rel
+        try:
+            os.link(aside, path)
+            back.append(rel)
+        except FileExistsError:
+            pass
+        except FileNotFoundError:  # put back by another process meanwhile
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.samestat(os.lstat(aside), os.lstat(path)):
+                os.unlink(aside)  # a second name of the file now at its own name
+    return back
 
 
 def _hash_one(path: Path, bar: ByteProgress) -> tuple[FileStat, str] | None:
@@ -100,22 +154,24 @@ def _hash_one(path: Path, bar: ByteProgress) -> tuple[FileStat, str] | None:
 
 
 def hash_bound(artifact_dir: Path, payload: list[str], receipt: receipt_record.Receipt,
-               progress: bool | None) -> Checked:
-    """Hash ``payload`` again, bound to the files' identities; refuse any that left the receipt."""
+               progress: bool | None, asides: dict[str, str] | None = None) -> Checked:
+    """Hash ``payload`` again, bound to the files' identities; refuse any that left the receipt. An aside
+    in ``payload`` (a key of ``asides``) is held to the receipt's entry of the file it was set aside from."""
+    asides = asides or {}
     paths = {rel: resolve_inside(artifact_dir, rel, what=f"payload {rel}") for rel in payload}
     total = sum(os.lstat(p).st_size for p in paths.values() if os.path.lexists(p))
     with ByteProgress(total, "re-check sha256", progress) as bar:
         with ThreadPoolExecutor(max_workers=max(1, min(default_workers(), len(payload))),
                                 thread_name_prefix="sha256") as pool:
             results = dict(zip(payload, pool.map(lambda rel: _hash_one(paths[rel], bar), payload), strict=True))
-    checked = Checked()
+    checked = Checked(asides={a: p for a, p in asides.items() if a in results})
     changed = []
     for rel, got in results.items():
         if got is None:
             checked.gone.append(rel)
             continue
         ident, sha = got
-        entry = receipt.entry(rel)
+        entry = receipt.entry(asides.get(rel, rel))
         if entry is None or (entry.size, entry.sha256) != (ident[2], sha):
             changed.append(rel)
         checked.files[rel] = ident
@@ -136,9 +192,10 @@ def prove_release(artifact_dir: Path, store: ObjectStore, receipt: receipt_recor
     missing = [p for p in payload if receipt.entry(p) is None]
     if missing:
         raise Refused(f"{artifact_dir}: {missing[:5]} are not covered by the receipt", remedy="republish the artifact")
-    if not payload:
+    asides = dead_asides(artifact_dir, [e.path for e in manifest.physical_files() if receipt.entry(e.path)])
+    if not payload and not asides:
         return Checked()  # already released: nothing to prove
-    checked = hash_bound(artifact_dir, payload, receipt, progress)
+    checked = hash_bound(artifact_dir, payload + sorted(asides), receipt, progress, asides)
     states = check_receipt(store, receipt, read=read)
     if any(s.state != "ok" for s in states):
         raise NotProven(
@@ -156,7 +213,10 @@ def unlink_checked(artifact_dir: Path, checked: Checked) -> Released:
     gone = list(checked.gone)
     for rel, ident in checked.files.items():
         try:
-            outcome = _unlink_if_same(artifact_dir, rel, ident)
+            if rel in checked.asides:
+                outcome = _unlink_dead_aside(artifact_dir, rel, ident)
+            else:
+                outcome = _unlink_if_same(artifact_dir, rel, ident)
         except OSError as exc:
             outcome = f"{rel} could not be deleted ({exc.strerror}); kept"
         if outcome is None:
@@ -175,11 +235,12 @@ def unlink_checked(artifact_dir: Path, checked: Checked) -> Released:
 def _unlink_if_same(artifact_dir: Path, rel: str, ident: FileStat) -> str | None:
     """"removed" when ``rel`` was still the file hashed; None when it is gone; else why it was kept."""
     path = artifact_dir / rel
-    aside = unique_temp_path(path)
+    aside = unique_temp_path(path, ASIDE_SUFFIX)
     try:
         os.rename(path, aside)
     except FileNotFoundError:
         return None
+    testhooks.reached("release:after-aside")
     if _file_stat(os.lstat(aside)) == ident:
         os.unlink(aside)
         return "removed"
@@ -189,6 +250,19 @@ def _unlink_if_same(artifact_dir: Path, rel: str, ident: FileStat) -> str | None
         return f"{rel} was replaced twice after it was checked; the earlier replacement is kept as {aside}"
     os.unlink(aside)
     return f"{rel} was replaced or rewritten after it was checked; kept"
+
+
+def _unlink_dead_aside(artifact_dir: Path, rel: str, ident: FileStat) -> str | None:
+    """"removed" when the dead aside ``rel`` is still the file hashed; None when it is gone; else why it
+    was kept. Its writer is gone: no process renames or writes it, so no rename aside is needed."""
+    path = artifact_dir / rel
+    try:
+        if _file_stat(os.lstat(path)) != ident:
+            return f"{rel} changed after it was checked; kept"
+        os.unlink(path)
+    except FileNotFoundError:
+        return None
+    return "removed"
 
 
 def _remove_empty_dirs(artifact_dir: Path, removed: list[str]) -> None:

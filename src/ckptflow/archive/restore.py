@@ -26,7 +26,13 @@
    missing. The manifest and the receipt are never written: they stay byte-identical and valid, so
    ``status`` shows the artifact local again and ``prune-verified`` can free it again.
 
-An artifact whose payloads are all present and verify is ``already-local`` (nothing written, exit 0).
+What killed steps left is finished first (never in a dry run): a payload a killed prune set aside
+(``release.put_back_asides``) gets its name back instead of being downloaded again. Once every payload
+is in place and verified, the dead ``.part`` leftovers of those files (a restore killed between linking
+a part into place and removing it, ``restore:after-link``) are removed, and so is a restore lock whose
+holder was killed (``lock.remove_if_stale``): nothing a killed restore leaves blocks a later prune.
+
+An artifact whose payloads are all present and verify is ``already-local`` (nothing downloaded, exit 0).
 Statuses: ``restored`` (every missing file downloaded), ``already-local``, ``dry-run``.
 
 Test points (``testhooks``): ``restore:lock-wait`` (another restore holds the lock; ``restore:lock``
@@ -45,7 +51,7 @@ from .. import testhooks
 from ..digest import FileDigest, hash_files
 from ..errors import CkptflowError, ConflictError, NotFound, Refused, VerificationFailed
 from ..fsutil import require_directory
-from ..lock import DEFAULT_WAIT_SECONDS, held_lock
+from ..lock import DEFAULT_WAIT_SECONDS, held_lock, remove_if_stale
 from ..records import manifest as manifest_record
 from ..records import receipt as receipt_record
 from ..records.inventory import FileEntry
@@ -54,6 +60,7 @@ from . import space, stage
 from .download import download_files
 from .fetch_plan import FetchPlan, read_plan, require_remote
 from .keys import receipt_archive_uri
+from .release import put_back_asides
 from .verify import check_binding, check_declaration
 
 log = logging.getLogger(__name__)
@@ -103,19 +110,24 @@ def restore_artifact(artifact_dir: Path | str, store_for, *, dry_run: bool = Fal
     artifact_dir = Path(os.path.abspath(require_directory(
         artifact_dir, "artifact directory", "pass the published checkpoint_artifacts/iter_N directory")))
     store, plan, receipt_path = _read_source(artifact_dir, store_for)
+    lock = artifact_dir.with_name(artifact_dir.name + ".restore.lock")
+    if not dry_run:
+        put_back_asides(artifact_dir, [e.path for e in plan.payloads])
     result = _judge(store, plan, artifact_dir, progress, {})
     if result.status == "already-local":
+        if not dry_run:
+            _clear_after(artifact_dir, plan.payloads, lock)
         return result
     if dry_run:
         result.status = "dry-run"
         return result
-    lock = artifact_dir.with_name(artifact_dir.name + ".restore.lock")
     with held_lock(lock, lock_wait_seconds, step="restore", busy=f"{artifact_dir} is being restored by another request",
                    remedy="let that restore finish, then rerun (it answers already-local once the payloads are "
                    "in place), or raise --lock-wait-seconds"):
         # Judged again under the lock: another restore may have put files in place meanwhile.
         result = _judge(store, plan, artifact_dir, progress, result.hashed)
         if result.status == "already-local":
+            _clear_after(artifact_dir, plan.payloads, None)
             return result
         testhooks.reached("restore:before-download")
         todo = [e for e in plan.payloads if e.path in result.missing]
@@ -127,8 +139,20 @@ def restore_artifact(artifact_dir: Path | str, store_for, *, dry_run: bool = Fal
         raise ConflictError(f"{artifact_dir / gone[0]} was removed or changed while this restore ran "
                             f"({len(gone)} file(s)); {receipt_path.name} and the manifest were not touched",
                             path=str(artifact_dir / gone[0]), remedy="let the other process finish, then rerun the restore")
+    _clear_after(artifact_dir, plan.payloads, None)
     result.status = "restored"
     return result
+
+
+def _clear_after(artifact_dir: Path, payloads: tuple[FileEntry, ...], lock: Path | None) -> None:
+    """Every payload is in place and verified: remove the dead parts of those files and, given ``lock``, the
+    restore lock when its holder was killed."""
+    for entry in payloads:
+        for part in stage.leftover_parts(artifact_dir / entry.path):
+            part.unlink(missing_ok=True)  # this tool's part, writer gone; its file is in place and verified
+            log.info("removed %s left by a killed restore", part)
+    if lock is not None and remove_if_stale(lock):
+        log.info("removed %s left by a killed restore", lock)
 
 
 def _read_source(artifact_dir: Path, store_for) -> tuple[ObjectStore, FetchPlan, Path]:

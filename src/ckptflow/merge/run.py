@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import __version__, testhooks
-from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE, iteration_from_dir
+from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE, clear_stale_merge_marker, iteration_from_dir
 from ..digest import FileDigest, default_workers, sha256_file
 from ..errors import (
     CkptflowError,
@@ -153,6 +153,8 @@ def _merge_locked(mode: str, experts_abs: list[Path], out: Path, base_dir: Path 
                   dir_iteration: int, diag_path: Path | None, force: bool, progress: bool | None) -> MergeResult:
     artifact_dir = out.parent
     diag_rel = _relative_inside(diag_path, artifact_dir) if diag_path is not None else None
+    if clear_stale_merge_marker(artifact_dir):  # a merge killed after its record: finish its cleanup
+        log.info("removed the in-progress marker a killed merge left beside its record in %s", artifact_dir)
     seen = directory_state(artifact_dir)  # before deciding: any later change is seen by the commit's re-check
 
     base_model = BaseModel(base_dir) if base_dir is not None else None
@@ -374,6 +376,7 @@ def _commit(artifact_dir: Path, out: Path, tmp: Path, request: MergeRequest, mod
     merge_record.write_merge_record(
         artifact_dir, MergeRecord(tool_version=__version__, request=request, outputs=tuple(outputs), diag=diag_rel)
     )
+    testhooks.reached("merge:after-record")
     _require_own_marker(artifact_dir, marker)
     merge_progress.path_in(artifact_dir).unlink()  # ours: it names the model.pt this commit wrote and the one it replaced
 

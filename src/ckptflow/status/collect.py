@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -9,6 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..archive.release import dead_asides
 from ..archive.verify import describe_failures, verify_artifact
 from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE, RUN_DEPTH, find_runs
 from ..digest import sha256_bytes
@@ -216,26 +218,37 @@ def _payload_sizes(manifest: Manifest) -> Iterator[tuple[str, int]]:
 
 
 def _read_payloads(row: Row, path: Path, manifest: Manifest) -> None:
-    """Local size and the pruned state from a stat of each payload file the manifest names."""
+    """Local size and the pruned state from a stat of each payload file the manifest names (and of each a
+    killed prune set aside under another name: its bytes are still on disk)."""
     missing, present, other_size = 0, 0, []
     total = 0
+    gone = []
     for rel, size in _payload_sizes(manifest):
         total += 1
         try:
             found = os.stat(path / rel).st_size
         except OSError:
             missing += 1
+            gone.append(rel)
             continue
         present += found
         if found != size:
             other_size.append(f"{rel} has {found} bytes, the manifest says {size}")
+    asides = dead_asides(path, gone) if gone else {}
+    for aside in asides:
+        with contextlib.suppress(OSError):
+            present += os.stat(path / aside).st_size
     row.local_bytes = present
     if other_size:
         row.local = cell("damaged", _listed(other_size) + ": restore the artifact, or fetch it from the archive")
     receipt = row.published["state"] == "receipt"
     if missing == 0:
         return
-    if missing == total and receipt:
+    if asides and receipt:
+        row.pruned = cell("partial", f"{_listed(sorted(set(asides.values())))} set aside by a killed prune, its "
+                          "bytes still on disk: rerun prune-verified to free them, or `ckptflow restore` to put "
+                          "them back", files=missing)
+    elif missing == total and receipt:
         row.pruned = cell("pruned", files=total)
     elif receipt:
         row.pruned = cell("partial", f"{missing} of {total} payload files are gone: an interrupted prune "
