@@ -8,10 +8,13 @@ import uuid
 
 import pytest
 
+from ckptflow.archive.probe import run_probe
 from ckptflow.jsonio import validate
 from ckptflow.records import receipt as receipt_record
+from ckptflow.store.credentials import load_credentials
+from ckptflow.store.s3 import S3Store
 from helpers import servers
-from helpers.artifacts import UPLOAD_PREFIX
+from helpers.artifacts import ARTIFACT_PREFIX, UPLOAD_PREFIX
 from helpers.cli import run_cli
 
 
@@ -72,3 +75,52 @@ def test_publishing_elsewhere_is_refused_unless_it_adds_a_destination_and_then_b
     assert moved.returncode == 0, moved.stderr
     rec = receipt_record.read_receipt(artifact)
     assert rec.destination == old.destination and [d.bucket for d in rec.earlier_destinations] == [second_bucket]
+
+
+def _verify(artifact, creds, *extra):
+    proc = run_cli("verify", *extra, "--credentials", str(creds))
+    assert proc.report is not None, proc.stderr
+    validate(proc.report, "report_verify", what="verify report")
+    return proc
+
+
+def _states_by_bucket(report) -> dict[str, dict[str, str]]:
+    """{bucket: {path: state}} of every destination a verify report (of one artifact) checked."""
+    checks = [report, *report.get("other_destinations", ())]
+    return {c["destination"]["bucket"]: {o["path"]: o["state"] for o in c.get("objects", ())} for c in checks}
+
+
+@pytest.mark.seaweedfs
+@pytest.mark.slow
+def test_verify_scrub_and_prune_check_every_destination_the_receipt_lists(
+        artifact, seaweedfs_bucket, second_bucket, seaweedfs_credentials_path):
+    creds = seaweedfs_credentials_path
+    (artifact / "optim.pt").unlink()
+    assert _publish(artifact, seaweedfs_bucket, creds).returncode == 0
+    assert _publish(artifact, second_bucket, creds, "--add-destination").returncode == 0
+    for bucket in (seaweedfs_bucket, second_bucket):
+        assert run_probe(S3Store(bucket, load_credentials(creds)), "scratch").record.passed
+    both = _verify(artifact, creds, "--artifact-dir", str(artifact))
+    assert both.returncode == 0, both.stderr
+    assert {b: set(s.values()) for b, s in _states_by_bucket(both.report).items()} == {
+        seaweedfs_bucket: {"ok"}, second_bucket: {"ok"}}
+
+    servers.s3_client(creds).delete_object(Bucket=seaweedfs_bucket, Key=f"{ARTIFACT_PREFIX}/model.pt")  # the first copy
+    lost = _verify(artifact, creds, "--artifact-dir", str(artifact))
+    assert lost.returncode == 1 and seaweedfs_bucket in lost.stderr and "model.pt" in lost.stderr
+    assert _states_by_bucket(lost.report)[seaweedfs_bucket]["model.pt"] == "missing"
+    assert set(_states_by_bucket(lost.report)[second_bucket].values()) == {"ok"}
+    assert _verify(artifact, creds, "--artifact-dir", str(artifact), "--destination",
+                   f"s3://{second_bucket}").returncode == 0
+    runs_root = str(artifact.parents[2])
+    assert _verify(artifact, creds, "--all-under", runs_root).returncode == 1
+    assert _verify(artifact, creds, "--all-under", runs_root, "--destination", f"s3://{second_bucket}").returncode == 0
+    assert _verify(artifact, creds, "--all-under", runs_root, "--destination",
+                   f"s3://{seaweedfs_bucket}").returncode == 1
+
+    kept = run_cli("prune-verified", "--paths", str(artifact), "--credentials", str(creds))
+    assert kept.returncode == 1 and kept.report["removed"] == [] and seaweedfs_bucket in kept.report["kept"][0]["reason"]
+    assert (artifact / "model.pt").exists()
+    pruned = run_cli("prune-verified", "--paths", str(artifact), "--destination", f"s3://{second_bucket}",
+                     "--credentials", str(creds))
+    assert pruned.returncode == 0 and not (artifact / "model.pt").exists(), pruned.stdout

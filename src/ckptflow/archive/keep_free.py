@@ -161,7 +161,8 @@ def _published_at(path: Path) -> str | None:
 
 
 def keep_free(runs_root: Path | str, target: Target, store_for, *, keep_newest: int = 1, dry_run: bool = False,
-              read_data: bool = False, progress: bool | None = None) -> PruneReport:
+              read_data: bool = False, progress: bool | None = None,
+              destinations: tuple[str, ...] | None = None) -> PruneReport:
     """Prune verified artifacts under ``runs_root``, oldest first, until its file system has ``target`` free."""
     runs_root = require_directory(runs_root, "runs root", "pass the directory holding <project>/<group>/<run>/<ts>")
     keep_newest = check_keep_newest(keep_newest)
@@ -169,7 +170,7 @@ def keep_free(runs_root: Path | str, target: Target, store_for, *, keep_newest: 
     device = os.stat(runs_root).st_dev
     want = target.bytes_of(st.f_blocks * block)
     order, newest = plan_order(runs_root, keep_newest)
-    report = PruneReport(dry_run=dry_run, read_data=read_data)
+    report = PruneReport(dry_run=dry_run, read_data=read_data, destinations=destinations)
     read = READ_ALL if read_data else READ_NONE
     now = free
     for i, cand in enumerate(order):

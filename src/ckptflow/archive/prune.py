@@ -6,7 +6,8 @@ have their own retention). An artifact's payload files are removed only when all
 - a valid native manifest whose ``file`` components all carry digests;
 - a JSON receipt (a legacy plain-text ``.uploaded`` proves nothing) bound to this artifact (its prefix
   names this ``iter_N``, it records this manifest's digest) and to the endpoint the credentials reach,
-  with a passing probe record for that endpoint;
+  with a passing probe record for that endpoint; each destination the receipt lists is checked (or each
+  one the operator names, ``--destination``), and the copy at every one of them must be proven;
 - the receipt covers every file in the directory (an extra local file blocks pruning: publication
   never silently includes it);
 - the checks of ``release.prove_release``: every local payload still hashes to the receipt's digest,
@@ -44,10 +45,20 @@ from ..lock import held_by, readers_of
 from ..records import manifest as manifest_record
 from ..records import receipt as receipt_record
 from ..records import verification as verification_record
+from ..store.uri import destination_label
 from .keys import ARTIFACTS_DIR
 from .release import Checked, LocalChanged, NotProven, is_aside_name, prove_release, unlink_checked
 from .stage import is_part_name
-from .verify import DAMAGED, READ_ALL, READ_NONE, check_binding
+from .verify import (
+    DAMAGED,
+    READ_ALL,
+    READ_NONE,
+    check_binding,
+    check_receipt,
+    describe_failures,
+    effective_read,
+    select_destinations,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +75,8 @@ class PruneReport:
     dry_run: bool = False
     read_data: bool = False
     keep_free: dict | None = None  # --keep-free: the target and the free space before and after
+    # --destination: the receipt's destinations whose copies must verify (None: every one it lists)
+    destinations: tuple[str, ...] | None = None
 
     @property
     def has_errors(self) -> bool:
@@ -123,7 +136,7 @@ def _check_in_use(artifact_dir: Path) -> None:
 
 
 def _plan_one(artifact_dir: Path, store_for, read: str, progress: bool | None,
-              dry_run: bool, in_use: bool) -> tuple[Checked, str | None]:
+              dry_run: bool, in_use: bool, destinations: tuple[str, ...] | None = None) -> tuple[Checked, str | None]:
     """All the checks; returns the payload files proven (by identity) and, in a dry run, what the real
     run would still need (an endpoint probe, which writes), or raises _Keep."""
     _check_location(artifact_dir)
@@ -142,18 +155,26 @@ def _plan_one(artifact_dir: Path, store_for, read: str, progress: bool | None,
         receipt = receipt_record.read_receipt(artifact_dir)
     except CkptflowError as exc:
         raise _Keep(f"no valid receipt: {exc}") from None
+    try:  # a destination named that the receipt does not list: the operator's proof cannot be had
+        chosen = select_destinations(receipt, destinations, str(receipt_record.path_in(artifact_dir)))
+    except CkptflowError as exc:
+        raise _Keep(str(exc), error=True) from None
+    copies, needed = [], []  # (store, the receipt as that copy's proof), for every destination required
     try:
-        store = store_for(receipt.destination)
-        check_binding(store, receipt, artifact_dir)
         from .probe import pending_probe, require_qualified
 
-        if dry_run:  # the probe writes scratch objects and the cache: a dry run only says it would run
-            needs = pending_probe(store, receipt.destination.prefix)
-        else:
-            require_qualified(store, receipt.destination.prefix)
-            needs = None
+        for dest in chosen:
+            store = store_for(dest)
+            check_binding(store, receipt.at(dest), artifact_dir)
+            if dry_run:  # the probe writes scratch objects and the cache: a dry run only says it would run
+                needed.append(pending_probe(store, dest.prefix))
+            else:
+                require_qualified(store, dest.prefix)
+            copies.append((store, receipt.at(dest)))
     except CkptflowError as exc:
         raise _Keep(str(exc)) from None
+    needs = "; ".join(n for n in needed if n) or None
+    (store, receipt), others = copies[0], copies[1:]
 
     stale = stale_merge_marker(artifact_dir)  # a killed merge's, beside its record: removed, never "extra"
     if stale is not None and not dry_run:
@@ -167,6 +188,12 @@ def _plan_one(artifact_dir: Path, store_for, read: str, progress: bool | None,
                     f"{artifact_dir}` (it removes them once every file is in place), then prune-verified again")
     if extra:
         raise _Keep(f"files not covered by the receipt: {extra[:5]}; they would be lost — publish a new artifact instead")
+    for other_store, other in others:  # every other copy required must hold the declared bytes too
+        states = check_receipt(other_store, other, read=effective_read(other_store, read))
+        if any(s.state != "ok" for s in states):
+            raise _Keep(f"remote copy of {artifact_dir} at {destination_label(other.destination, other.destination.prefix)} "
+                        f"not proven: {describe_failures(states)}; keep the local copy (or name the destinations "
+                        "to rely on with --destination)", error=any(s.state in DAMAGED for s in states))
     try:
         return prove_release(artifact_dir, store, receipt, manifest, read=read, progress=progress), needs
     except NotProven as exc:
@@ -189,10 +216,11 @@ def _is_temp(relpath: str) -> bool:
 
 
 def prune_verified(paths: list[Path], store_for, *, dry_run: bool = False, read_data: bool = False,
-                   progress: bool | None = None) -> PruneReport:
+                   progress: bool | None = None, destinations: tuple[str, ...] | None = None) -> PruneReport:
     """Check and prune each path; ``store_for(receipt_destination)`` opens the store with the caller's
-    credentials. With ``read_data`` every remote object is read back and hashed before anything goes."""
-    report = PruneReport(dry_run=dry_run, read_data=read_data)
+    credentials. With ``read_data`` every remote object is read back and hashed before anything goes. The
+    copy at every destination the receipt lists must be proven, or at each one ``destinations`` names."""
+    report = PruneReport(dry_run=dry_run, read_data=read_data, destinations=destinations)
     seen: set[Path] = set()
     for raw in paths:
         artifact_dir = artifact_dir_of(Path(raw))
@@ -210,7 +238,8 @@ def prune_one(report: PruneReport, artifact_dir: Path, store_for, read: str, pro
     what was proven (and, but in a dry run, released), or None when the artifact was kept whole. With
     ``in_use``, an artifact another process reads or writes now is kept (see the module doc)."""
     try:
-        checked, needs = _plan_one(artifact_dir, store_for, read, progress, report.dry_run, in_use)
+        checked, needs = _plan_one(artifact_dir, store_for, read, progress, report.dry_run, in_use,
+                                   report.destinations)
         if in_use and not report.dry_run:
             _check_in_use(artifact_dir)  # again: proving took a while, and a reader may have started
     except _Keep as keep:

@@ -378,10 +378,12 @@ def publish_artifact(
     kept = receipt_record.read_receipt(artifact_dir) if result.status == "skipped" else None
     if kept is None or kept.server_checksums is None or kept.earlier_destinations != earlier:
         testhooks.reached("publish:before-receipt")
+        previous = receipt_record.belonging_receipt(artifact_dir)  # each earlier copy keeps its proof
         receipt = receipt_record.Receipt(
             destination=dest, declaration_sha256=decl_sha, files=inv.files,
             uploaded_at=utc_timestamp(), server_checksums=_proven_checksums(states[1:], inv),
             earlier_destinations=earlier,
+            earlier_server_checksums=tuple(previous.checksums_at(d) if previous is not None else None for d in earlier),
         )
         receipt_record.write_receipt(artifact_dir, receipt)
     if delete_local:

@@ -33,7 +33,7 @@ from functools import partial
 from pathlib import Path
 
 from ..digest import FileDigest, sha256_bytes
-from ..errors import NotFound, Refused, UsageError, VerificationFailed
+from ..errors import CkptflowError, NotFound, Refused, UsageError, VerificationFailed
 from ..fsutil import require_directory
 from ..progress import ByteProgress
 from ..records import declaration as declaration_record
@@ -44,6 +44,7 @@ from ..records.inventory import FileEntry
 from ..store.base import ObjectStore
 from ..store.open import check_destination as open_check_destination
 from ..store.transfer import HashedObject, hash_batch
+from ..store.uri import destination_label, destination_uri
 from .download import download_connections, download_range_size
 from .keys import object_key
 
@@ -307,24 +308,64 @@ def check_binding(store: ObjectStore, receipt: receipt_record.Receipt, artifact_
     receipt_record.check_belongs(receipt, artifact_dir)
 
 
+def select_destinations(receipt: receipt_record.Receipt, named: list[str] | tuple[str, ...] | None,
+                        where: str) -> list[receipt_record.ReceiptDestination]:
+    """The destinations of ``receipt`` to check, in its order (the current one first): every one it lists,
+    or those ``named`` (``--destination URI``: a destination's URI, or a URI above it, such as its bucket).
+    A name that matches none of them is refused, naming what the receipt lists."""
+    if not named:
+        return list(receipt.destinations)
+    uris = {d: str(destination_uri(d, d.prefix)).rstrip("/") for d in receipt.destinations}
+    wanted = [n.rstrip("/") for n in named]
+    unknown = [n for n in wanted if not any(u == n or u.startswith(n + "/") for u in uris.values())]
+    if unknown:
+        raise Refused(f"{where} lists no destination {', '.join(unknown)}: it lists "
+                      f"{', '.join(destination_label(d, d.prefix) for d in receipt.destinations)}",
+                      remedy="name a destination the receipt lists with --destination, or leave it out to check every one")
+    return [d for d, u in uris.items() if any(u == n or u.startswith(n + "/") for n in wanted)]
+
+
+@dataclass(frozen=True)
+class DestinationCheck:
+    """The check of the copy at one more destination of a receipt: its objects, or why it could not run."""
+
+    destination: receipt_record.ReceiptDestination
+    objects: list[ObjectState]
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and all(o.state == "ok" for o in self.objects)
+
+    def to_dict(self) -> dict:
+        out = {"destination": self.destination.to_dict(), "status": "verified" if self.ok else "failed",
+               "objects": [o.to_dict() for o in self.objects]}
+        return out | ({"detail": self.error} if self.error else {})
+
+    def failure(self) -> str:
+        where = destination_label(self.destination, self.destination.prefix)
+        return f"{where}: {self.error or describe_failures(self.objects, limit=3)}"
+
+
 @dataclass(frozen=True)
 class VerifyResult:
     artifact_dir: Path
-    receipt: receipt_record.Receipt
+    receipt: receipt_record.Receipt  # as the proof for the first destination checked (``Receipt.at``)
     objects: list[ObjectState]
     read_data: bool = False
     receipt_sha256: str | None = None  # of the receipt's bytes that were checked
     subset: Subset | None = None
     seconds: float = 0.0
     scrub: bool = False  # the bytes were asked for (--read-data), so the report gives the time they took
+    others: tuple[DestinationCheck, ...] = ()  # the other destinations checked (every one the receipt lists)
 
     @property
     def ok(self) -> bool:
-        return all(o.state == "ok" for o in self.objects)
+        return all(o.state == "ok" for o in self.objects) and all(c.ok for c in self.others)
 
     @property
     def bytes_read(self) -> int:
-        return sum(o.bytes_read for o in self.objects)
+        return sum(o.bytes_read for o in [*self.objects, *(o for c in self.others for o in c.objects)])
 
     def to_report(self) -> dict:
         """The ``verify`` report (schemas/report_verify.schema.json), for the CLI and the workflow alike."""
@@ -334,12 +375,18 @@ class VerifyResult:
             "destination": self.receipt.destination.to_dict(),
             "read_data": self.read_data,
             "objects": [o.to_dict() for o in self.objects],
+            **({"other_destinations": [c.to_dict() for c in self.others]} if self.others else {}),
             **read_figures(self.subset, self.bytes_read, self.seconds if self.scrub else None),
         }
 
+    def failures(self) -> list[str]:
+        """Each destination whose copy is not ok: ``<destination>: <what is wrong>``."""
+        first = DestinationCheck(self.receipt.destination, self.objects)
+        return [c.failure() for c in (first, *self.others) if not c.ok]
+
     def failure_line(self) -> str:
         return (
-            f"remote copy of {self.artifact_dir} does not match its receipt: {describe_failures(self.objects)}; "
+            f"remote copy of {self.artifact_dir} does not match its receipt at {'; at '.join(self.failures())}; "
             "keep the local copy and republish it to a new destination"
         )
 
@@ -356,8 +403,11 @@ def read_figures(subset: Subset | None, bytes_read: int, seconds: float | None) 
 
 
 def verify_artifact(artifact_dir: Path | str, store_for, *, read_data: bool = False, subset: Subset | None = None,
-                    progress: bool | None = False, record: bool = False) -> VerifyResult:
-    """Check the remote objects recorded in ``artifact_dir/.uploaded`` (``check_receipt``); on ``file://``
+                    progress: bool | None = False, record: bool = False,
+                    destinations: list[str] | tuple[str, ...] | None = None) -> VerifyResult:
+    """Check the remote objects recorded in ``artifact_dir/.uploaded`` (``check_receipt``) at every destination
+    the receipt lists, or at those ``destinations`` names (``select_destinations``): the first one checked
+    must be reachable (else this refuses), a later one that cannot be checked fails the result by name; on ``file://``
     the bytes are always read. ``subset`` (with ``read_data``): only the files of that slice. With ``record``
     (``ckptflow verify`` of one artifact), the outcome of a whole check, verified or failed, is written to
     ``.verified.json`` beside the receipt, where ``status`` finds it (a slice proves nothing about the other
@@ -372,7 +422,9 @@ def verify_artifact(artifact_dir: Path | str, store_for, *, read_data: bool = Fa
     path = receipt_record.path_in(artifact_dir)
     if not path.exists():
         raise NotFound(f"{path} does not exist: the artifact has no upload receipt", remedy="run `ckptflow publish` first")
-    receipt, receipt_sha256 = receipt_record.read_receipt_digest(artifact_dir)
+    full, receipt_sha256 = receipt_record.read_receipt_digest(artifact_dir)
+    first, *rest = select_destinations(full, destinations, str(path))
+    receipt = full.at(first)
     store = store_for(receipt.destination)
     check_binding(store, receipt, artifact_dir)
     read = effective_read(store, READ_ALL if read_data else READ_NONE)
@@ -382,20 +434,35 @@ def verify_artifact(artifact_dir: Path | str, store_for, *, read_data: bool = Fa
              else "HEAD: sizes and server checksums (sha256 metadata alone proves nothing)")
     started = time.monotonic()
     states = check_receipt(store, receipt, read=read, subset=subset, progress=progress)
+    others = tuple(_check_at(artifact_dir, full.at(d), store_for, read_data, subset, progress) for d in rest)
     result = VerifyResult(artifact_dir=artifact_dir, receipt=receipt, objects=states, read_data=read == READ_ALL,
                           subset=subset, seconds=time.monotonic() - started, scrub=read_data,
-                          receipt_sha256=receipt_sha256)
+                          receipt_sha256=receipt_sha256, others=others)
     if record and subset is None:
         _record_outcome(result)
     return result
 
 
+def _check_at(artifact_dir: Path, receipt: receipt_record.Receipt, store_for, read_data: bool,
+              subset: Subset | None, progress: bool | None) -> DestinationCheck:
+    """The copy at one more destination (``receipt`` as ``Receipt.at`` gives it); never raises for it."""
+    try:
+        store = store_for(receipt.destination)
+        check_binding(store, receipt, artifact_dir)
+        read = effective_read(store, READ_ALL if read_data else READ_NONE)
+        return DestinationCheck(receipt.destination, check_receipt(store, receipt, read=read, subset=subset,
+                                                                   progress=progress))
+    except (CkptflowError, OSError) as exc:
+        return DestinationCheck(receipt.destination, [], str(exc))
+
+
 def _record_outcome(result: VerifyResult) -> None:
     """Write ``.verified.json``; a directory that cannot take it (read-only) costs only the record."""
-    not_ok = sum(o.state != "ok" for o in result.objects)
+    not_ok = sum(o.state != "ok" for o in [*result.objects, *(o for c in result.others for o in c.objects)])
+    not_ok += sum(c.error is not None for c in result.others)
     outcome = verification_record.Verification(
         status="verified" if result.ok else "failed", verified_at=utc_timestamp(), read_data=result.read_data,
-        objects=len(result.objects), not_ok=not_ok, receipt_sha256=result.receipt_sha256 or "")
+        objects=len(result.objects) + sum(len(c.objects) for c in result.others), not_ok=not_ok, receipt_sha256=result.receipt_sha256 or "")
     try:
         verification_record.write_verification(result.artifact_dir, outcome)
     except OSError as exc:

@@ -24,6 +24,9 @@ def register(sub) -> None:
                    "(binary units; a bare number is refused) or 15%% of the file system")
     s.add_argument("--keep-newest", type=int, metavar="K", help="with --runs-root: never free the newest K artifacts "
                    "of a run (default 1)")
+    s.add_argument("--destination", action="append", metavar="URI",
+                   help="rely on the copy at this destination of the receipt (repeatable; a URI such as "
+                   "s3://BUCKET or s3://BUCKET/PREFIX); default: every destination the receipt lists must verify")
     s.add_argument("--credentials", help="credentials JSON; default $CKPTFLOW_CREDENTIALS")
     s.add_argument("--dry-run", action="store_true", help="check everything, write and delete nothing anywhere (an endpoint without a cached probe "
                    "record is not probed: the report says the real run would probe it), report what would go")
@@ -46,7 +49,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         paths = [Path(p) for arg in args.paths for p in arg.split(",") if p.strip()]
         if not paths:
             raise UsageError("--paths is empty", remedy="name at least one artifact directory")
-        report = prune_verified(paths, store_factory(args.credentials), dry_run=args.dry_run, read_data=args.read_data)
+        report = prune_verified(paths, store_factory(args.credentials), dry_run=args.dry_run, read_data=args.read_data,
+                                destinations=_destinations(args))
     out = report.to_report()
     if report.has_errors:
         bad = [k for k in report.kept if k.get("error")]
@@ -63,7 +67,11 @@ def _keep_free(args: argparse.Namespace, store_for):
         raise UsageError("--runs-root needs --keep-free", remedy="pass e.g. --keep-free 20G or --keep-free 15%")
     return keep_free(Path(args.runs_root), parse_target(args.keep_free), store_for,
                      keep_newest=1 if args.keep_newest is None else args.keep_newest,
-                     dry_run=args.dry_run, read_data=args.read_data)
+                     dry_run=args.dry_run, read_data=args.read_data, destinations=_destinations(args))
+
+
+def _destinations(args: argparse.Namespace) -> tuple[str, ...] | None:
+    return tuple(args.destination) if args.destination else None
 
 
 def summarize(report: dict[str, Any], elapsed: float | None) -> str:

@@ -29,6 +29,9 @@ def register(sub) -> None:
     where.add_argument("--artifact-dir", help="the published checkpoint_artifacts/iter_N directory")
     where.add_argument("--all-under", metavar="RUNS_ROOT",
                        help="scrub every published artifact under this runs root (implies --read-data)")
+    s.add_argument("--destination", action="append", metavar="URI",
+                   help="check only the copy at this destination of the receipt (repeatable; a URI such as "
+                   "s3://BUCKET or s3://BUCKET/PREFIX); default: every destination the receipt lists")
     s.add_argument("--credentials", help="credentials JSON; default $CKPTFLOW_CREDENTIALS")
     s.add_argument("--read-data", action="store_true", help="also read back and hash every object (content-level check)")
     s.add_argument("--subset", type=subset_arg, metavar="K/N",
@@ -46,10 +49,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                          remedy="pass --read-data --subset K/N (or --all-under R)")
     store_for = store_factory(args.credentials)
     if args.all_under:
-        result = scrub_runs_root(Path(args.all_under), store_for, subset=args.subset, progress=None)
+        result = scrub_runs_root(Path(args.all_under), store_for, subset=args.subset, progress=None,
+                                 destinations=args.destination)
     else:
         result = verify_artifact(Path(args.artifact_dir), store_for, read_data=args.read_data, subset=args.subset,
-                                 progress=None, record=True)
+                                 progress=None, record=True, destinations=args.destination)
     report = result.to_report()
     if not result.ok:
         raise ReportedFailure(report, result.failure_line())
@@ -67,17 +71,25 @@ def _read_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
 def summarize(report: dict[str, Any], elapsed: float | None) -> str:
     if "artifacts" in report:
         return _summarize_scrub(report, elapsed)
-    objects = report["objects"]
+    others = report.get("other_destinations", [])
+    objects = [*report["objects"], *(o for c in others for o in c["objects"])]
     bad = [o for o in objects if o["state"] != "ok"]
     how = "contents read and hashed" if report["read_data"] else "size and digests checked (HEAD)"
-    if bad:
-        headline = f"failed: {len(bad)} of {plural(len(objects), 'object')} not ok ({how})"
+    copies = f" at {len(others) + 1} destinations" if others else ""
+    if bad or report["status"] != "verified":
+        headline = f"failed: {len(bad)} of {plural(len(objects), 'object')}{copies} not ok ({how})"
     else:
-        headline = f"verified {plural(len(objects), 'object')} of the archive ({how})"
-    rows = [(o["state"], f"{o['path']}: {o['detail']}" if o.get("detail") else o["path"]) for o in bad]
+        headline = f"verified {plural(len(objects), 'object')} of the archive{copies} ({how})"
+    rows = [(o["state"], f"{o['path']}: {o['detail']}" if o.get("detail") else o["path"])
+            for o in report["objects"] if o["state"] != "ok"]
+    for other in others:
+        where = destination_uri(other["destination"])
+        rows += [("failed", f"{where}: {other['detail']}")] if other.get("detail") else []
+        rows += [(o["state"], f"{where}: {o['path']}") for o in other["objects"] if o["state"] != "ok"]
     return block(headline, [
         ("artifact", report["artifact_dir"]),
         ("archive", destination_uri(report["destination"])),
+        *[("also", destination_uri(c["destination"])) for c in others],
         *_read_rows(report),
         *capped(rows, "not ok"),
     ], elapsed)

@@ -33,8 +33,10 @@ a receipt without it (written before it existed) proves no file by checksum.
 newest first, the other destinations this artifact's receipt named before: publishing an artifact whose
 receipt names another destination is refused unless the publication says it adds a destination
 (``ckptflow publish --add-destination``), and then the receipt moves the old ``destination`` into this
-list, so no record of where the archive lives is ever dropped. ``destination`` is the archive that
-verify and prune-verified check; the earlier ones are where publication re-derives a lost receipt from.
+list, so no record of where the archive lives is ever dropped. ``earlier_server_checksums`` (optional)
+holds, in the same order, the ``server_checksums`` each earlier destination's publication recorded (null
+for one that recorded none), so every copy keeps its proof. Verify and prune-verified check every
+destination listed (or the ones the operator names); publication re-derives a lost receipt from any.
 
 The endpoint is an authority (host[:port]; for ``file``, the archive root path) and never a secret:
 a value with ``@``, ``?``, ``#`` or whitespace is refused on write and on read.
@@ -144,6 +146,9 @@ class Receipt:
     server_checksums: Mapping[str, str] | None = None
     # Other destinations this artifact was published to before, newest first (see the module docstring).
     earlier_destinations: tuple[ReceiptDestination, ...] = ()
+    # The server checksums each earlier destination's publication recorded, in the same order (None: none);
+    # () for a receipt that records none for any.
+    earlier_server_checksums: tuple[Mapping[str, str] | None, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", sorted_entries(self.files))
@@ -170,7 +175,23 @@ class Receipt:
             uploaded_at=_record.require_utc_timestamp(data["uploaded_at"], what, "uploaded_at"),
             server_checksums=_checksums(data, what),
             earlier_destinations=tuple(_destination(d) for d in data.get("earlier_destinations", ())),
+            earlier_server_checksums=_earlier_checksums(data, what),
         )
+
+    def checksums_at(self, destination: ReceiptDestination) -> Mapping[str, str] | None:
+        """The server checksums the publication to ``destination`` recorded; None when it recorded none."""
+        if destination == self.destination:
+            return self.server_checksums
+        recorded = dict(zip(self.earlier_destinations, self.earlier_server_checksums, strict=False))
+        return recorded.get(destination)
+
+    def at(self, destination: ReceiptDestination) -> Receipt:
+        """This receipt as the proof for the copy at ``destination`` (one it lists): that destination, with
+        the server checksums its publication recorded; what verify checks there."""
+        if destination not in self.destinations:
+            raise ValueError(f"{destination} is not a destination of this receipt")
+        return Receipt(destination, self.declaration_sha256, self.files, self.uploaded_at,
+                       self.checksums_at(destination))
 
     @property
     def destinations(self) -> tuple[ReceiptDestination, ...]:
@@ -189,6 +210,9 @@ class Receipt:
             out["server_checksums"] = dict(self.server_checksums)
         if self.earlier_destinations:
             out["earlier_destinations"] = [d.to_dict() for d in self.earlier_destinations]
+        if any(c is not None for c in self.earlier_server_checksums):
+            out["earlier_server_checksums"] = [None if c is None else dict(sorted(c.items()))
+                                               for c in self.earlier_server_checksums]
         return out
 
 
@@ -292,6 +316,21 @@ def _checksums(data: Mapping[str, Any], what: str) -> dict[str, str] | None:
             remedy="the receipt is corrupt; publish or verify the artifact again to rewrite it",
         )
     return checksums
+
+
+def _earlier_checksums(data: Mapping[str, Any], what: str) -> tuple[dict[str, str] | None, ...]:
+    """``earlier_server_checksums`` (schema-checked): one entry per earlier destination, each key a file."""
+    if "earlier_server_checksums" not in data:
+        return ()
+    listed = data["earlier_server_checksums"]
+    if len(listed) != len(data.get("earlier_destinations", ())):
+        raise InvalidRecord(
+            f"{what}: earlier_server_checksums has {len(listed)} entries for "
+            f"{len(data.get('earlier_destinations', ()))} earlier destinations",
+            remedy="the receipt is corrupt; publish or verify the artifact again to rewrite it",
+        )
+    return tuple(None if c is None else _checksums({"server_checksums": c, "files": data["files"]}, what)
+                 for c in listed)
 
 
 # Both kinds of receipt are encoded and written by this one binding; parsing picks the kind (below).
