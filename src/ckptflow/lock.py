@@ -174,8 +174,9 @@ def _refuse_foreign(fd: int, path: Path) -> None:
 def held_lock(path: Path, wait_seconds: float, *, step: str, busy: str, remedy: str) -> Iterator[Path | None]:
     """Hold the lock file ``path`` for the block; wait up to ``wait_seconds`` (polling) for another holder,
     then raise ``Refused`` naming it (nothing touched): ``"<busy> (<holder>): <path> was still held ..."``.
-    ``step`` names the test guard (``<step>:lock``, see ``testhooks.disabled``) and the pause point reached
-    when the lock is found held (``<step>:lock-wait``). Yields the lock's path (None when a test disabled it).
+    ``step`` names the test guard (``<step>:lock``, see ``testhooks.disabled``) and the points reached
+    when the lock is found held (``<step>:lock-wait``), once a new lock file is at its path
+    (``<step>:lock-created``) and just before it is removed (``<step>:lock-release``). Yields the lock's path (None when a test disabled it).
     The lock file goes when the block ends, if it is still the one this request created."""
     if testhooks.disabled(f"{step}:lock"):
         yield None

@@ -36,8 +36,9 @@ An artifact whose payloads are all present and verify is ``already-local`` (noth
 Statuses: ``restored`` (every missing file downloaded), ``already-local``, ``dry-run``.
 
 Test points (``testhooks``): ``restore:lock-wait`` (another restore holds the lock; ``restore:lock``
-switches it off), ``restore:before-download``, and the download's own ``fetch:mid-file:<path>`` and
-``fetch:after-file:<path>``.
+switches it off), ``restore:before-download``, ``restore:after-link`` (a part linked into place, not yet
+removed), ``restore:lock-created`` and ``restore:lock-release`` (``ckptflow.lock``), and the download's own
+``fetch:mid-file:<path>`` and ``fetch:after-file:<path>``.
 """
 
 from __future__ import annotations
