@@ -290,6 +290,10 @@ def test_a_restore_puts_back_what_a_killed_prune_set_aside_and_a_later_prune_fre
     art = published(tmp_path / "run1", store)
     original = file_bytes(art)
     killed_prune_with_model_set_aside(art, args)
+    before = tree_bytes(art.parent)
+    dry = restore(art, args, "--dry-run")  # says what the real run does: nothing to download
+    assert dry.returncode == 0 and dry.report["missing"] == [] and dry.report["reused"] == PAYLOADS, dry.stderr
+    assert tree_bytes(art.parent) == before
 
     proc = restore(art, args)
     assert proc.returncode == 0, proc.stderr

@@ -61,7 +61,7 @@ from . import space, stage
 from .download import download_files
 from .fetch_plan import FetchPlan, read_plan, require_remote
 from .keys import receipt_archive_uri
-from .release import put_back_asides
+from .release import dead_asides, put_back_asides
 from .verify import check_binding, check_declaration
 
 log = logging.getLogger(__name__)
@@ -112,9 +112,14 @@ def restore_artifact(artifact_dir: Path | str, store_for, *, dry_run: bool = Fal
         artifact_dir, "artifact directory", "pass the published checkpoint_artifacts/iter_N directory")))
     store, plan, receipt_path = _read_source(artifact_dir, store_for)
     lock = artifact_dir.with_name(artifact_dir.name + ".restore.lock")
+    paths = [e.path for e in plan.payloads]
     if not dry_run:
-        put_back_asides(artifact_dir, [e.path for e in plan.payloads])
-    result = _judge(store, plan, artifact_dir, progress, {})
+        put_back_asides(artifact_dir, paths)
+        stand_in = {}
+    else:  # what the real run puts back is judged where it lies now
+        stand_in = {p: a for a, p in sorted(dead_asides(artifact_dir, paths).items(), reverse=True)
+                    if not os.path.lexists(artifact_dir / p)}
+    result = _judge(store, plan, artifact_dir, progress, {}, stand_in)
     if result.status == "already-local":
         if not dry_run:
             _clear_after(artifact_dir, plan.payloads, lock)
@@ -198,19 +203,22 @@ class _Judged(RestoreResult):
 
 
 def _judge(store: ObjectStore, plan: FetchPlan, artifact_dir: Path, progress: bool | None,
-           hashed: dict[str, tuple[tuple, FileDigest]]) -> _Judged:
+           hashed: dict[str, tuple[tuple, FileDigest]], stand_in: dict[str, str] | None = None) -> _Judged:
     """Read-only: which payloads are missing, which verify; a present file that differs is refused.
-    Files unchanged since an earlier judgement (same ``stage.file_key``) are not hashed twice."""
+    Files unchanged since an earlier judgement (same ``stage.file_key``) are not hashed twice. ``stand_in``
+    (a dry run): an absent payload judged by the file a killed prune set aside, which the real run puts back."""
     payloads = plan.payloads
+    stand_in = stand_in or {}
     # Every payload path counts as "ours" here: a regular file there is judged by its hash below, and
     # check_room refuses what is not a regular file, or a file where a directory is needed.
     stage.check_room(artifact_dir, [e.path for e in payloads], {e.path for e in payloads})
-    keys = {e.path: stage.file_key(artifact_dir / e.path) for e in payloads}
+    keys = {e.path: stage.file_key(artifact_dir / stand_in.get(e.path, e.path)) for e in payloads}
     present = [e.path for e in payloads if keys[e.path] is not None]
     digests = {p: hashed[p][1] for p in present if p in hashed and hashed[p][0] == keys[p]}
     fresh = [p for p in present if p not in digests]
     if fresh:
-        digests.update(hash_files(artifact_dir, fresh, progress=progress, desc="restore re-verify"))
+        got = hash_files(artifact_dir, [stand_in.get(p, p) for p in fresh], progress=progress, desc="restore re-verify")
+        digests.update({p: got[stand_in.get(p, p)] for p in fresh})
     by_path = {e.path: e for e in payloads}
     differ = [p for p in present if digests[p] != FileDigest(by_path[p].size, by_path[p].sha256)]
     if differ:
