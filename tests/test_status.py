@@ -346,6 +346,7 @@ def test_verify_checks_the_archive_live_and_fails_on_a_changed_object(published_
     row = proc.report["rows"][0]
     assert proc.report["status"] == "failed" and row["verified"]["state"] == "failed"
     assert "optim/__0_0.distcp" in row["verified"]["detail"]
+    assert f"s3://{store.bucket}/" in row["verified"]["detail"]  # named by the destination of the copy
 
 
 def test_without_verify_the_store_is_never_opened(published_on_seaweedfs, tmp_path):
