@@ -153,3 +153,21 @@ def test_receipt_server_checksums_are_validated(checksums, match):
     data["server_checksums"] = checksums
     with pytest.raises(InvalidRecord, match=match):
         parse_receipt(encode_json(data))
+
+
+def test_receipt_keeps_each_earlier_destinations_server_checksums(tmp_path):
+    import dataclasses
+
+    b64 = "A" * 43 + "="
+    now = make_receipt(0)
+    old, older = (dataclasses.replace(now.destination, bucket=b) for b in ("old-ckpts", "older-ckpts"))
+    record = dataclasses.replace(now, server_checksums={"model.pt": b64}, earlier_destinations=(old, older),
+                                 earlier_server_checksums=({"model.pt": b64 + "-2"}, None))
+    write_receipt(tmp_path, record)
+    assert read_receipt(tmp_path) == record
+    assert [record.checksums_at(d) for d in record.destinations] == [{"model.pt": b64}, {"model.pt": b64 + "-2"}, None]
+    assert record.at(old) == dataclasses.replace(now, destination=old, server_checksums={"model.pt": b64 + "-2"})
+    data = record.to_dict()
+    data["earlier_server_checksums"] = data["earlier_server_checksums"][:1]
+    with pytest.raises(InvalidRecord, match="earlier_server_checksums has 1 entries for 2 earlier destinations"):
+        parse_receipt(encode_json(data))
