@@ -147,7 +147,7 @@ def test_the_lock_satisfies_every_declared_range_and_environment_yml_mirrors_it(
         assert req.specifier.contains(lock[req.name.lower()], prereleases=True), (
             f"constraints.txt pins {req.name}=={lock[req.name.lower()]}, outside pyproject's {req}")
     assert lock["torch"] == "2.13.0"
-    assert project["optional-dependencies"]["all"] == ["ckptflow[convert,workflow]"]
+    assert project["optional-dependencies"]["all"] == ["ckptflow[convert,hf,workflow]"]
     mirrored = _pins((REPO / "environment.yml").read_text(encoding="utf-8").splitlines())
     assert set(mirrored) == {r.name.lower() for r in declared}, "environment.yml lists the direct dependencies"
     assert {n: v for n, v in mirrored.items() if lock[n] != v} == {}, "environment.yml differs from constraints.txt"
