@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,9 +151,10 @@ def seal_artifact(
     components: list[ComponentSpec],
     *,
     progress: bool | None = None,
+    before_commit: Callable[[], None] | None = None,
 ) -> manifest_record.Manifest:
     """``seal_or_confirm`` without saying whether the manifest was already there."""
-    return seal_or_confirm(artifact_dir, iteration, components, progress=progress)[0]
+    return seal_or_confirm(artifact_dir, iteration, components, progress=progress, before_commit=before_commit)[0]
 
 
 def seal_or_confirm(
@@ -161,6 +163,7 @@ def seal_or_confirm(
     components: list[ComponentSpec],
     *,
     progress: bool | None = None,
+    before_commit: Callable[[], None] | None = None,
 ) -> tuple[manifest_record.Manifest, bool]:
     """Hash the named components and commit the native manifest last; returns (manifest, already sealed).
 
@@ -168,7 +171,8 @@ def seal_or_confirm(
     (``True``, nothing written), as publish and fetch confirm what they already did. Refuses (nothing
     written) when a manifest exists that records anything else, when the directory is not ``iter_*``
     matching ``iteration``, when a component is missing, escapes the directory or is/contains a symlink,
-    or when two components overlap.
+    or when two components overlap. ``before_commit`` runs after every digest, right before the manifest is
+    written (a save drops its in-progress record there, as ``write_artifact`` does).
     """
     artifact_dir = Path(artifact_dir)
     if not artifact_dir.is_dir():
@@ -232,6 +236,8 @@ def seal_or_confirm(
     )
     if already:
         return _confirm_sealed(manifest_path, record), True
+    if before_commit is not None:
+        before_commit()
     manifest_record.write_manifest(artifact_dir, record)
     return record, False
 
