@@ -34,6 +34,8 @@ from ..errors import CkptflowError
 from ..records import manifest as manifest_record
 from ..records import receipt as receipt_record
 from ..store.base import ObjectStore
+from .ranks import Ranks
+from .resume import committed_artifacts
 from .write import artifact_dir_for, write_artifact
 
 log = logging.getLogger(__name__)
@@ -129,10 +131,13 @@ class BackgroundPublisher:
     _queue: list[Path] = field(default_factory=list)
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _busy: bool = False
+    _current: Path | None = None
     _thread: threading.Thread | None = None
 
     def submit(self, artifact_dir: Path | str) -> None:
         with self._cond:
+            if Path(artifact_dir) in (*self._queue, self._current):
+                return  # already waiting or in flight (queued by publish_pending, then saved)
             self._queue.append(Path(artifact_dir))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="ckptflow-publish", daemon=True)
@@ -154,7 +159,7 @@ class BackgroundPublisher:
             with self._cond:
                 if not self._queue:
                     return  # a later submit starts a new thread
-                art = self._queue.pop(0)
+                art = self._current = self._queue.pop(0)
                 self._busy = True
             outcome = None
             try:
@@ -168,7 +173,7 @@ class BackgroundPublisher:
                 with self._cond:  # the outcome is recorded before wait() can see the publisher idle
                     if outcome is not None:
                         self.outcomes.append(outcome)
-                    self._busy = False
+                    self._busy, self._current = False, None
                     self._cond.notify_all()
 
     def _publish_one(self, art: Path) -> TrainerPublishOutcome:
@@ -200,26 +205,57 @@ def publisher_for(run_dir: Path | str, upload: UploadSettings) -> BackgroundPubl
 
 
 def save_and_publish(
-    run_dir: Path | str, iteration: int, components: Mapping[str, Any], upload: UploadSettings,
+    run_dir: Path | str, iteration: int, components: Mapping[str, Any], upload: UploadSettings, *,
+    collective: bool | None = None,
 ) -> manifest_record.Manifest:
     """Write the artifact now; when upload is enabled, queue its publication on the run's background
     publisher and return at once. A write failure raises (the save did not happen); a publication
     failure is logged with the retry command and never raises."""
-    manifest = write_artifact(run_dir, iteration, components)
+    manifest = write_artifact(run_dir, iteration, components, collective=collective)
     testhooks.reached("trainer:after-save")
+    if not Ranks.current(collective).is_main:
+        return manifest  # collective: publication and the store are rank 0's
+    if upload.enabled and Path(run_dir).resolve() not in _CAUGHT_UP:
+        publish_pending(run_dir, upload, collective=False)  # the run's earlier unpublished artifacts first
+    _queue(run_dir, artifact_dir_for(run_dir, iteration), upload)
+    return manifest
+
+
+def _queue(run_dir: Path | str, art: Path, upload: UploadSettings) -> None:
     if upload.enabled:
-        art = artifact_dir_for(run_dir, iteration)
         try:
             upload.prefix_for(art)  # the CLI's refusal, before anything is queued
         except CkptflowError as exc:
             log.error("%s is kept locally, not archived: %s; publish it with `%s`", art, exc, upload.retry_command(art))
         else:
             publisher_for(run_dir, upload).submit(art)
-    return manifest
 
 
-def wait_for_publications(run_dir: Path | str | None = None, timeout: float | None = None) -> list[TrainerPublishOutcome]:
-    """Block until the publications of ``run_dir`` (every run when None) are done; returns their outcomes."""
+_CAUGHT_UP: set[Path] = set()
+
+
+def publish_pending(run_dir: Path | str, upload: UploadSettings, *, collective: bool | None = None) -> list[Path]:
+    """Queue on rank 0 the background publication of every committed artifact of the attempt ``run_dir`` that
+    has no receipt, oldest first (a publication a killed or requeued job did not finish, or one that
+    failed); returns them. Called at the start of a job, and by the first ``save_and_publish`` of a run in
+    this process. Other ranks, and an upload that is not enabled: nothing, []."""
+    if not upload.enabled or not Ranks.current(collective).is_main:
+        return []
+    _CAUGHT_UP.add(Path(run_dir).resolve())
+    pending = [art for art in committed_artifacts(Path(run_dir)).values()
+               if not os.path.lexists(receipt_record.path_in(art))]
+    for art in pending:
+        log.info("%s is committed without a receipt: publishing it in the background", art)
+        _queue(run_dir, art, upload)
+    return pending
+
+
+def wait_for_publications(run_dir: Path | str | None = None, timeout: float | None = None, *,
+                          collective: bool | None = None) -> list[TrainerPublishOutcome]:
+    """Block until the publications of ``run_dir`` (every run when None) are done; returns their outcomes.
+    Collective-safe: only rank 0 publishes, so only rank 0 waits; the other ranks return [] at once."""
+    if not Ranks.current(collective).is_main:
+        return []
     with _PUBLISHERS_LOCK:
         pubs = [p for k, p in _PUBLISHERS.items() if run_dir is None or k == Path(run_dir).resolve()]
     return [o for p in pubs for o in p.wait(timeout)]

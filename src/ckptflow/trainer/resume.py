@@ -46,6 +46,7 @@ from ..errors import InvalidRecord, Refused, UsageError
 from ..fsutil import require_directory
 from ..records import manifest as manifest_record
 from .checkpoints import CHECKPOINTS_DIR, is_complete_checkpoint, iteration_of_name
+from .ranks import Ranks
 from .write import IN_PROGRESS, TRAINER_FILE
 
 FULL_PLAN = frozenset({"model", "optim", "trainer"})
@@ -297,14 +298,25 @@ def _free_sibling(attempt: Path, stamp: str | None = None) -> Path:
     raise Refused(f"no fresh attempt name is free beside {attempt}", remedy="remove stale *-fresh-* attempts")
 
 
-def pin_run_attempt(attempt_dir: Path | str, resume: str = "auto", resume_path: Path | str | None = None) -> ResumeDecision:
+def pin_run_attempt(attempt_dir: Path | str, resume: str = "auto", resume_path: Path | str | None = None, *,
+                    collective: bool | None = None) -> ResumeDecision:
     """``check_run_attempt``, raising ``Refused`` (the full message with its remedies) when refused; a
     fresh attempt minted beside the original (``resume="off"``) is created here, exclusively: a name
-    another job took between the check and the ``mkdir`` moves on to the next free one."""
-    decision = check_run_attempt(attempt_dir, resume, resume_path)
+    another job took between the check and the ``mkdir`` moves on to the next free one.
+
+    Collective when a process group of several ranks is initialised (``ranks``): rank 0 decides (and mints)
+    and broadcasts the decision, so every rank resumes from the same point, or every rank raises the same
+    refusal."""
+    decision = Ranks.current(collective).decide(
+        f"the resume guard of {attempt_dir}", lambda: _decide_and_mint(attempt_dir, resume, resume_path))
     if not decision.may_start:
         raise Refused(decision.message())
-    if decision.attempt_dir != decision.original_attempt_dir:
+    return decision
+
+
+def _decide_and_mint(attempt_dir: Path | str, resume: str, resume_path: Path | str | None) -> ResumeDecision:
+    decision = check_run_attempt(attempt_dir, resume, resume_path)
+    if decision.may_start and decision.attempt_dir != decision.original_attempt_dir:
         minted = Path(decision.attempt_dir)
         while True:
             try:

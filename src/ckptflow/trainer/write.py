@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 import warnings
 from collections.abc import Mapping
@@ -51,6 +52,7 @@ from ..fsutil import (
 from ..jsonio import decode_json_object, encode_json
 from ..records import manifest as manifest_record
 from ..records.inventory import FileEntry
+from .ranks import Ranks
 
 log = logging.getLogger(__name__)
 
@@ -74,38 +76,80 @@ def check_plan(components: Mapping[str, Any]) -> tuple[str, ...]:
     return PLAN[: len(names)]
 
 
-def write_artifact(run_dir: Path | str, iteration: int, components: Mapping[str, Any]) -> manifest_record.Manifest:
-    """Write the planned components and commit the native manifest last; returns the manifest."""
+def write_artifact(run_dir: Path | str, iteration: int, components: Mapping[str, Any], *,
+                   collective: bool | None = None) -> manifest_record.Manifest:
+    """Write the planned components and commit the native manifest last; returns the manifest.
+
+    Collective when a process group of several ranks is initialised (``ranks.Ranks``; ``collective=False``:
+    this process saves alone): every rank calls it with its own model and optimizer; rank 0 clears an
+    interrupted save, gathers the full model state (CPU offload) and writes ``model.pt`` and ``trainer.pt``;
+    every rank writes and fsyncs its own DCP shards of ``optim/``; rank 0 seals only after every rank
+    reported its part durable. A failure on any rank seals nothing and raises the same ``RankFailed`` on
+    every rank; the directory stays uncommitted (``.save-in-progress``, no manifest)."""
     if not isinstance(iteration, int) or isinstance(iteration, bool) or iteration < 0:
         raise UsageError(f"iteration {iteration!r} is not an integer >= 0")
     plan = check_plan(components)
+    ranks = Ranks.current(collective)
     art = artifact_dir_for(run_dir, iteration)
-    manifest_path = manifest_record.path_in(art)
-    if manifest_path.exists() or manifest_path.is_symlink():
-        raise Refused(
-            f"{art} is already a committed artifact ({manifest_path.name} present); it is never overwritten",
-            remedy=f"save iteration {iteration} under another run directory, or remove {art} yourself if it is unwanted",
-        )
-    _clear_interrupted(art)
-    art.mkdir(parents=True)
-    owned = _Ownership(art)
+    what = f"the save of {art}"
+
+    def prepare() -> _Ownership:
+        manifest_path = manifest_record.path_in(art)
+        if manifest_path.exists() or manifest_path.is_symlink():
+            raise Refused(
+                f"{art} is already a committed artifact ({manifest_path.name} present); it is never overwritten",
+                remedy=f"save iteration {iteration} under another run directory, or remove {art} yourself if it is unwanted",
+            )
+        _clear_interrupted(art)
+        art.mkdir(parents=True)
+        return _Ownership(art)
+
+    owned = ranks.decide(what, prepare)
+    if not ranks.is_main:
+        owned = None  # rank 0's record; the other ranks only write their shards
     comps: dict[str, manifest_record.Component] = {}
     model = components["model"]
-    comps["model"] = _save_hashed(art / MODEL_FILE, {"net": _model_state(model)}, owned)
-    if "optimizer" in plan:
-        comps["optim"] = _save_dcp(art, OPTIM_DIR, _optimizer_state(model, components["optimizer"]), owned)
-    testhooks.reached("trainer-save:before-trainer-state")
-    if "trainer_state" in plan:
-        comps["trainer"] = _save_hashed(art / TRAINER_FILE, _trainer_state(components["trainer_state"], iteration), owned)
-    record = manifest_record.Manifest(
-        iteration=iteration, components=comps,
-        producer=manifest_record.Producer(tool="ckptflow trainer", version=__version__),
-    )
-    refuse_unrestorable_names(art, [f.path for f in record.physical_files()])
-    owned.release()  # before the commit: a committed artifact never holds a stray record
-    fsync_dir(art)
-    manifest_record.write_manifest(art, record)
-    return record
+    error: Exception | None = None
+    try:
+        state = _model_state(model, ranks)
+        if ranks.is_main:
+            comps["model"] = _save_hashed(art / MODEL_FILE, {"net": state}, owned)
+            if "optimizer" in plan:
+                _open_dcp_dir(art, OPTIM_DIR, owned)  # before any rank's shards
+        del state
+    except Exception as exc:  # noqa: BLE001 - settled with every rank below
+        error = exc
+    ranks.settle(what, error)
+    shards: dict[str, Any] = {}
+    error = None
+    try:
+        if "optimizer" in plan:
+            shards = _save_dcp(art, OPTIM_DIR, _optimizer_state(model, components["optimizer"]), ranks)
+        testhooks.reached(f"trainer-save:rank{ranks.rank}-durable-iter{iteration}")
+        testhooks.reached("trainer-save:before-trainer-state")
+        if "trainer_state" in plan and ranks.is_main:
+            comps["trainer"] = _save_hashed(art / TRAINER_FILE, _trainer_state(components["trainer_state"], iteration), owned)
+    except Exception as exc:  # noqa: BLE001 - settled with every rank below
+        error = exc
+    reported = ranks.settle(what, error, shards)
+
+    def seal() -> manifest_record.Manifest:
+        if "optimizer" in plan:
+            comps["optim"] = _dcp_component(art, OPTIM_DIR, reported, owned)
+        record = manifest_record.Manifest(
+            iteration=iteration, components=dict(sorted(comps.items(), key=lambda kv: _ORDER.index(kv[0]))),
+            producer=manifest_record.Producer(tool="ckptflow trainer", version=__version__),
+        )
+        refuse_unrestorable_names(art, [f.path for f in record.physical_files()])
+        owned.release()  # before the commit: a committed artifact never holds a stray record
+        fsync_dir(art)
+        manifest_record.write_manifest(art, record)
+        return record
+
+    return ranks.decide(what, seal)
+
+
+_ORDER = ("model", "optim", "trainer")
 
 
 def _identity(path: Path) -> dict[str, int]:
@@ -126,9 +170,10 @@ class _Ownership:
     def _write(self) -> None:
         atomic_write_bytes(self.art / IN_PROGRESS, encode_json(self.data))
 
-    def created(self, rel: str, *, writing: bool) -> None:
-        """Record ``rel`` (created by this save just now, exclusively); ``writing``: its bytes are still coming."""
-        self.data["entries"][rel] = {**_identity(self.art / rel), "writing": writing}
+    def created(self, rel: str, *, writing: bool, dcp: bool = False) -> None:
+        """Record ``rel`` (created by this save just now, exclusively); ``writing``: its bytes are still coming;
+        ``dcp``: a directory the ranks' DCP writers fill (its DCP-named files are this save's)."""
+        self.data["entries"][rel] = {**_identity(self.art / rel), "writing": writing, **({"dcp": True} if dcp else {})}
         self._write()
 
     def release(self) -> None:
@@ -172,6 +217,8 @@ def _clear_interrupted(art: Path) -> None:
     foreign = []
     for rel in found:
         rec, now = entries.get(rel), _identity(art / rel)
+        if rec is None and _written_by_dcp(rel, entries, art):
+            continue
         if rec is None or (now["ino"] != rec.get("ino")) or (
                 not rec.get("writing") and any(now[k] != rec.get(k) for k in now)):
             foreign.append(rel)
@@ -195,6 +242,28 @@ def _clear_interrupted(art: Path) -> None:
     os.rmdir(art)
 
 
+_DCP_NAME = re.compile(r"^(__\d+_\d+\.distcp|(__\d+)?\.metadata(\.tmp)?)$")
+
+
+def _written_by_dcp(rel: str, entries: dict[str, dict[str, Any]], art: Path) -> bool:
+    """A DCP-named file directly inside a DCP directory this save created (same inode): written by one of
+    the save's ranks before rank 0 could record it (a rank killed between its shards and the seal)."""
+    parent, _, name = rel.rpartition("/")
+    rec = entries.get(parent) if parent else None
+    return (bool(rec and rec.get("dcp") and rec.get("writing")) and _DCP_NAME.match(name) is not None
+            and os.lstat(art / parent).st_ino == rec.get("ino") and (art / rel).is_file() and not (art / rel).is_symlink())
+
+
+def begin_owned_save(art: Path) -> _Ownership:
+    """For a save that fills ``art`` by other means (the Hugging Face callback's hard links): discard an
+    interrupted save its record proves (refusing anything else by name, as ``write_artifact`` does), create the
+    directory and this save's ``.save-in-progress`` record. The caller records each entry it creates
+    (``created``) and drops the record (``release``) right before committing the manifest."""
+    _clear_interrupted(art)
+    art.mkdir(parents=True)
+    return _Ownership(art)
+
+
 def walk_all(root: Path) -> list[str]:
     """Every entry (files and directories, not following links) under ``root``, relative, POSIX."""
     out = []
@@ -204,7 +273,20 @@ def walk_all(root: Path) -> list[str]:
     return sorted(out)
 
 
-def _model_state(model: Any) -> dict:
+def _model_state(model: Any, ranks: Ranks | None = None) -> dict:
+    """The consolidated state to save as ``model.pt``. Collective with a module: the full state dict
+    gathered to rank 0 with CPU offload (``get_model_state_dict``: parameter names without DDP/FSDP
+    wrapper prefixes), one tensor at a time, so no other rank holds the whole model; {} on the other ranks."""
+    if ranks is not None and ranks.collective and not isinstance(model, Mapping):
+        import torch
+
+        if isinstance(model, torch.nn.Module):
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            return state if ranks.is_main else {}
+    if ranks is not None and not ranks.is_main:
+        return {}
     state = model.state_dict() if hasattr(model, "state_dict") and callable(model.state_dict) else model
     if not isinstance(state, Mapping):
         raise UsageError(f"component model is a {type(model).__name__}, not a module or a state_dict")
@@ -263,23 +345,57 @@ def _save_hashed(path: Path, obj: Any, owned: _Ownership) -> manifest_record.Fil
     return manifest_record.FileComponent(path=path.name, size=hashing.size, sha256=hashing.hexdigest())
 
 
-def _save_dcp(art: Path, name: str, state: dict, owned: _Ownership) -> manifest_record.DcpComponent:
+def _open_dcp_dir(art: Path, name: str, owned: _Ownership) -> None:
+    """Rank 0 creates the DCP directory (exclusively) and records it before any rank writes a shard."""
+    (art / name).mkdir()
+    owned.created(name, writing=True, dcp=True)  # its identity changes as DCP fills it: its inode is the proof
+
+
+def _save_dcp(art: Path, name: str, state: dict, ranks: Ranks) -> dict[str, tuple[int, str]]:
+    """Every rank: ``dcp.save`` (collective with a process group), then fsync and hash the files this rank
+    wrote (``__<rank>_*``; rank 0 also ``.metadata``); returns them as {relative path: (size, sha256)}."""
     import torch.distributed.checkpoint as dcp
 
     target = art / name
-    target.mkdir()
-    owned.created(name, writing=True)  # a directory's identity changes as DCP fills it: its inode is the proof
     with warnings.catch_warnings():  # single process without a process group is the intended use here
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
         dcp.save({name: state}, checkpoint_id=str(target))
-    files = list(walk_files(target))
-    digests = hash_files(target, files, progress=False, desc="optim sha256")
+    files = [rel for rel in walk_files(target) if _own_shard(rel, ranks)]
+    digests = hash_files(target, files, progress=False, desc=f"{name} sha256")
     for rel in files:
         with open(target / rel, "rb") as fh:
             os.fsync(fh.fileno())
+    return {rel: (d.size, d.sha256) for rel, d in digests.items()}
+
+
+def _own_shard(rel: str, ranks: Ranks) -> bool:
+    if not ranks.collective:
+        return True
+    if rel.startswith(f"__{ranks.rank}_"):
+        return True
+    return ranks.is_main and not re.match(r"^__\d+_", rel)
+
+
+def _dcp_component(art: Path, name: str, reported: list[dict[str, tuple[int, str]]],
+                   owned: _Ownership) -> manifest_record.DcpComponent:
+    """Rank 0, once every rank reported its shards durable: the component of every file in the directory
+    (a file no rank reported is hashed here), recorded as this save's."""
+    target = art / name
+    found: dict[str, tuple[int, str]] = {}
+    for shards in reported:
+        found.update(shards or {})
+    files = list(walk_files(target))
+    if missing := sorted(set(found) - set(files)):
+        raise CkptflowError(f"{target}: shards reported written are not there: {', '.join(missing[:5])}",
+                            remedy="check that every rank writes to the same shared file system, then save again")
+    if rest := [rel for rel in files if rel not in found]:
+        for rel, d in hash_files(target, rest, progress=False, desc=f"{name} sha256").items():
+            with open(target / rel, "rb") as fh:
+                os.fsync(fh.fileno())
+            found[rel] = (d.size, d.sha256)
     fsync_dir(target)
     for rel in files:
         owned.created(f"{name}/{rel}", writing=False)
     return manifest_record.DcpComponent(
-        path=name, files=tuple(FileEntry(rel, d.size, d.sha256) for rel, d in digests.items())
+        path=name, files=tuple(FileEntry(rel, *found[rel]) for rel in sorted(files))
     )
