@@ -111,8 +111,8 @@ def killed_save(run, point):
     return art
 
 
-@pytest.mark.parametrize("point", ["trainer-save:writing-model.pt", "trainer-save:before-trainer-state",
-                                   "trainer-save:writing-trainer.pt"])
+@pytest.mark.parametrize("point", ["trainer-save:writing-model.pt", "trainer-save:rank0-durable-iter7",
+                                   "trainer-save:before-trainer-state", "trainer-save:writing-trainer.pt"])
 @pytest.mark.slow
 def test_a_killed_save_is_discarded_by_its_own_record_and_written_again(tmp_path, point):
     art = killed_save(tmp_path, point)
@@ -157,6 +157,18 @@ def test_a_users_file_placed_over_a_killed_save_is_refused_by_name_and_kept(tmp_
     before = tree_bytes(art)
     model, _ = tiny_training()
     with pytest.raises(Refused, match=r"model\.pt, trainer\.pt"):
+        write_artifact(tmp_path, 7, {"model": model})
+    assert tree_bytes(art) == before
+
+
+@pytest.mark.slow
+def test_a_users_file_inside_the_dcp_directory_of_a_killed_save_is_refused_and_kept(tmp_path):
+    art = killed_save(tmp_path, "trainer-save:rank0-durable-iter7")  # the shards are there, not yet recorded
+    assert (art / "optim" / "__0_0.distcp").is_file()
+    (art / "optim" / "notes.txt").write_bytes(b"not a shard DCP writes")
+    before = tree_bytes(art)
+    model, _ = tiny_training()
+    with pytest.raises(Refused, match=r"optim/notes\.txt"):
         write_artifact(tmp_path, 7, {"model": model})
     assert tree_bytes(art) == before
 
