@@ -16,8 +16,8 @@ already there:
 - an empty file is not this tool's (it may be a user's, or an older version's): it is held as it is,
   never written nor removed.
 
-``remove_if_stale`` removes a lock record whose holder is provably gone (its flock is free and, on this
-host, its pid is gone) without taking the lock: a request that finds no work to do (restore's
+``remove_if_stale`` removes a lock record whose holder is provably gone (its flock is free, and the record
+names this host and a pid that no longer runs) without taking the lock: a request that finds no work to do (restore's
 ``already-local``) clears the lock a killed holder left.
 
 After taking the flock the request checks that the path still names the inode it locked (a releasing
@@ -241,8 +241,8 @@ def _acquire(fd: int, path: Path, wait_seconds: float, deadline: float, waited: 
 
 def remove_if_stale(path: Path) -> bool:
     """Remove the lock file ``path`` when it holds a lock record whose holder is gone: nobody holds its
-    flock (taken here, so no request can take it meanwhile) and, when the record names this host, its pid
-    no longer runs. An empty or foreign file, a held lock, or one of a live pid stays. True when removed."""
+    flock (taken here, so no request can take it meanwhile), the record names this host and its pid no
+    longer runs. An empty or foreign file, a held lock, one of a live pid or another host's stays. True when removed."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -256,7 +256,8 @@ def remove_if_stale(path: Path) -> bool:
         if not found or not _still_at(fd, path):
             return False
         pid = found.get("pid")
-        if str(found.get("host", "")).split(".")[0] == host_tag() and (not isinstance(pid, int) or not writer_gone(pid)):
+        # Another host's holder cannot be proven gone from here (flock may be a no-op on a shared mount).
+        if str(found.get("host", "")).split(".")[0] != host_tag() or not isinstance(pid, int) or not writer_gone(pid):
             return False
         os.unlink(path)  # a lock record nobody holds, under its flock: its holder was killed
         return True
