@@ -10,7 +10,7 @@ artifact of the attempt left without a receipt (a requeued job catches up what a
 
 Under ``torchrun`` it runs on every rank (``--parallel ddp``, the default there, or ``fsdp``: FSDP2
 ``fully_shard``), with ``gloo`` on CPU: every rank calls the same API collectively (rank 0 decides the
-resume point and publishes; every rank writes its optimizer shards), and rank 0
+resume point, checks the destination and publishes; every rank writes its optimizer shards), and rank 0
 alone prints the JSON line.
 
     torchrun --nproc-per-node 2 examples/train_tiny.py --parallel fsdp --run-dir ... --components \\
@@ -33,7 +33,13 @@ from pathlib import Path
 import torch
 
 from ckptflow.errors import Refused
-from ckptflow.trainer import UploadSettings, publish_pending, save_and_publish, wait_for_publications
+from ckptflow.trainer import (
+    UploadSettings,
+    preflight,
+    publish_pending,
+    save_and_publish,
+    wait_for_publications,
+)
 from ckptflow.trainer.resume import pin_run_attempt
 
 PLANS = {"model": ["model"], "model,optimizer": ["model", "optimizer"],
@@ -52,6 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--bucket", help="upload to this bucket (name, s3://B, gs://B, file:///DIR); none: no upload")
     p.add_argument("--credentials")
     p.add_argument("--upload-prefix", help="<project>/<group>/<run>/<ts>/checkpoints")
+    p.add_argument("--preflight", choices=("off", "on", "strict"), default="off",
+                   help="check the upload destination before step 1 (strict: an unreachable endpoint fails too)")
     p.add_argument("--parallel", choices=("none", "ddp", "fsdp"),
                    help="none: one process; ddp / fsdp: every rank of torchrun (gloo); default ddp under torchrun")
     args = p.parse_args(argv)
@@ -144,6 +152,12 @@ def train(args: argparse.Namespace) -> int:
         return 3
     upload = UploadSettings(enabled=bool(args.bucket), bucket=args.bucket, credentials=args.credentials,
                             prefix=args.upload_prefix)
+    try:
+        if args.preflight != "off":  # collective: rank 0 checks, every rank gets its outcome
+            preflight(run_dir, upload, strict=args.preflight == "strict")
+    except Refused as exc:
+        sys.stderr.write(f"train_tiny: {exc}\n")
+        return 3
     publish_pending(run_dir, upload)  # rank 0: what a killed job committed but did not publish
     if args.parallel != "none":
         torch.manual_seed(1000 * rank + start)  # each rank its own data

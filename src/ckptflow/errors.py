@@ -64,6 +64,10 @@ class StoreError(CkptflowError, OSError):
     """The object store failed or answered unexpectedly (after retries)."""
 
 
+class EndpointUnreachable(StoreError):
+    """No connection to the endpoint could be made (after retries): the server is down or ``endpoint_url`` wrong."""
+
+
 class OutOfSpace(CkptflowError, OSError):
     """A file system has no room for what a step writes (``errno`` is ENOSPC): it filled while writing.
 
@@ -83,6 +87,11 @@ class InsufficientSpace(OutOfSpace, Refused):
 
 class EndpointNotQualified(Refused):
     """The endpoint has no passing probe record, or its probe showed create-once is not enforced."""
+
+
+class PreflightFailed(Refused):
+    """The upload destination checked before training (prefix, credentials, bucket, create-once) cannot take
+    the run's artifacts; training does not start."""
 
 
 class UsageError(CkptflowError, ValueError):

@@ -173,12 +173,16 @@ def require_qualified(store: ObjectStore, prefix: str, *, auto_probe: bool = Tru
     """A passing probe record for the store's endpoint + bucket, probing once if none is cached."""
     dest = store.destination.as_dict()
     record = probe_record.read_probe_record(dest)
+    reasons: list[str] = []
     if record is None and auto_probe:
         log.info("no cached probe record for %s; probing the endpoint now", _label(dest))
-        record = run_probe(store, prefix).record
+        outcome = run_probe(store, prefix)
+        record, reasons = outcome.record, outcome.reasons
     if record is None or not record.passed:
+        why = f" (the probe just run found: {'; '.join(reasons)})" if reasons else \
+            " (create-once enforcement is unproven)"
         raise EndpointNotQualified(
-            f"endpoint {_label(dest)} has no passing probe record (create-once enforcement is unproven)",
+            f"endpoint {_label(dest)} has no passing probe record{why}",
             remedy="run `ckptflow probe` against it; destructive operations need an endpoint that enforces create-once",
         )
     return record

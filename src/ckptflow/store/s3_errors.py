@@ -21,7 +21,7 @@ from botocore.exceptions import (
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from ..errors import CkptflowError, NotFound, StoreError, VerificationFailed
+from ..errors import CkptflowError, EndpointUnreachable, NotFound, StoreError, VerificationFailed
 from .credentials import ENV_VAR, SOURCES_IN_ORDER
 from .transfer import TransientRead
 
@@ -128,7 +128,8 @@ def translate(exc: Exception, op: str, where: str, bucket: str) -> CkptflowError
                           remedy=f"pass --credentials FILE, set ${ENV_VAR} to a credentials file, or set "
                           "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)")
     if isinstance(exc, BotoConnectionError | HTTPClientError):
-        return StoreError(f"{op} {where}: cannot reach the endpoint ({type(exc).__name__})",
-                          remedy="check endpoint_url in the credentials file and that the server is up")
+        return EndpointUnreachable(
+            f"{op} {where}: cannot reach the endpoint ({type(exc).__name__})",
+            remedy="check endpoint_url in the credentials file and that the server is up")
     return StoreError(f"{op} {where} failed: {type(exc).__name__}",
                       remedy="retry; if it persists, check the endpoint and the credentials file")

@@ -61,6 +61,8 @@ class UploadSettings:
     bucket: str | None = None  # a bucket name (S3) or s3://B, gs://B, file:///DIR
     credentials: str | None = None  # path of the credentials JSON (never its content)
     prefix: str | None = None  # <project>/<group>/<run>/<ts>/checkpoints; None: derived from the artifact's path
+    preflight: bool = False  # the first save_and_publish of a run checks the destination first (trainer.preflight)
+    strict: bool = False  # preflight: an endpoint that cannot be reached fails too (else a warning)
 
     def prefix_for(self, artifact_dir: Path | str) -> str:
         """The upload prefix of ``artifact_dir``: the CLI's derivation and refusal (``keys.upload_prefix_for``)."""
@@ -213,8 +215,16 @@ def save_and_publish(
     failure is logged with the retry command and never raises."""
     manifest = write_artifact(run_dir, iteration, components, collective=collective)
     testhooks.reached("trainer:after-save")
+    if upload.enabled and upload.preflight:  # first use: the destination is checked before anything is queued
+        from .preflight import preflight_once
+
+        try:
+            preflight_once(run_dir, upload, collective=collective)
+        except CkptflowError as exc:
+            exc.add_context(after=f" ({artifact_dir_for(run_dir, iteration)} is committed and kept)")
+            raise
     if not Ranks.current(collective).is_main:
-        return manifest  # collective: publication and the store are rank 0's
+        return manifest  # collective: publication and the store are rank 0's (preflight above is collective)
     if upload.enabled and Path(run_dir).resolve() not in _CAUGHT_UP:
         publish_pending(run_dir, upload, collective=False)  # the run's earlier unpublished artifacts first
     _queue(run_dir, artifact_dir_for(run_dir, iteration), upload)
