@@ -219,6 +219,9 @@ for name, bucket in (("good", sys.argv[2]), ("typo", sys.argv[3])):
         out[name] = {"prefix": preflight(sys.argv[1], UploadSettings(enabled=True, bucket=bucket)).prefix}
     except Exception as exc:
         out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+if rank == 0:  # a process that checks alone (collective=False) waits for no peer
+    out["alone"] = preflight(sys.argv[1], UploadSettings(enabled=True, bucket=sys.argv[2]), collective=False).prefix
+dist.barrier()
 with open(f"{sys.argv[4]}.{rank}", "w") as f:
     json.dump(out, f)
 dist.destroy_process_group()
@@ -228,7 +231,7 @@ dist.destroy_process_group()
 @pytest.mark.slow
 def test_preflight_in_a_process_group_checks_on_rank_zero_and_every_rank_learns_the_outcome(tmp_path, run_dir):
     """torchrun, 2 ranks (gloo): rank 1 cannot open a store at all, yet both ranks pass for a good destination
-    and both raise the same refusal for a missing one."""
+    and both raise the same refusal for a missing one; rank 0 checking alone (collective=False) waits for no peer."""
     (tmp_path / "store").mkdir()
     script = tmp_path / "ranks.py"
     script.write_text(RANKS_SCRIPT)
@@ -236,11 +239,11 @@ def test_preflight_in_a_process_group_checks_on_rank_zero_and_every_rank_learns_
     proc = subprocess.run(
         [torchrun, "--standalone", "--nproc-per-node", "2", str(script), str(run_dir),
          f"file://{tmp_path / 'store'}", f"file://{tmp_path / 'stroe'}", str(tmp_path / "out")],
-        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+        capture_output=True, text=True, cwd=tmp_path, timeout=180,
         env={**os.environ, "CKPTFLOW_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     zero, one = (json.loads((tmp_path / f"out.{r}").read_text()) for r in (0, 1))
-    assert zero == one
+    assert zero.pop("alone") == PREFIX and zero == one
     assert zero["good"] == {"prefix": PREFIX}
     assert zero["typo"]["error"].startswith("PreflightFailed: upload destination of ")
     assert str(tmp_path / "stroe") in zero["typo"]["error"]
