@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from trainer_helpers import tiny_training
 
+from ckptflow.trainer import write_artifact
 from helpers import REPO
 from helpers.cli import run_cli
 
@@ -82,18 +84,11 @@ def test_every_rank_saves_collectively_rank0_writes_model_pt_seals_and_alone_pub
     assert {r["published"]["state"] for r in rows(run_dir).values()} == {"receipt"}
 
 
-@pytest.fixture(scope="module")
-def fsdp_run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("fsdp-resume")
-    proc, run_dir, _ = train(tmp, "--parallel", "fsdp", "--steps", "4")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return tmp, run_dir
-
-
-def test_a_dcp_save_of_two_ranks_resumes_on_one_rank_and_on_two_bit_identically(fsdp_run):
+@pytest.mark.parametrize("two_rank_run", ["fsdp"], indirect=True)  # the artifacts the FSDP run above saved
+def test_a_dcp_save_of_two_ranks_resumes_on_one_rank_and_on_two_bit_identically(two_rank_run, tmp_path):
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    tmp, run_dir = fsdp_run
+    tmp, run_dir = tmp_path, two_rank_run[2]
     newest = run_dir / "checkpoint_artifacts" / "iter_000004"
     one = subprocess.run([sys.executable, str(WORKER), "resume", str(run_dir), str(tmp / "one.pt"), "none"],
                          capture_output=True, text=True, cwd=REPO, timeout=300)
@@ -116,9 +111,7 @@ def test_a_dcp_save_of_two_ranks_resumes_on_one_rank_and_on_two_bit_identically(
 
 def test_every_rank_refuses_when_the_guard_on_rank0_refuses(tmp_path):
     run_dir = tmp_path / "runs" / RUN
-    model_only = subprocess.run([sys.executable, str(EXAMPLE), "--run-dir", str(run_dir), "--steps", "2"],
-                                capture_output=True, text=True, cwd=REPO, timeout=300)
-    assert model_only.returncode == 0, model_only.stderr[-4000:]
+    write_artifact(run_dir, 2, {"model": tiny_training()[0]})  # model-only: nothing resumable
     proc = torchrun(EXAMPLE, "--run-dir", str(run_dir), "--parallel", "ddp", "--steps", "4", *FULL)
     assert proc.returncode != 0
     assert proc.stderr.count(f"train_tiny: refusing to start in attempt directory {run_dir}") == 2  # both ranks
