@@ -22,7 +22,12 @@ after creating it, and again once complete) and removes it just before committin
 interrupted save (no manifest) is discarded and written again only when every entry in the directory is
 one its record names with that same identity (a file still being written: the same inode); anything else
 (no record, a file the record does not name, a replaced or rewritten file, a user's unsealed model)
-refuses the save by name and leaves every byte as it is.
+refuses the save by name and leaves every byte as it is. The DCP directory is recorded before any rank
+writes into it; the DCP-named files directly inside it (``__R_N.distcp``, ``.metadata``) are that save's
+even before rank 0 could record them (a rank killed between its shards and the seal).
+
+Crash points: ``trainer-save:writing-<file>``, ``trainer-save:rank<R>-durable-iter<N>`` (rank R's shards of
+iteration N are fsynced, before it reports them), ``trainer-save:before-trainer-state``.
 """
 
 from __future__ import annotations
