@@ -37,12 +37,15 @@ def torchrun(script: Path, *args: str, env: dict | None = None, nproc: int = 2) 
     )
 
 
-def train(tmp: Path, *args: str, env: dict | None = None) -> tuple[subprocess.CompletedProcess, Path, Path]:
+def train(tmp: Path, *args: str, env: dict | None = None,
+          bucket: str | None = None) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    """The example under torchrun, publishing to ``bucket`` (with its ``--credentials`` in ``args``) or to
+    the file:// archive ``tmp/store``."""
     store = tmp / "store"
     store.mkdir(exist_ok=True)
     run_dir = tmp / "runs" / RUN
-    proc = torchrun(EXAMPLE, "--run-dir", str(run_dir), "--save-every", "2", *FULL, "--bucket", f"file://{store}",
-                    *args, env=env)
+    proc = torchrun(EXAMPLE, "--run-dir", str(run_dir), "--save-every", "2", *FULL, "--bucket",
+                    bucket or f"file://{store}", *args, env=env)
     return proc, run_dir, store
 
 
@@ -133,9 +136,18 @@ def test_a_failure_on_one_rank_seals_nothing_and_every_rank_raises_the_same_name
     assert list(store.iterdir()) == []  # never published
 
 
-def test_a_rank_killed_mid_save_is_not_committed_and_the_requeued_job_resumes_and_publishes_everything(tmp_path):
+def archived(bucket: str, credentials: Path) -> list[str]:
+    done = run_cli("ls", f"s3://{bucket}/{RUN}", "--credentials", str(credentials))
+    assert done.returncode == 0, done.stderr
+    return sorted(a["name"] for a in done.report["artifacts"] if a["state"] == "committed")
+
+
+def test_a_rank_killed_mid_save_is_not_committed_and_the_requeued_job_resumes_and_publishes_everything(
+        tmp_path, seaweedfs_bucket, seaweedfs_credentials_path):
     flag = tmp_path / "publication-held"
-    killed, run_dir, store = train(tmp_path, "--parallel", "fsdp", "--steps", "6", env={
+    s3 = {"bucket": seaweedfs_bucket}
+    creds = ("--credentials", str(seaweedfs_credentials_path))
+    killed, run_dir, _ = train(tmp_path, "--parallel", "fsdp", "--steps", "6", *creds, **s3, env={
         "CKPTFLOW_TEST_KILL_AT": "trainer-save:rank1-durable-iter4",  # rank 1: shards written, before the seal
         "CKPTFLOW_TEST_PAUSE_AT": "trainer:before-publish", "CKPTFLOW_TEST_PAUSE_FILE": str(flag)})
     assert killed.returncode != 0 and "saved iter_000002" in killed.stdout
@@ -148,10 +160,10 @@ def test_a_rank_killed_mid_save_is_not_committed_and_the_requeued_job_resumes_an
     before = rows(tmp_path / "runs")
     assert before["iter_000004"]["local"]["state"] == "incomplete"
     assert before["iter_000002"]["local"]["state"] == "committed" and before["iter_000002"]["published"]["state"] == "none"
-    assert not (store / RUN / "checkpoint_artifacts" / "iter_000004").exists()  # no publication started for it
+    assert archived(seaweedfs_bucket, seaweedfs_credentials_path) == []  # no publication started for iter 4
     flag.unlink(missing_ok=True)
 
-    requeued, _, _ = train(tmp_path, "--parallel", "fsdp", "--steps", "6")  # the same command, as Slurm requeues it
+    requeued, _, _ = train(tmp_path, "--parallel", "fsdp", "--steps", "6", *creds, **s3)  # as Slurm requeues it
     assert requeued.returncode == 0, requeued.stderr[-4000:]
     assert requeued.stdout.splitlines()[0].startswith("step 3 ")  # resumed from iter 2, not from step 0
     result = result_line(requeued)
@@ -161,3 +173,8 @@ def test_a_rank_killed_mid_save_is_not_committed_and_the_requeued_job_resumes_an
     assert sorted(after) == ["iter_000002", "iter_000004", "iter_000006"]
     assert {r["local"]["state"] for r in after.values()} == {"committed"}
     assert {r["published"]["state"] for r in after.values()} == {"receipt"}
+    assert archived(seaweedfs_bucket, seaweedfs_credentials_path) == ["iter_000002", "iter_000004", "iter_000006"]
+    for name in after:
+        verified = run_cli("verify", "--artifact-dir", str(run_dir / "checkpoint_artifacts" / name),
+                           "--credentials", str(seaweedfs_credentials_path))
+        assert verified.returncode == 0, verified.stderr
