@@ -164,6 +164,7 @@ def test_an_unreachable_endpoint_is_a_warning_at_start_and_an_error_when_strict(
     assert line.endswith("check endpoint_url in the credentials file and that the server is up")
 
 
+@pytest.mark.slow
 def test_the_first_save_checks_the_destination_and_keeps_the_artifact_when_refused(tmp_path, run_dir):
     model, _ = tiny_training()
     typo = UploadSettings(enabled=True, bucket=f"file://{tmp_path / 'stroe'}", preflight=True)
