@@ -248,3 +248,14 @@ def test_preflight_in_a_process_group_checks_on_rank_zero_and_every_rank_learns_
     assert zero["good"] == {"prefix": PREFIX}
     assert zero["typo"]["error"].startswith("PreflightFailed: upload destination of ")
     assert str(tmp_path / "stroe") in zero["typo"]["error"]
+
+
+def test_preflight_takes_credentials_and_bucket_from_the_environment(tmp_path, run_dir, monkeypatch, seaweedfs_bucket,
+                                                                     seaweedfs_credentials_path):
+    monkeypatch.setenv("CKPTFLOW_BUCKET", seaweedfs_bucket)
+    monkeypatch.setenv("CKPTFLOW_CREDENTIALS", str(seaweedfs_credentials_path))
+    assert preflight(run_dir, UploadSettings(enabled=True)).checked
+    monkeypatch.setenv("CKPTFLOW_CREDENTIALS", str(tmp_path / "gone.json"))
+    with pytest.raises(PreflightFailed) as exc:
+        preflight(run_dir, UploadSettings(enabled=True))
+    assert str(tmp_path / "gone.json") in one_line(exc)
