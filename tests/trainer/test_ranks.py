@@ -112,7 +112,7 @@ def test_a_dcp_save_of_two_ranks_resumes_on_one_rank_and_on_two_bit_identically(
                 assert torch.equal(got["optim"]["state"][name][key], value), (dump, name, key)
 
 
-def test_every_rank_refuses_when_the_guard_on_rank0_refuses(tmp_path):
+def test_every_rank_follows_the_guard_rank0_decided_refused_or_a_fresh_attempt_minted_once(tmp_path):
     run_dir = tmp_path / "runs" / RUN
     write_artifact(run_dir, 2, {"model": tiny_training()[0]})  # model-only: nothing resumable
     proc = torchrun(EXAMPLE, "--run-dir", str(run_dir), "--parallel", "ddp", "--steps", "4", *FULL)
@@ -120,6 +120,14 @@ def test_every_rank_refuses_when_the_guard_on_rank0_refuses(tmp_path):
     assert proc.stderr.count(f"train_tiny: refusing to start in attempt directory {run_dir}") == 2  # both ranks
     assert "step 1" not in proc.stdout and sorted(p.name for p in (run_dir / "checkpoint_artifacts").iterdir()) == [
         "iter_000002"]
+    # resume=off: rank 0 mints one fresh attempt beside it, and both ranks save there together.
+    proc = torchrun(EXAMPLE, "--run-dir", str(run_dir), "--parallel", "ddp", "--steps", "2", *FULL, "--resume", "off")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    [minted] = [p for p in run_dir.parent.iterdir() if p != run_dir]
+    assert result_line(proc)["run_dir"] == str(minted) and minted.name.startswith(f"{run_dir.name}-fresh-")
+    manifest = json.loads((minted / "checkpoint_artifacts" / "iter_000002" / ".posttrain-checkpoint-artifact.json")
+                          .read_text())
+    assert {"__0_0.distcp", "__1_0.distcp"} <= {f["path"] for f in manifest["components"]["optim"]["files"]}
 
 
 def test_a_failure_on_one_rank_seals_nothing_and_every_rank_raises_the_same_named_error(tmp_path):
