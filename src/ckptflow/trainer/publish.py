@@ -227,18 +227,8 @@ def save_and_publish(
         return manifest  # collective: publication and the store are rank 0's (preflight above is collective)
     if upload.enabled and Path(run_dir).resolve() not in _CAUGHT_UP:
         publish_pending(run_dir, upload, collective=False)  # the run's earlier unpublished artifacts first
-    _queue(run_dir, artifact_dir_for(run_dir, iteration), upload)
+    publish_in_background(run_dir, artifact_dir_for(run_dir, iteration), upload)
     return manifest
-
-
-def _queue(run_dir: Path | str, art: Path, upload: UploadSettings) -> None:
-    if upload.enabled:
-        try:
-            upload.prefix_for(art)  # the CLI's refusal, before anything is queued
-        except CkptflowError as exc:
-            log.error("%s is kept locally, not archived: %s; publish it with `%s`", art, exc, upload.retry_command(art))
-        else:
-            publisher_for(run_dir, upload).submit(art)
 
 
 _CAUGHT_UP: set[Path] = set()
@@ -256,8 +246,22 @@ def publish_pending(run_dir: Path | str, upload: UploadSettings, *, collective: 
                if not os.path.lexists(receipt_record.path_in(art))]
     for art in pending:
         log.info("%s is committed without a receipt: publishing it in the background", art)
-        _queue(run_dir, art, upload)
+        publish_in_background(run_dir, art, upload)
     return pending
+
+
+def publish_in_background(run_dir: Path | str, artifact_dir: Path, upload: UploadSettings) -> None:
+    """Queue a committed artifact on the run's background publisher when upload is enabled; a prefix the
+    CLI would refuse is logged with the retry command and nothing is queued."""
+    if not upload.enabled:
+        return
+    try:
+        upload.prefix_for(artifact_dir)  # the CLI's refusal, before anything is queued
+    except CkptflowError as exc:
+        log.error("%s is kept locally, not archived: %s; publish it with `%s`", artifact_dir, exc,
+                  upload.retry_command(artifact_dir))
+    else:
+        publisher_for(run_dir, upload).submit(artifact_dir)
 
 
 def wait_for_publications(run_dir: Path | str | None = None, timeout: float | None = None, *,

@@ -1,0 +1,205 @@
+"""The Hugging Face ``Trainer`` (and TRL's trainers built on it): each ``checkpoint-N`` it saves becomes the
+artifact ``<run_dir>/checkpoint_artifacts/iter_N``, sealed, and published in the background.
+
+This is the one module of ckptflow that imports transformers (the ``hf`` extra, or ``convert``);
+``import ckptflow.trainer`` never loads it. Wiring::
+
+    from ckptflow.trainer import UploadSettings
+    from ckptflow.trainer.hf import ArtifactCallback, resume_point
+
+    run_dir = "runs/proj/grp/run1/20261129T000000Z"           # the attempt directory <run>/<ts>
+    args = TrainingArguments(output_dir=run_dir, save_steps=100, save_total_limit=2, ...)
+    trainer = Trainer(model, args, ..., callbacks=[ArtifactCallback(run_dir, UploadSettings(
+        enabled=True, bucket="my-bucket", credentials="creds.json"))])
+    trainer.train(resume_from_checkpoint=resume_point(run_dir))
+
+At each save (``on_save``, after the Trainer wrote ``checkpoint-N`` and rotated older ones) every process
+waits for the others (each rank writes its own ``rng_state_R.pth``); then the main process alone
+(``Ranks.decide``: rank 0 of the process group, the process itself without one) exports the checkpoint
+(``export_checkpoint``) and queues its publication on the run's background publisher, as ``save_and_publish``
+does; the other ranks never touch the artifact or the store. A failed export stops training on every rank
+with the same error (``RankFailed`` under many ranks).
+
+``export_checkpoint`` hard-links every file of ``checkpoint-N`` into ``iter_N`` under the same relative path
+(no byte is copied; where the two directories lie on different file systems, or the file system has no hard
+links, the file is copied and fsynced instead), fsyncs what it links, and seals the directory
+(``artifact.seal_artifact``: one component per top-level entry of the checkpoint, a directory as a DCP-format
+one), the manifest last. It keeps ``write_artifact``'s ownership record (``.save-in-progress``, each entry's
+inode: a hard link's other name changes its ctime, not its inode) so an export killed half way is discarded
+and done again by the next save of that iteration, and anything else in the directory is refused by name.
+
+The artifact is a complete Trainer checkpoint: ``Trainer.train(resume_from_checkpoint=<iter_N>)`` resumes from
+it. The Trainer's ``save_total_limit`` may delete ``checkpoint-N`` at any later save: the artifact's links keep
+the bytes until ``prune-verified`` frees them once the archive is proven, so nothing is lost either way.
+
+The Trainer writes a checkpoint's files in place when it saves into an existing ``checkpoint-N``, which would
+rewrite a committed artifact through its links. So at ``on_train_begin`` the callback refuses a start behind
+the newest committed artifact (step 0 or an older checkpoint: it would save that iteration again), naming the
+artifact to resume from; ``resume_point(run_dir)`` names the newest committed artifact (refusing a pruned one,
+naming ``ckptflow restore``), or None for a fresh run. Also at ``on_train_begin``: the preflight of the
+destination when ``UploadSettings.preflight`` is set (``preflight_once``, every rank: rank 0 checks), and on
+the main process the background publication of every committed artifact without a receipt (``publish_pending``:
+what a killed attempt left). At ``on_train_end`` the main process waits for the publications (``wait_at_end``).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import shutil
+from pathlib import Path, PurePosixPath
+
+from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from .. import testhooks
+from ..artifact import COMPONENT_NAME_RE, ComponentSpec, seal_artifact
+from ..errors import NotFound, Refused
+from ..fsutil import fsync_dir, fsync_file, walk_files
+from ..records import manifest as manifest_record
+from .preflight import preflight_once
+from .publish import UploadSettings, publish_in_background, publish_pending, wait_for_publications
+from .ranks import Ranks
+from .resume import committed_artifacts, restore_remedy
+from .write import artifact_dir_for, begin_owned_save
+
+log = logging.getLogger(__name__)
+
+NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP})
+COPY_CHUNK = 16 << 20
+
+
+def checkpoint_dir_for(output_dir: Path | str, step: int) -> Path:
+    """The Trainer's ``<output_dir>/checkpoint-<step>``."""
+    return Path(output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{step}"
+
+
+def resume_point(run_dir: Path | str) -> str | None:
+    """The newest committed artifact of the run, for ``Trainer.train(resume_from_checkpoint=...)``; None when
+    the run holds none (a fresh start). A newest artifact whose payloads are not all on disk (pruned) is
+    refused, naming ``ckptflow restore``: resuming from an older one would save the newest again."""
+    found = committed_artifacts(Path(run_dir))
+    if not found:
+        return None
+    iteration = max(found)
+    art = found[iteration]
+    missing = [f.path for f in manifest_record.read_manifest(manifest_record.path_in(art)).physical_files()
+               if not (art / f.path).is_file()]
+    if missing:
+        raise Refused(f"the newest committed artifact {art} is missing {len(missing)} payload file(s) "
+                      f"({', '.join(missing[:5])}): it was pruned after publication", remedy=restore_remedy(art, iteration))
+    return str(art)
+
+
+def export_checkpoint(checkpoint_dir: Path | str, run_dir: Path | str, iteration: int) -> manifest_record.Manifest:
+    """Hard-link (across file systems: copy) every file of ``checkpoint_dir`` into the run's ``iter_N`` and seal
+    it, the manifest last; returns the manifest. A committed ``iter_N`` is refused, never overwritten."""
+    ckpt = Path(checkpoint_dir)
+    if not ckpt.is_dir():
+        raise NotFound(f"checkpoint directory {ckpt} does not exist",
+                       remedy="export a checkpoint the Trainer saved (its output_dir/checkpoint-N)")
+    files = list(walk_files(ckpt))  # regular files only: a symlink is refused by name
+    if not files:
+        raise NotFound(f"checkpoint directory {ckpt} holds no file", remedy="export a checkpoint the Trainer saved")
+    art = artifact_dir_for(run_dir, iteration)
+    manifest_path = manifest_record.path_in(art)
+    if manifest_path.exists() or manifest_path.is_symlink():
+        raise Refused(f"{art} is already a committed artifact ({manifest_path.name} present); it is never overwritten "
+                      f"by {ckpt}", remedy=f"resume training from {art} (resume_from_checkpoint) rather than from an "
+                      "older checkpoint, or train under a new run directory")
+    owned = begin_owned_save(art)
+    dirs: list[str] = []
+    copied = 0
+    for rel in files:
+        for parent in reversed(PurePosixPath(rel).parents[:-1]):
+            if parent.as_posix() not in dirs:
+                (art / parent).mkdir()
+                owned.created(parent.as_posix(), writing=True)
+                dirs.append(parent.as_posix())
+        copied += _link_or_copy(ckpt / rel, art / rel, owned, rel)
+    if copied:
+        log.info("%s: %d of %d file(s) copied, not linked (%s is on another file system or has no hard links)",
+                 art, copied, len(files), ckpt)
+    for d in dirs:
+        fsync_dir(art / d)
+    fsync_dir(art)
+    testhooks.reached("hf-export:before-seal")
+    specs = [ComponentSpec(name=_component_name(top), path=top) for top in sorted({r.split("/")[0] for r in files})]
+    return seal_artifact(art, iteration, specs, progress=False, before_commit=owned.release)
+
+
+def _link_or_copy(src: Path, dst: Path, owned, rel: str) -> int:
+    """1 when copied, 0 when linked; either way the entry is new (exclusive) and recorded with its inode."""
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno not in NO_LINK:
+            raise
+        with open(src, "rb") as fin, open(dst, "xb") as fout:
+            owned.created(rel, writing=True)
+            shutil.copyfileobj(fin, fout, COPY_CHUNK)
+        fsync_file(dst)
+        return 1
+    owned.created(rel, writing=True)  # its inode is the proof: removing the other name changes its ctime
+    fsync_file(dst)  # the Trainer does not fsync what it saves; the commit below must not outrun its bytes
+    return 0
+
+
+def _component_name(entry: str) -> str:
+    return entry if COMPONENT_NAME_RE.match(entry) else re.sub(r"[^A-Za-z0-9_.-]", "_", entry)
+
+
+def refuse_a_start_behind(run_dir: Path | str, step: int) -> None:
+    """Refuse a start at ``step`` behind the run's newest committed artifact (the Trainer would save an
+    iteration again and rewrite its bytes in place through the artifact's links)."""
+    found = committed_artifacts(Path(run_dir))
+    if found and max(found) > step:
+        newest = found[max(found)]
+        start = "at step 0" if step == 0 else f"from step {step}"
+        raise Refused(f"refusing to train {start} in {run_dir}: the committed artifact {newest} is newer, and a "
+                      "save of its iteration would rewrite its bytes", remedy=f"resume from {newest} "
+                      "(Trainer.train(resume_from_checkpoint=ckptflow.trainer.hf.resume_point(run_dir))), or train "
+                      "under a new run directory")
+
+
+class ArtifactCallback(TrainerCallback):
+    """Turns every ``checkpoint-N`` the Trainer saves into the sealed artifact ``iter_N`` of ``run_dir``
+    (default: the Trainer's ``output_dir``) and publishes it in the background when ``upload`` is enabled."""
+
+    def __init__(self, run_dir: Path | str | None = None, upload: UploadSettings | None = None, *,
+                 wait_at_end: bool = True):
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.upload = upload or UploadSettings()
+        self.wait_at_end = wait_at_end
+        self.exported: list[int] = []
+
+    def _run(self, args) -> Path:
+        return self.run_dir if self.run_dir is not None else Path(args.output_dir)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        run_dir, step = self._run(args), state.global_step
+        ranks = Ranks.current()
+        ranks.decide(f"the start of {run_dir} at step {step}", lambda: refuse_a_start_behind(run_dir, step))
+        if self.upload.enabled and self.upload.preflight:
+            preflight_once(run_dir, self.upload)  # every rank: rank 0 checks, the outcome is broadcast
+        if ranks.is_main:
+            publish_pending(run_dir, self.upload, collective=False)  # what a killed attempt left unpublished
+
+    def on_save(self, args, state, control, **kwargs):
+        ranks, step = Ranks.current(), state.global_step
+        ckpt, run_dir = checkpoint_dir_for(args.output_dir, step), self._run(args)
+        ranks.settle(f"the save of {ckpt}", None)  # every rank's files of the checkpoint are written
+
+        def export() -> None:
+            export_checkpoint(ckpt, run_dir, step)
+            testhooks.reached("hf-export:after-seal")
+            publish_in_background(run_dir, artifact_dir_for(run_dir, step), self.upload)
+
+        ranks.decide(f"the export of {ckpt}", export)
+        self.exported.append(step)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.wait_at_end and Ranks.current().is_main and self.upload.enabled:
+            wait_for_publications(self._run(args))  # each failure was logged with its retry command

@@ -1,0 +1,221 @@
+"""The Hugging Face Trainer callback (``ckptflow.trainer.hf``) through ``examples/train_hf_trainer.py``: a tiny
+Qwen3 trained for a few steps on CPU in real processes, alone and under ``torchrun --nproc-per-node 2``
+(gloo), publishing to a file:// archive."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ckptflow.archive.probe import run_probe
+from ckptflow.records import manifest as manifest_record
+from ckptflow.records import receipt as receipt_record
+from ckptflow.store.local import LocalStore
+from helpers import REPO
+from helpers.cli import run_cli
+from helpers.tiny_models import build_tiny_base
+
+RUN = "proj/grp/run1/20261129T000000Z"
+EXAMPLE = REPO / "examples" / "train_hf_trainer.py"
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+PAUSE = "hf-export:after-seal"
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    return build_tiny_base("qwen3", tmp_path_factory.mktemp("hf") / "base")
+
+
+@pytest.fixture
+def archive(tmp_path) -> Path:
+    root = tmp_path / "archive"
+    root.mkdir()
+    assert run_probe(LocalStore(root), "scratch").record.passed  # prune-verified requires a probe record
+    return root
+
+
+def train(base: Path, run_dir: Path, *args: str, ranks: int = 1, env: dict | None = None,
+          wait: bool = True) -> subprocess.Popen | subprocess.CompletedProcess:
+    launcher = [str(TORCHRUN), "--standalone", "--nproc-per-node", str(ranks)] if ranks > 1 else [sys.executable]
+    argv = [*launcher, str(EXAMPLE), "--model", str(base), "--run-dir", str(run_dir), *args]
+    env = {**os.environ, "CKPTFLOW_PROGRESS": "0", "OMP_NUM_THREADS": "1", **(env or {})}
+    if not wait:
+        return subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def result(proc) -> dict:
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    [line] = [x for x in proc.stdout.splitlines() if x.startswith("{\"")]  # the main process's line only
+    return json.loads(line)
+
+
+def art(run_dir: Path, n: int) -> Path:
+    return run_dir / "checkpoint_artifacts" / f"iter_{n:06d}"
+
+
+def weights(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(path / "model.safetensors")
+
+
+def files_of(directory: Path) -> set[str]:
+    return {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()}
+
+
+def ckpt_inodes(directory: Path) -> dict[str, int]:
+    return {rel: (directory / rel).stat().st_ino for rel in files_of(directory) if not rel.startswith(".")}
+
+
+@pytest.mark.slow
+def test_trainer_checkpoints_become_published_artifacts_that_resume_as_if_never_stopped(base, archive, tmp_path):
+    straight = tmp_path / "straight" / RUN
+    reference = result(train(base, straight, "--steps", "6", "--save-every", "2"))
+    assert reference["exported"] == [2, 4, 6] and reference["published"] == []
+
+    run_dir = tmp_path / "runs" / RUN
+    flags = ("--steps", "6", "--save-every", "2", "--save-total-limit", "1", "--bucket", f"file://{archive}")
+    flag = tmp_path / "pause"
+    proc = train(base, run_dir, *flags, wait=False,
+                 env={"CKPTFLOW_TEST_PAUSE_AT": PAUSE, "CKPTFLOW_TEST_PAUSE_FILE": str(flag)})
+    try:
+        for n in (2, 4):  # iter 2 goes on; the job is preempted (kill -9) right after sealing iter 4
+            deadline = time.monotonic() + 300
+            while not flag.exists():
+                assert proc.poll() is None, proc.communicate()[1][-4000:]
+                assert time.monotonic() < deadline, "the export never reached its pause point"
+                time.sleep(0.05)
+            if n == 2:
+                flag.unlink()
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    assert manifest_record.path_in(art(run_dir, 4)).is_file()
+    assert not receipt_record.path_in(art(run_dir, 4)).exists()  # its publication never started
+
+    # The requeue (the same command): resumes from iter 4, publishes it first, then saves and publishes iter 6.
+    requeued = result(train(base, run_dir, *flags))
+    assert requeued["resumed_from"] == str(art(run_dir, 4)) and requeued["exported"] == [6]
+    assert sorted(requeued["published"]) == ["iter_000004", "iter_000006"] and requeued["failed"] == []
+    for n in (2, 4, 6):
+        assert receipt_record.path_in(art(run_dir, n)).is_file()
+        assert run_cli("verify", "--artifact-dir", str(art(run_dir, n))).returncode == 0
+    # The Trainer's save_total_limit removed checkpoint-2 and -4; the artifacts keep their bytes, and the
+    # last one is made of hard links to checkpoint-6 (no byte copied), sealed file by file.
+    assert sorted(p.name for p in run_dir.glob("checkpoint-*")) == ["checkpoint-6"]
+    assert ckpt_inodes(art(run_dir, 6)) == ckpt_inodes(run_dir / "checkpoint-6")
+    manifest = manifest_record.read_manifest(manifest_record.path_in(art(run_dir, 6)))
+    assert {f.path for f in manifest.physical_files()} == files_of(run_dir / "checkpoint-6")
+    assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json", "rng_state.pth"} <= set(
+        manifest.components)
+    resumed, expected = weights(art(run_dir, 6)), weights(art(straight, 6))
+    assert resumed.keys() == expected.keys() and all(resumed[k].equal(expected[k]) for k in expected)
+
+    # prune-verified frees the published artifacts; resuming from a pruned one is refused, naming restore.
+    shutil.rmtree(run_dir / "checkpoint-6")
+    pruned = run_cli("prune-verified", "--paths", *(str(art(run_dir, n)) for n in (2, 4, 6)))
+    assert pruned.returncode == 0, pruned.stderr
+    assert not (art(run_dir, 6) / "model.safetensors").exists() and not (art(run_dir, 2) / "optimizer.pt").exists()
+    more = ("--steps", "8", "--save-every", "2", "--bucket", f"file://{archive}")
+    refused = train(base, run_dir, *more)
+    assert refused.returncode == 3 and f"ckptflow restore --artifact-dir {art(run_dir, 6)}" in refused.stderr
+    assert run_cli("restore", "--artifact-dir", str(art(run_dir, 6))).returncode == 0
+    later = result(train(base, run_dir, *more))
+    assert later["resumed_from"] == str(art(run_dir, 6)) and later["exported"] == [8] and later["global_step"] == 8
+    assert later["published"] == ["iter_000008"]
+
+
+@pytest.mark.slow
+def test_two_ranks_export_on_the_main_process_only_resume_and_refuse_a_restart_alike(base, archive, tmp_path):
+    run_dir = tmp_path / "runs" / RUN
+    flags = ("--save-every", "2", "--save-total-limit", "1", "--bucket", f"file://{archive}")
+    first = train(base, run_dir, "--steps", "4", *flags, ranks=2)
+    out = result(first)
+    assert out["exported"] == [2, 4] and out["published"] == ["iter_000002", "iter_000004"]
+    assert first.stderr.count("archived ") == 2  # one publication each, by the main process only
+    for n in (2, 4):
+        names = files_of(art(run_dir, n))
+        assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "optimizer.pt"} <= names
+        assert receipt_record.path_in(art(run_dir, n)).is_file()
+    assert not (run_dir / "checkpoint-2").exists()  # save_total_limit; the artifact kept the bytes
+
+    # A start behind the committed artifacts is refused on both ranks alike, nothing trained or written.
+    before = sorted(p.name for p in (run_dir / "checkpoint_artifacts").iterdir())
+    refused = train(base, run_dir, "--steps", "6", "--resume", "off", *flags, ranks=2)
+    assert refused.returncode != 0 and refused.stderr.count("refusing to train at step 0") >= 2
+    assert sorted(p.name for p in (run_dir / "checkpoint_artifacts").iterdir()) == before
+
+    resumed = result(train(base, run_dir, "--steps", "6", *flags, ranks=2))
+    assert resumed["resumed_from"] == str(art(run_dir, 4)) and resumed["exported"] == [6]
+    assert resumed["global_step"] == 6 and resumed["published"] == ["iter_000006"]
+
+
+def fake_checkpoint(root: Path, seed: int = 0) -> Path:
+    """A Trainer checkpoint's shape: files and a sharded subdirectory (as FSDP or DeepSpeed write one)."""
+    (root / "pytorch_model_fsdp_0").mkdir(parents=True)
+    for rel in ("model.safetensors", "optimizer.pt", "trainer_state.json", "pytorch_model_fsdp_0/__0_0.distcp"):
+        (root / rel).write_bytes(os.urandom(1000 + seed))
+    return root
+
+
+EXPORT = ("import sys; from ckptflow.trainer.hf import export_checkpoint; "
+          "export_checkpoint(sys.argv[1], sys.argv[2], int(sys.argv[3]))")
+
+
+def export_in_process(ckpt: Path, run_dir: Path, n: int, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", EXPORT, str(ckpt), str(run_dir), str(n)], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, **env})
+
+
+@pytest.mark.slow
+def test_an_export_killed_before_its_seal_is_done_again_and_a_foreign_file_is_refused_and_kept(tmp_path):
+    ckpt, run_dir = fake_checkpoint(tmp_path / "checkpoint-5"), tmp_path / "runs" / RUN
+    killed = export_in_process(ckpt, run_dir, 5, CKPTFLOW_TEST_KILL_AT="hf-export:before-seal")
+    assert killed.returncode == -signal.SIGKILL
+    assert not manifest_record.path_in(art(run_dir, 5)).exists()
+    status = run_cli("status", str(run_dir), "--json")
+    assert [r["local"]["state"] for r in status.report["rows"]] == ["incomplete"], status.stdout
+
+    done = export_in_process(ckpt, run_dir, 5)  # the next save of iteration 5 discards the links and links again
+    assert done.returncode == 0, done.stderr
+    assert ckpt_inodes(art(run_dir, 5)) == ckpt_inodes(ckpt)
+    manifest = manifest_record.read_manifest(manifest_record.path_in(art(run_dir, 5)))
+    assert manifest.components["pytorch_model_fsdp_0"].to_dict()["format"] == "dcp"
+    assert not (art(run_dir, 5) / ".save-in-progress").exists()
+    again = export_in_process(ckpt, run_dir, 5)
+    assert again.returncode == 1 and "is never overwritten" in again.stderr
+
+    assert export_in_process(ckpt, run_dir, 7, CKPTFLOW_TEST_KILL_AT="hf-export:before-seal").returncode != 0
+    (art(run_dir, 7) / "notes.txt").write_text("a user's file")
+    refused = export_in_process(ckpt, run_dir, 7)
+    assert refused.returncode == 1 and "notes.txt" in refused.stderr
+    assert (art(run_dir, 7) / "notes.txt").read_text() == "a user's file"
+    assert all((ckpt / rel).is_file() for rel in files_of(ckpt))
+
+
+@pytest.mark.slow
+def test_a_checkpoint_on_another_file_system_is_copied_then_sealed(tmp_path):
+    from helpers.disks import tmpfs_mounts
+
+    with tmpfs_mounts(tmp_path / "mnt") as mount:
+        ckpt = fake_checkpoint(mount(1 << 20) / "checkpoint-3", seed=3)
+        run_dir = tmp_path / "runs" / RUN
+        done = export_in_process(ckpt, run_dir, 3)
+        assert done.returncode == 0, done.stderr
+        copied = art(run_dir, 3)
+        assert {rel: (copied / rel).read_bytes() for rel in files_of(ckpt)} == {
+            rel: (ckpt / rel).read_bytes() for rel in files_of(ckpt)}
+        assert all((copied / rel).stat().st_dev != (ckpt / rel).stat().st_dev for rel in files_of(ckpt))
+        assert run_cli("status", str(run_dir), "--json").report["rows"][0]["local"]["state"] == "committed"
