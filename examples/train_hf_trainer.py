@@ -5,7 +5,8 @@
 may delete ``checkpoint-N`` meanwhile. ``--resume auto`` resumes from the run's newest committed artifact
 (``resume_point``; a pruned one is refused, naming ``ckptflow restore``). The model is any causal LM
 directory (``--model``); the data are random token ids. Prints one JSON line (main process only): the
-resume point, the exported iterations and the publication outcomes. Exit 3: refused, nothing trained.
+resume point, the exported iterations and the publication outcomes. Exit 3: refused (a start behind a
+committed artifact, a pruned resume point, a destination ``--preflight`` rejects), nothing trained.
 
     python examples/train_hf_trainer.py --model BASE --run-dir runs/proj/grp/run1/20261129T000000Z \\
         --steps 6 --save-every 2 --save-total-limit 1 --bucket my-bucket --credentials creds.json
@@ -39,6 +40,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--bucket", help="upload to this bucket (name, s3://B, gs://B, file:///DIR); none: no upload")
     p.add_argument("--credentials")
     p.add_argument("--upload-prefix", help="<project>/<group>/<run>/<ts>/checkpoints (default: derived)")
+    p.add_argument("--preflight", choices=("off", "on", "strict"), default="off",
+                   help="check the destination at train begin (strict: an unreachable endpoint fails too)")
     return p.parse_args(argv)
 
 
@@ -60,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if main_process else logging.WARNING,
                         format="train_hf_trainer: %(levelname)s: %(message)s", stream=sys.stderr)
     upload = UploadSettings(enabled=bool(args.bucket), bucket=args.bucket, credentials=args.credentials,
-                            prefix=args.upload_prefix)
+                            prefix=args.upload_prefix, preflight=args.preflight != "off",
+                            strict=args.preflight == "strict")
     callback = ArtifactCallback(args.run_dir, upload)
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     training = TrainingArguments(

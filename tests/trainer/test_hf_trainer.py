@@ -138,10 +138,16 @@ def test_trainer_checkpoints_become_published_artifacts_that_resume_as_if_never_
 
 
 @pytest.mark.slow
-def test_two_ranks_export_on_the_main_process_only_resume_and_refuse_a_restart_alike(base, archive, tmp_path):
+def test_two_ranks_check_the_destination_export_on_the_main_process_only_resume_and_refuse_a_restart_alike(base, archive, tmp_path):
     run_dir = tmp_path / "runs" / RUN
+    # A destination the preflight rejects stops both ranks at train begin, before any step.
+    typo = train(base, run_dir, "--steps", "4", "--save-every", "2", "--bucket", f"file://{tmp_path}/archiv",
+                 "--preflight", "on", ranks=2)
+    assert typo.returncode != 0 and typo.stderr.count(f"{tmp_path}/archiv") >= 2, typo.stderr[-4000:]
+    assert not list(run_dir.glob("checkpoint*")) and "'loss'" not in typo.stdout + typo.stderr
+
     flags = ("--save-every", "2", "--save-total-limit", "1", "--bucket", f"file://{archive}")
-    first = train(base, run_dir, "--steps", "4", *flags, ranks=2)
+    first = train(base, run_dir, "--steps", "4", *flags, "--preflight", "on", ranks=2)
     out = result(first)
     assert out["exported"] == [2, 4] and out["published"] == ["iter_000002", "iter_000004"]
     assert first.stderr.count("archived ") == 2  # one publication each, by the main process only
