@@ -16,6 +16,7 @@ committed artifact, a pruned resume point, a destination ``--preflight`` rejects
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -59,6 +60,18 @@ class RandomTokens(torch.utils.data.Dataset):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    code = train(args)
+    if torch.distributed.is_initialized():
+        # The DDP model (its reducer holds the process group) is freed first, while the group is still
+        # registered, and every rank's last collective is done: freeing the group from the reducer, or while
+        # a gloo thread still releases an earlier collective's tensors, can deadlock the process at exit.
+        gc.collect()
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    return code
+
+
+def train(args: argparse.Namespace) -> int:
     main_process = int(os.environ.get("RANK", "0")) == 0
     logging.basicConfig(level=logging.INFO if main_process else logging.WARNING,
                         format="train_hf_trainer: %(levelname)s: %(message)s", stream=sys.stderr)
@@ -90,8 +103,6 @@ def main(argv: list[str] | None = None) -> int:
             "published": [o.artifact_dir.name for o in outcomes if o.ok],
             "failed": [{"artifact": o.artifact_dir.name, "retry": o.retry} for o in outcomes if not o.ok],
         }, sort_keys=True) + "\n")
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
     return 0
 
 
