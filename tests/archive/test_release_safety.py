@@ -137,6 +137,8 @@ def test_an_older_receipt_without_server_checksums_needs_read_data(published, qu
     assert receipt_record.read_receipt(published).server_checksums is None
     result = verify_artifact(published, store_for(qualified))
     assert {o.state for o in result.objects[1:]} == {"unverifiable"} and not result.ok
+    # Nothing seen is wrong with the copy: the remedy is to read it, not to republish it elsewhere.
+    assert "--read-data" in result.failure_line() and "republish" not in result.failure_line()
     assert prune_verified([published], store_for(qualified)).removed == []
     again = publish_artifact(published, qualified, UPLOAD_PREFIX, progress=False)  # rewrites it with them
     assert again.status == "skipped" and receipt_record.read_receipt(published).server_checksums

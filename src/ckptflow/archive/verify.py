@@ -385,10 +385,23 @@ class VerifyResult:
         return [c.failure() for c in (first, *self.others) if not c.ok]
 
     def failure_line(self) -> str:
+        if self._unproven_only():
+            return (
+                f"remote copy of {self.artifact_dir} is not proven by HEAD at {'; at '.join(self.failures())}; "
+                "nothing seen differs from the receipt: prove it by its bytes with "
+                f"`ckptflow verify --artifact-dir {self.artifact_dir} --read-data`"
+            )
         return (
             f"remote copy of {self.artifact_dir} does not match its receipt at {'; at '.join(self.failures())}; "
             "keep the local copy and republish it to a new destination"
         )
+
+    def _unproven_only(self) -> bool:
+        """Every object not ok only lacks a proof (``unverifiable``) and every destination could be checked:
+        the copy may well be whole, and reading it is the remedy, not republishing."""
+        states = [*self.objects, *(o for c in self.others for o in c.objects)]
+        return (not any(c.error for c in self.others) and any(o.state == "unverifiable" for o in states)
+                and all(o.state in ("ok", "unverifiable") for o in states))
 
 
 def read_figures(subset: Subset | None, bytes_read: int, seconds: float | None) -> dict:
