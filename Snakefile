@@ -8,12 +8,16 @@
 #   snakemake merge_experts --config iter=300        the merge recipe of iteration 300
 #   snakemake materialize_teacher --config iter=300  its teacher: local artifact, else fetched from the archive
 #   snakemake status (the default target)            the status table of every run; --report includes it
+import os
+
 from snakemake.utils import min_version
 
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# The defaults beside this Snakefile, whatever the working directory; a site's own file layers over them
+# (`snakemake -s <checkout>/Snakefile --configfile site.yaml -- publish_all`, config/site.example.yaml).
+configfile: os.path.join(workflow.basedir, "config", "config.yaml")
 
 
 include: "rules/common.smk"

@@ -1,0 +1,81 @@
+"""The workflow from any working directory: `snakemake -s <checkout>/Snakefile --configfile site.yaml -- TARGET`
+with a site file copied from config/site.example.yaml, and the checkout left as it was."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from workflow_helpers import NOTHING, RUN, SNAKEMAKE, copy_workflow
+
+from ckptflow import workflow_config
+from helpers import REPO
+from helpers.artifacts import make_artifact
+
+TEMPLATE = REPO / "config" / "site.example.yaml"
+OUTPUT_KEYS = ("runs_root", "reports_dir", "logs_dir", "stage_dir", "teachers_dir")
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    """Every path under root with its size and modification time: what a run may not change."""
+    return {str(p.relative_to(root)): (p.lstat().st_size, p.lstat().st_mtime_ns) for p in root.rglob("*")}
+
+
+def _site(path: Path, **values) -> Path:
+    site = yaml.safe_load(TEMPLATE.read_text(encoding="utf-8"))
+    site.update(values)
+    path.write_text(yaml.safe_dump(site), encoding="utf-8")
+    return path
+
+
+def test_the_site_config_template_names_known_keys_and_every_output_directory():
+    site = yaml.safe_load(TEMPLATE.read_text(encoding="utf-8"))
+    defaults = yaml.safe_load((REPO / "config" / "config.yaml").read_text(encoding="utf-8"))
+    assert set(site) <= set(defaults)
+    assert set(OUTPUT_KEYS) <= set(site)
+    workflow_config.checked_config({**defaults, **site})  # valid as it stands
+
+
+def test_the_workflows_default_output_directories_are_ignored_by_git():
+    defaults = yaml.safe_load((REPO / "config" / "config.yaml").read_text(encoding="utf-8"))
+    paths = [f"{defaults[key]}/anything" for key in OUTPUT_KEYS]
+    done = subprocess.run(["git", "-C", str(REPO), "check-ignore", "--no-index", *paths], capture_output=True,
+                          text=True)
+    assert sorted(done.stdout.split()) == sorted(paths), done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_the_workflow_runs_from_another_directory_with_a_site_config_and_writes_nothing_into_the_checkout(
+        tmp_path: Path):
+    checkout = copy_workflow(tmp_path / "checkout")  # the operator's checkout, as the repository holds it
+    before = _tree(checkout)
+    work, archive = tmp_path / "work", tmp_path / "archive"
+    art = make_artifact(work / "runs" / RUN)
+    archive.mkdir()
+    # Relative paths, read against the working directory.
+    site = _site(work / "site.yaml", runs_root="runs", bucket=f"file://{archive}", credentials=None,
+                 reports_dir="reports", logs_dir="logs", stage_dir="stage", teachers_dir="teachers")
+    env = {**os.environ, "CKPTFLOW_CACHE_DIR": str(tmp_path / "cache"), "CKPTFLOW_PROGRESS": "0"}
+
+    def snakemake(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(SNAKEMAKE), "-s", str(checkout / "Snakefile"), *args], cwd=work, env=env,
+                              capture_output=True, text=True, timeout=600)
+
+    run = snakemake("--configfile", site.name, "--", "publish_all")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"{checkout / 'config' / 'config.yaml'} is extended" in run.stdout + run.stderr  # the defaults, then the site's
+    assert (art / ".uploaded").is_file()
+    assert (work / "reports").is_dir() and (work / "logs").is_dir() and (work / ".snakemake").is_dir()
+    assert list(archive.rglob(".posttrain-archive.json"))
+    # The targets first is the other spelling that keeps them out of --configfile's list.
+    again = snakemake("-n", "publish_all", "--configfile", site.name)
+    assert again.returncode == 0 and NOTHING in again.stdout + again.stderr, again.stdout + again.stderr
+    # Without `--`, the target is read as a second configuration file: an error naming it, never a run of
+    # the default target.
+    swallowed = snakemake("-n", "--configfile", site.name, "publish_all")
+    out = swallowed.stdout + swallowed.stderr
+    assert swallowed.returncode != 0 and "No such file or directory: 'publish_all'" in out, out
+    assert _tree(checkout) == before
