@@ -73,7 +73,7 @@ def test_seal_publish_verify_prune_fetch_probe_read_as_summaries_on_a_terminal(a
     archive.mkdir()
     where = f"file://{archive}/{PREFIX}/checkpoint_artifacts/iter_000007"
 
-    _summary(_seal(artifact, env), "sealed iteration 7: 2 components (model, optim), 3 files, 3.00 MiB",
+    _summary(_seal(artifact, env), "sealed iteration 7: 2 components (model, optim), 3 payload files, 3.00 MiB",
              f"artifact  {artifact}\n")
     refused = _same_json("seal", "--artifact-dir", str(artifact), "--iteration", "7", "model=model.pt", env=env, code=1)
     validate(refused, "report_error", what="error report")
@@ -83,26 +83,26 @@ def test_seal_publish_verify_prune_fetch_probe_read_as_summaries_on_a_terminal(a
              "race         1 of 8 creators won")
     validate(_same_json(*probe, env=env), "report_probe", what="probe report")
 
-    _summary(run_on_terminal(*_publish_args(artifact, archive), env=env), "published 4 files, 3.00 MiB",
-             f"archive   {where}\n", "uploaded  3 files, 3.00 MiB\n")
+    _summary(run_on_terminal(*_publish_args(artifact, archive), env=env), "published 3 payload files, 3.00 MiB as 5 objects (with 2 records)",
+             f"archive   {where}\n", "uploaded  3 payload files, 3.00 MiB\n")
     again = _same_json(*_publish_args(artifact, archive), env=env)
     assert again["status"] == "skipped"
 
     verify = ("verify", "--artifact-dir", str(artifact))
-    _summary(run_on_terminal(*verify, env=env), "verified 5 objects of the archive (contents read and hashed)",
+    _summary(run_on_terminal(*verify, env=env), "verified 5 objects (3 payload files, 2 records) of the archive (contents read and hashed)",
              f"archive   {where}\n")
     validate(_same_json(*verify, env=env), "report_verify", what="verify report")
 
     prune = ("prune-verified", "--paths", str(artifact), "--dry-run")
     _summary(run_on_terminal(*prune, env=env),
-             "dry run: would free 3.00 MiB (3 files of 1 artifact), 0 artifacts kept; nothing was deleted",
-             f"would remove  {artifact} (3 files, 3.00 MiB)\n")
+             "dry run: would free 3.00 MiB (3 payload files of 1 artifact), 0 artifacts kept; nothing was deleted",
+             f"would remove  {artifact} (3 payload files, 3.00 MiB)\n")
     assert _same_json(*prune, env=env)["removed"][0]["bytes"] == MODEL_BYTES + 11
     assert (artifact / "model.pt").stat().st_size == MODEL_BYTES
 
     fetch = ("fetch", "--artifact-uri", where, "--dst", str(tmp_path / "stage"))
-    _summary(run_on_terminal(*fetch, env=env), "fetched iteration 7: 4 files, 3.00 MiB", f"from        {where}\n",
-             f"to          {tmp_path / 'stage' / 'iter_000007'}\n", "downloaded  3 files, 3.00 MiB\n")
+    _summary(run_on_terminal(*fetch, env=env), "fetched iteration 7: 3 payload files, 3.00 MiB + 1 record", f"from        {where}\n",
+             f"to          {tmp_path / 'stage' / 'iter_000007'}\n", "downloaded  3 payload files, 3.00 MiB\n")
     assert _same_json(*fetch, env=env)["status"] == "already-staged"
 
 
@@ -247,3 +247,95 @@ def test_retain_and_prune_summaries_list_what_was_removed_before_what_was_kept(t
     shown = run_on_terminal("prune-verified", "--paths", str(missing), env=env)
     assert shown.returncode == 1 and shown.stdout.startswith("failed: nothing freed, 1 artifact kept"), shown.stdout
     assert f"kept  {missing}: {missing} does not exist" in shown.stdout
+
+
+# "3 payload files, 3.10 MiB", "5 objects, 3.10 MiB": a count named as what it counts, with its bytes.
+_COUNTED = re.compile(r"(\d+) (payload files?|objects?|records?)\b(?:, (\d+(?:\.\d+)? (?:B|KiB|MiB|GiB)))?")
+_SIZE = re.compile(r"\b\d+(?:\.\d+)? (?:B|KiB|MiB|GiB|TiB)\b")
+
+
+@pytest.mark.slow
+def test_one_artifacts_life_reads_with_one_vocabulary_and_one_size_format_in_every_verb(tmp_path, env):
+    """seal, publish --dry-run, publish, verify, prune-verified, restore, status and ls of one artifact on a
+    terminal: its payload files, records and objects are named as such and agree across the verbs, every
+    size is the one format, the run heading fits 80 columns, and status says nothing of the workflow."""
+    run = "proj/group/" + "a-run-whose-name-is-long-enough-to-need-shortening-on-eighty-columns" + "/20261129T000000Z"
+    root, archive = tmp_path / "runs", tmp_path / "archive"
+    art = root / run / "checkpoint_artifacts" / "iter_000007"
+    (art / "optim").mkdir(parents=True)
+    (art / "model.pt").write_bytes(b"m" * (3 * 2**20 + 50_000))  # 3.05 MiB alone, 3.10 MiB with the shards
+    (art / "optim" / ".metadata").write_bytes(b"x")
+    (art / "optim" / "__0_0.distcp").write_bytes(b"y" * 50_000)  # 48.8 KiB
+    archive.mkdir()
+    payload_bytes = 3 * 2**20 + 100_001
+    payload = f"3 payload files, {summary.human_bytes(payload_bytes)}"
+    assert payload == "3 payload files, 3.10 MiB"
+    bucket = ("--bucket", f"file://{archive}")
+
+    def shown(*args: str) -> str:
+        proc = run_on_terminal(*args, env=env, columns=80)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+
+    said = {
+        "seal": shown("seal", "--artifact-dir", str(art), "--iteration", "7", "model=model.pt", "optim=optim"),
+        "plan": shown("publish", "--artifact-dir", str(art), *bucket, "--dry-run"),
+        "publish": shown("publish", "--artifact-dir", str(art), *bucket),
+        "verify": shown("verify", "--artifact-dir", str(art)),
+        "prune plan": shown("prune-verified", "--paths", str(art), "--dry-run"),
+        "prune": shown("prune-verified", "--paths", str(art)),
+        "status pruned": shown("status", str(root)),
+        "restore plan": shown("restore", "--artifact-dir", str(art), "--dry-run"),
+        "restore": shown("restore", "--artifact-dir", str(art)),
+        "status": shown("status", str(root)),
+        "ls": shown("ls", f"file://{archive}", "--runs-root", str(root)),
+    }
+    first = {verb: text.splitlines()[0] for verb, text in said.items()}
+    assert payload in first["seal"]
+    assert f"would publish {payload} as 5 objects (with 2 records)" in first["plan"]
+    assert f"published {payload} as 5 objects (with 2 records)" in first["publish"]
+    assert f"  uploaded  {payload}\n" in said["publish"]
+    assert "verified 5 objects (3 payload files, 2 records)" in first["verify"]
+    assert "would free 3.10 MiB (3 payload files of 1 artifact)" in first["prune plan"]
+    assert "freed 3.10 MiB (3 payload files of 1 artifact)" in first["prune"]
+    assert f"({payload})" in said["prune"]
+    assert f"would download {payload} (the artifact has {payload})" in first["restore plan"]
+    assert f"restored {payload} (the artifact has {payload})" in first["restore"]
+    assert "5 objects, 3.10 MiB" in first["ls"] and re.search(r"iter_000007 +committed +5 +3\.10 MiB ", said["ls"])
+    assert "local 0 B, archived 3.10 MiB" in " ".join(said["status pruned"].split())
+    assert "local 3.10 MiB, archived 3.10 MiB" in " ".join(said["status"].split())
+
+    for verb, text in said.items():
+        # every count of files names what it counts (no bare "files"), and its bytes are the artifact's
+        assert not re.search(r"\d+ files?\b", text), f"{verb}: a bare count of files\n{text}"
+        for n, noun, size in _COUNTED.findall(text):
+            expected = {"payload file": ("3", "3.10 MiB"), "object": ("5", "3.10 MiB"), "record": ("2", None)}
+            count, total = expected[noun.rstrip("s")]
+            assert n in (count, "0", "1") or verb.startswith("prune"), f"{verb}: {n} {noun}\n{text}"
+            assert not size or size in (total, "0 B"), f"{verb}: {n} {noun}, {size}\n{text}"
+        # one rounding: three significant digits (3.10 MiB, 48.8 KiB), never the status table's old 3.1 MiB
+        for size in _SIZE.findall(text):
+            number, unit = size.split()
+            assert unit == "B" or len(number.replace(".", "").lstrip("0")) == 3, f"{verb}: {size}\n{text}"
+    # the tables (ls's headline is a sentence naming the archive's URI, left whole to be copied)
+    table = [line for verb in ("status", "status pruned", "ls") for line in said[verb].split("\ndetails")[0].splitlines()
+             if not line.startswith("1 artifact in 1 run under ")]
+    assert all(len(line) <= 80 for line in table), "\n".join(line for line in table if len(line) > 80)
+    headings = [line for line in table if line.startswith("proj/group/")]
+    assert len(headings) == 3 and all("…" in line and line.endswith("/20261129T000000Z") for line in headings), table
+    assert "not read" not in said["status"] and "--reports-dir" not in said["status"]
+
+
+def test_the_credentials_row_is_aligned_with_the_summarys_other_rows():
+    report = {"status": "restored", "artifact_dir": "/r/iter_000007", "source_uri": "s3://b/p at 127.0.0.1:1",
+              "payloads": [{"path": "model.pt", "size": 5}], "total_bytes": 5, "missing": ["model.pt"],
+              "missing_bytes": 5, "downloaded": ["model.pt"], "downloaded_bytes": 5, "resumed": [], "reused": [],
+              "credentials": {"source": "file", "path": "/c/creds.json"}}
+    lines = summary.render("restore", report, 1.5).splitlines()
+    assert lines[1:] == [
+        "  artifact     /r/iter_000007", "  from         s3://b/p at 127.0.0.1:1", "  downloaded   1 payload file, 5 B",
+        "  credentials  file /c/creds.json", "  took         1.50 s"]
+    assert summary.render("status", {**report, **_EMPTY_STATUS}, None).endswith("\n  credentials  file /c/creds.json")
+
+
+_EMPTY_STATUS = {"root": "/runs", "rows": [], "reports_dir": None, "stage_dir": None, "teachers_dir": None}

@@ -22,7 +22,7 @@ BASE, CORE, STEP, LIFECYCLE, FRONT = 0, 1, 2, 3, 4
 # artifact (it calls archive.verify), so it stands above the steps: no step may import it.
 LAYERS = {
     "__init__": BASE, "errors": BASE, "jsonio": BASE, "fsutil": BASE, "digest": BASE, "progress": BASE,
-    "testhooks": BASE, "schemas": BASE, "lock": BASE,
+    "testhooks": BASE, "schemas": BASE, "lock": BASE, "units": BASE,
     "records": CORE, "store": CORE, "conversion": CORE,
     "artifact": STEP, "archive": STEP, "merge": STEP, "materialize": STEP, "trainer": STEP, "status": LIFECYCLE,
     "cli": FRONT, "commands": FRONT, "workflow_plan": FRONT, "workflow_steps": FRONT, "workflow_config": FRONT, "__main__": FRONT,

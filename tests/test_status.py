@@ -244,7 +244,9 @@ def test_only_what_is_asked_for_is_read(runs):
     got = states(report)
     assert got[(RUN, 500)]["verified"] == "none" and got[(RUN, 500)]["staged"] == "none"
     assert (OTHER_RUN, 700) not in got
-    assert "not read: verify/prune reports (--reports-dir)" in collect_status(runs["root"]).render()
+    assert "not read" not in collect_status(runs["root"]).render()  # no workflow directory asked for: no word of them
+    asked = collect_status(runs["root"], teachers_dir=runs["teachers"]).render()
+    assert "not read: verify/prune reports (--reports-dir), staged copies (--stage-dir)\n" in asked
 
 
 def test_a_missing_root_is_refused(tmp_path):

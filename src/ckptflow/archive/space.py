@@ -26,6 +26,7 @@ from pathlib import Path, PurePosixPath
 
 from ..errors import InsufficientSpace, OutOfSpace
 from ..records.inventory import FileEntry
+from ..units import human_bytes
 from . import stage
 
 log = logging.getLogger(__name__)
@@ -45,13 +46,8 @@ def is_full(exc: BaseException) -> bool:
 
 
 def size_text(n: int) -> str:
-    """``12345 bytes (12.1 KiB)``: exact for scripts, readable for people."""
-    value, unit = float(n), "bytes"
-    for name in ("KiB", "MiB", "GiB", "TiB"):
-        if value < 1024:
-            break
-        value, unit = value / 1024, name
-    return f"{n} bytes" if unit == "bytes" else f"{n} bytes ({value:.1f} {unit})"
+    """``12345 bytes (12.1 KiB)``: exact for scripts, readable for people (``units.human_bytes``)."""
+    return f"{n} bytes" if n < 1024 else f"{n} bytes ({human_bytes(n)})"
 
 
 def _existing(path: Path) -> Path:

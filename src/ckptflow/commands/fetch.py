@@ -8,7 +8,7 @@ from typing import Any
 
 from ..lock import DEFAULT_WAIT_SECONDS
 from . import wait_seconds_arg
-from .summary import block, files_bytes, inventory_total, plural
+from .summary import block, files_bytes, inventory_total, plural, records_in
 
 
 def register(sub) -> None:
@@ -48,10 +48,12 @@ _HEADLINES = {
 
 def summarize(report: dict[str, Any], elapsed: float | None) -> str:
     what = files_bytes(*inventory_total(report["inventory"]))
+    records = records_in(report["inventory"])
+    what += f" + {plural(records, 'record')}" if records else ""
     if report["components"] is not None:
         what += f" ({', '.join(report['components'])} only)"
-    reused = f", reused {plural(len(report['reused']), 'verified file')}" if report["reused"] else ""
-    resumed = f", resumed {plural(len(report['resumed']), 'partial file')}" if report["resumed"] else ""
+    reused = f", reused {plural(len(report['reused']), 'verified payload file')}" if report["reused"] else ""
+    resumed = f", resumed {plural(len(report['resumed']), 'partial payload file')}" if report["resumed"] else ""
     beside = report["left_beside"]
     return block(_HEADLINES[report["status"]].format(it=report["iteration"], what=what), [
         ("from", report["source_uri"] + (" (legacy archive, no declaration)" if report["legacy"] else "")),

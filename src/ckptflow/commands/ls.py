@@ -6,10 +6,11 @@ On a terminal an 80-column table grouped by run; piped, or with ``--json``, the 
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
 from typing import Any
 
-from .summary import human_bytes, plural
+from .summary import files_bytes, human_bytes, plural
 
 
 def register(sub) -> None:
@@ -49,24 +50,29 @@ def _when(stamp: str | None) -> str:
     return stamp.replace("T", " ")[:16] if stamp else _DASH
 
 
-def summarize(report: dict[str, Any], elapsed: float | None = None) -> str:
-    """The table: a line per run, then a line per iteration that fits 80 columns; details below it."""
+def summarize(report: dict[str, Any], elapsed: float | None = None, width: int | None = None) -> str:
+    """The table: a line per run (shortened in its middle to the terminal's width, as ``status`` does), then
+    a line per iteration that fits 80 columns; details below it. Counts and bytes are the archive's
+    objects (payload files and records), as ``publish`` and ``verify`` count them."""
+    from ..status.render import middle
+
+    width = width or shutil.get_terminal_size().columns
     c = report["counts"]
     states = ", ".join(f"{c[s]} {s.replace('-', ' ')}" for s in
                        ("committed", "incomplete", "damaged", "legacy", "corrupt", "not-an-artifact") if c[s])
     lines = [f"{plural(c['artifacts'], 'artifact')} in {plural(c['runs'], 'run')} under {report['uri']}"
-             + (f": {states}" if states else "") + f"; {human_bytes(report['bytes'])} declared"]
+             + (f": {states}" if states else "") + "; "
+             + files_bytes(sum(a["objects"] for a in report["artifacts"]),
+                           sum(a["object_bytes"] for a in report["artifacts"]), "object")]
     local = report["runs_root"] is not None
-    header = f"  {'ITERATION':<12}{'STATE':<16}{'FILES':>6}{'BYTES':>9}  {'PUBLISHED UTC':<18}"
+    header = f"  {'ITERATION':<12}{'STATE':<16}{'OBJECTS':>8}{'BYTES':>10}  {'PUBLISHED UTC':<17}"
     rows, run = [], None
     for a in report["artifacts"]:
         if a["run"] != run:
             run = a["run"]
-            rows.append(run or "(no run)")
-        files = _DASH if a["files"] is None else str(a["files"])
-        size = _DASH if a["bytes"] is None else human_bytes(a["bytes"])
+            rows.append(middle(run or "(no run)", width))
         when = _when(a["published_at"])
-        line = f"  {a['name']:<12}{a['state']:<16}{files:>6}{size:>9}  {when:<18}"
+        line = f"  {a['name']:<12}{a['state']:<16}{a['objects']:>8}{human_bytes(a['object_bytes']):>10}  {when:<17}"
         rows.append((line + (a["local"]["state"] if local else "")).rstrip())
     if rows:
         lines += [(header + ("LOCAL" if local else "")).rstrip(), *rows]

@@ -77,7 +77,7 @@ def _destinations(args: argparse.Namespace) -> tuple[str, ...] | None:
 def summarize(report: dict[str, Any], elapsed: float | None) -> str:
     removed, kept = report["removed"], report["kept"]
     n_files = sum(len(r["files"]) for r in removed)
-    freed = f"{human_bytes(report['freed_bytes'])} ({plural(n_files, 'file')} of {plural(len(removed), 'artifact')})"
+    freed = f"{human_bytes(report['freed_bytes'])} ({plural(n_files, 'payload file')} of {plural(len(removed), 'artifact')})"
     if report["dry_run"]:
         would = f"would free {freed}" if removed else "nothing would be freed"
         headline = f"dry run: {would}, {plural(len(kept), 'artifact')} kept; nothing was deleted"

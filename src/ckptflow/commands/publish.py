@@ -6,7 +6,16 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .summary import block, destination_uri, files_bytes, human_bytes, inventory_total, plural
+from .summary import (
+    block,
+    destination_uri,
+    files_bytes,
+    human_bytes,
+    inventory_total,
+    payload_and_records,
+    plural,
+    records_in,
+)
 
 
 def register(sub) -> None:
@@ -82,8 +91,10 @@ _HEADLINES = {
 def _summarize_plan(report: dict[str, Any], elapsed: float | None) -> str:
     verb = {"published": "publish", "adopted": "adopt", "skipped": "skip"}[report["would"]]
     sends = [f for f in report["files"] if f["action"] == "send"]
-    head = (f"dry run: would {verb} {files_bytes(*inventory_total(report['inventory']))}, sending "
-            f"{files_bytes(len(sends), report['bytes_to_send'])}; nothing was written")
+    # the plan's files are the inventory and the declaration: every object of the archive
+    what = payload_and_records(*inventory_total(report["inventory"]), records_in(report["files"]))
+    head = (f"dry run: would {verb} {what}, sending {files_bytes(len(sends), report['bytes_to_send'], 'object')}; "
+            "nothing was written")
     rows = [(f["action"], f"{f['uri']} ({human_bytes(f['size'])})") for f in report["files"]]
     if report.get("would_remove"):
         rows.append(("would remove", ", ".join(report["would_remove"])))
@@ -94,8 +105,9 @@ def _summarize_plan(report: dict[str, Any], elapsed: float | None) -> str:
 def summarize(report: dict[str, Any], elapsed: float | None) -> str:
     if report["status"] == "dry-run":
         return _summarize_plan(report, elapsed)
-    what = files_bytes(*inventory_total(report["inventory"]))
-    freed = f"{files_bytes(len(report['removed']), report['freed_bytes'])} of local payload" if report["removed"] else None
+    # the inventory lists the payload files and the manifest; the declaration is the archive's other record
+    what = payload_and_records(*inventory_total(report["inventory"]), records_in(report["inventory"]) + 1)
+    freed = files_bytes(len(report["removed"]), report["freed_bytes"]) if report["removed"] else None
     resumed = report.get("resumed_uploads") or []
     reused = sum(r["reused_bytes"] for r in resumed)
     resumed_row = (f"{plural(len(resumed), 'killed upload')}: {human_bytes(reused)} already stored, "

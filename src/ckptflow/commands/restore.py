@@ -35,16 +35,16 @@ def summarize(report: dict[str, Any], elapsed: float | None) -> str:
     total = files_bytes(len(report["payloads"]), report["total_bytes"])
     missing = files_bytes(len(report["missing"]), report["missing_bytes"])
     if report["status"] == "already-local":
-        headline = f"already local: {total}, every payload re-hashed to its declared digest, nothing written"
+        headline = f"already local: {total}, every one re-hashed to its declared digest, nothing written"
     elif report["status"] == "dry-run":
-        headline = f"dry run: would download {missing} of {total}; nothing was written"
+        headline = f"dry run: would download {missing} (the artifact has {total}); nothing was written"
     else:
-        headline = f"restored {missing} of {total}"
-    resumed = f", resumed {plural(len(report['resumed']), 'partial file')}" if report["resumed"] else ""
+        headline = f"restored {missing} (the artifact has {total})"
+    resumed = f", resumed {plural(len(report['resumed']), 'partial payload file')}" if report["resumed"] else ""
     return block(headline, [
         ("artifact", report["artifact_dir"]),
         ("from", report["source_uri"]),
         ("downloaded", files_bytes(len(report["downloaded"]), report["downloaded_bytes"]) + resumed
          if report["status"] == "restored" else None),
-        ("kept", f"{plural(len(report['reused']), 'verified file')}" if report["reused"] else None),
+        ("kept", f"{plural(len(report['reused']), 'verified payload file')}" if report["reused"] else None),
     ], elapsed)

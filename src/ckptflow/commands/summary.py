@@ -12,25 +12,14 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
-import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ..records import DECLARATION_FILENAME, LEGACY_MANIFEST_FILENAME, MANIFEST_FILENAME
+from ..units import human_bytes  # the one size format; verbs import it from here
+
 # Rows listed per group (failed objects, pruned artifacts) before "… N more"; the report has them all.
 MAX_ROWS = 20
-
-
-def human_bytes(n: int) -> str:
-    """``1011 B``, ``1.50 KiB``, ``12.3 MiB``, ``450 GiB`` (binary units, three significant digits)."""
-    if n < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
-        value /= 1024
-        if value < 1023.5 or unit == "PiB":
-            break
-    decimals = 2 if value < 9.995 else 1 if value < 99.95 else 0
-    return f"{value:.{decimals}f} {unit}"
 
 
 def human_duration(seconds: float) -> str:
@@ -49,15 +38,37 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def files_bytes(n_files: int, n_bytes: int) -> str:
-    """``3 files, 1011 B``."""
-    return f"{plural(n_files, 'file')}, {human_bytes(n_bytes)}"
+# One vocabulary in every summary: an artifact's *payload files* are what its manifest records (what seal
+# commits, prune frees, restore and fetch download); its *records* are ckptflow's own JSON beside them (the
+# manifest, the declaration, a legacy manifest's original); the archive holds *objects*: payload files and
+# records. A count is always named as one of the three, and its bytes are always that count's bytes.
+RECORD_NAMES = frozenset({MANIFEST_FILENAME, DECLARATION_FILENAME, LEGACY_MANIFEST_FILENAME})
+
+
+def files_bytes(n_files: int, n_bytes: int, noun: str = "payload file") -> str:
+    """``3 payload files, 1011 B`` (or another ``noun``: ``5 objects, 3.10 MiB``)."""
+    return f"{plural(n_files, noun)}, {human_bytes(n_bytes)}"
+
+
+def is_record(path: str) -> bool:
+    return path in RECORD_NAMES
 
 
 def inventory_total(entries: Iterable[dict[str, Any]]) -> tuple[int, int]:
-    """(files, bytes) of a report's inventory (entries with ``size``)."""
-    sizes = [int(e["size"]) for e in entries]
+    """(payload files, payload bytes) of a report's inventory (entries with ``path`` and ``size``): the
+    records it lists (the manifest) are counted by ``records_in``."""
+    sizes = [int(e["size"]) for e in entries if not is_record(e["path"])]
     return len(sizes), sum(sizes)
+
+
+def records_in(entries: Iterable[dict[str, Any]]) -> int:
+    return sum(1 for e in entries if is_record(e["path"]))
+
+
+def payload_and_records(n_files: int, n_bytes: int, n_records: int) -> str:
+    """``3 payload files, 3.10 MiB as 5 objects (with 2 records)``: what an archive of them holds."""
+    return (f"{files_bytes(n_files, n_bytes)} as {plural(n_files + n_records, 'object')} "
+            f"(with {plural(n_records, 'record')})")
 
 
 def destination_uri(dest: dict[str, Any], prefix: str | None = None) -> str:
@@ -82,14 +93,26 @@ def capped(rows: Sequence[tuple[str, str]], label: str) -> list[tuple[str, str]]
     return [*rows[:MAX_ROWS], (label, f"… {len(rows) - MAX_ROWS} more (--json lists them all)")]
 
 
-def block(headline: str, rows: Iterable[tuple[str, Any]], elapsed: float | None) -> str:
+class Block(str):
+    """A summary built by ``block``: its text, and the rows it was built from (so ``render`` can add
+    the credentials row aligned with the others)."""
+
+    headline: str
+    rows: list[tuple[str, Any]]
+    elapsed: float | None
+
+
+def block(headline: str, rows: Iterable[tuple[str, Any]], elapsed: float | None) -> Block:
     """The headline, then ``label  value`` rows aligned on the longest label (rows whose value is None
     or empty are left out), then how long the verb took."""
+    rows = list(rows)
     kept = [(label, str(value)) for label, value in rows if value not in (None, "", [])]
     if elapsed is not None:
         kept.append(("took", human_duration(elapsed)))
     width = max((len(label) for label, _ in kept), default=0)
-    return "\n".join([headline, *(f"  {label:<{width}}  {value}" for label, value in kept)])
+    text = Block("\n".join([headline, *(f"  {label:<{width}}  {value}" for label, value in kept)]))
+    text.headline, text.rows, text.elapsed = headline, rows, elapsed
+    return text
 
 
 def _value(value: Any) -> str:
@@ -117,15 +140,13 @@ def render(verb: str, report: dict[str, Any], elapsed: float | None, args: Any =
 
 
 def with_credentials(text: str, report: dict[str, Any]) -> str:
-    """``text`` with one ``credentials  file /path`` (or ``aws-chain env``) row before its ``took`` row,
-    when the report names a credentials source."""
+    """``text`` with one ``credentials  file /path`` (or ``aws-chain env``) row, when the report names a
+    credentials source: in a ``block`` summary aligned with its rows, before ``took``; after any other."""
     used = report.get("credentials")
     if not used:
         return text
     detail = used.get("method") if used.get("source") == "aws-chain" else used.get("path")
-    lines = text.split("\n")
-    took = re.match(r"  took( +)", lines[-1])
-    width = len("took") + len(took.group(1)) - 2 if took else 0
-    lines.insert(len(lines) - 1 if took else len(lines),
-                 f"  {'credentials':<{width}}  {used.get('source')} {detail or '(nothing found)'}")
-    return "\n".join(lines)
+    row = ("credentials", f"{used.get('source')} {detail or '(nothing found)'}")
+    if isinstance(text, Block):
+        return str(block(text.headline, [*text.rows, row], text.elapsed))
+    return f"{text}\n  {row[0]}  {row[1]}"

@@ -11,7 +11,7 @@ from typing import Any
 from ..errors import UsageError
 from ..records import RECEIPT_FILENAME
 from . import ReportedFailure
-from .summary import block, capped, destination_uri, human_bytes, plural
+from .summary import block, capped, destination_uri, human_bytes, is_record, plural
 
 
 def subset_arg(text: str):
@@ -79,7 +79,9 @@ def summarize(report: dict[str, Any], elapsed: float | None) -> str:
     if bad or report["status"] != "verified":
         headline = f"failed: {len(bad)} of {plural(len(objects), 'object')}{copies} not ok ({how})"
     else:
-        headline = f"verified {plural(len(objects), 'object')} of the archive{copies} ({how})"
+        records = sum(1 for o in report["objects"] if is_record(o["path"]))
+        kinds = f"{plural(len(report['objects']) - records, 'payload file')}, {plural(records, 'record')}"
+        headline = f"verified {plural(len(objects), 'object')} ({kinds}{' each' if others else ''}) of the archive{copies} ({how})"
     rows = [(o["state"], f"{o['path']}: {o['detail']}" if o.get("detail") else o["path"])
             for o in report["objects"] if o["state"] != "ok"]
     for other in others:

@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from .. import units
 from .report import COLUMNS, NONE
 
 _HEADERS = ("RUN", "ITERATION", "LOCAL", "MERGED", "PUBLISHED", "VERIFIED", "PRUNED", "STAGED", "MATERIALIZED",
@@ -25,14 +26,8 @@ _DASH = "—"
 
 
 def human_bytes(n: int | None) -> str:
-    if n is None:
-        return _DASH
-    size, unit = float(n), "B"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            break
-        size /= 1024
-    return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
+    """``units.human_bytes`` (the size format of every summary), ``—`` for an unknown size."""
+    return _DASH if n is None else units.human_bytes(n)
 
 
 def _text(column: str, cell: dict[str, Any], fit: _Fit | None = None) -> str:
@@ -46,7 +41,7 @@ def _text(column: str, cell: dict[str, Any], fit: _Fit | None = None) -> str:
         mark = " (stale)" if cell.get("stale") else (" (live)" if cell.get("source") == "live" else "")
         return f"{state}{mark} {age(cell['at'], fit.now) if fit else cell['at']}"
     if column == "pruned" and state in ("partial", "missing"):
-        return f"{state} ({cell['files']} files)"
+        return f"{state} ({_plural(cell['files'], 'payload file')})"
     if column == "staged" and "components" in cell:
         return f"{state.replace('-', ' ')} ({', '.join(cell['components'])} only)"
     if column == "materialized" and state == "materialized":
@@ -95,7 +90,7 @@ def _render_full(report: dict[str, Any], fit: _Fit | None = None) -> str:
     unread = [f"{what} ({flag})" for what, key, flag in (
         ("verify/prune reports", "reports_dir", "--reports-dir"), ("staged copies", "stage_dir", "--stage-dir"),
         ("teachers", "teachers_dir", "--teachers-dir")) if report[key] is None]
-    if unread:
+    if unread and _asked_for_workflow(report):
         lines.append("not read: " + ", ".join(unread))
     if not rows:
         return "\n".join([*lines, "no artifacts found"]) + "\n"
@@ -114,6 +109,12 @@ def _render_full(report: dict[str, Any], fit: _Fit | None = None) -> str:
     if notes:
         lines += ["details:", *notes]
     return "\n".join(lines) + "\n"
+
+
+def _asked_for_workflow(report: dict[str, Any]) -> bool:
+    """Whether the workflow's directories were asked for (one of them given): only then are the ones not
+    given named, as not read; a user of the command line alone hears nothing about them."""
+    return any(report[key] is not None for key in ("reports_dir", "stage_dir", "teachers_dir"))
 
 
 def _counts_line(report: dict[str, Any]) -> str:
@@ -192,7 +193,7 @@ def _render_compact(report: dict[str, Any], width: int, now: datetime) -> str:
     lines = [middle(f"ckptflow status of {report['root']}", width)]
     unread = [flag for key, flag in (("reports_dir", "--reports-dir"), ("stage_dir", "--stage-dir"),
                                      ("teachers_dir", "--teachers-dir")) if report[key] is None]
-    if unread:
+    if unread and _asked_for_workflow(report):
         lines += textwrap.wrap("not read (pass " + ", ".join(unread) + ")", width)
     if not rows:
         return "\n".join([*lines, "no artifacts found"]) + "\n"
