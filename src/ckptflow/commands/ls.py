@@ -15,7 +15,7 @@ from .summary import files_bytes, human_bytes, plural
 
 def register(sub) -> None:
     s = sub.add_parser("ls", help="archived artifacts under an s3://, gs:// or file:// prefix: committed or "
-                       "incomplete, files, bytes, when published, and with --runs-root the local copy")
+                       "incomplete, objects, bytes, when published, and with --runs-root the local copy")
     s.add_argument("uri", metavar="URI", help="s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or file:///DIR")
     s.add_argument("--runs-root", help="also show each artifact's local state under this runs root "
                    "(local, pruned, absent, ...)")
