@@ -3,8 +3,10 @@
 Each mode publishes its own fresh copy of the same tree (``--artifacts`` committed artifacts of a few KB,
 built as bench/dryrun.py builds them) to its own ``file://`` archive, as a whole ``snakemake`` process:
 ``--profile profiles/slurm`` (20 publish jobs per allocation), the same profile without ``groups`` /
-``group-components`` (one Slurm job per artifact), and ``profiles/default`` (local, ``cores: 2``). It needs
-the single-node Slurm (``make slurm-up``) and prints one JSON object; one run per mode (it is long).
+``group-components`` (one Slurm job per artifact), and ``profiles/default`` (local, ``cores: 2``). The Slurm
+modes layer the test cluster's site profile (its account and partition, tests/helpers/slurm.py) over the
+tracked one, as a user layers theirs. It needs the single-node Slurm (``make slurm-up``) and prints one JSON
+object; one run per mode (it is long).
 
     python bench/slurm_publish.py [--artifacts 100] [--modes grouped,ungrouped,local]
 """
@@ -24,6 +26,9 @@ import yaml
 
 from dryrun import REPO, SNAKEMAKE, build_tree
 
+sys.path.insert(0, str(REPO / "tests"))
+from helpers import slurm  # lives in tests/helpers: the test cluster's account and partition
+
 
 def ungrouped_profile(into: Path) -> Path:
     profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
@@ -34,12 +39,13 @@ def ungrouped_profile(into: Path) -> Path:
     return into
 
 
-def publish_all(work: Path, profile: Path, artifacts: int) -> dict:
+def publish_all(work: Path, profile: Path, artifacts: int, *, site: bool) -> dict:
     runs, archive = work / "runs", work / "archive"
     build_tree(runs, artifacts)
     archive.mkdir()
+    profiles = ["--profile", str(profile), *(["--profile", str(slurm.site_profile(work))] if site else [])]
     cmd = ["timeout", "-k", "10", "3600", str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "-d", str(work),
-           "--configfile", str(REPO / "config" / "config.yaml"), "--profile", str(profile), "publish_all",
+           "--configfile", str(REPO / "config" / "config.yaml"), *profiles, "publish_all",
            "--config", f"runs_root={runs}", f"bucket=file://{archive}", f"reports_dir={work}/reports",
            f"logs_dir={work}/logs"]
     t = time.perf_counter()
@@ -64,7 +70,7 @@ def main() -> int:
         profiles = {"grouped": REPO / "profiles" / "slurm", "ungrouped": ungrouped_profile(Path(tmp) / "ungrouped"),
                     "local": REPO / "profiles" / "default"}
         for mode in args.modes.split(","):
-            result[mode] = publish_all(Path(tmp) / mode, profiles[mode], args.artifacts)
+            result[mode] = publish_all(Path(tmp) / mode, profiles[mode], args.artifacts, site=mode != "local")
             print(f"{mode}: {result[mode]}", file=sys.stderr)
     print(json.dumps(result, indent=2))
     return 0

@@ -50,6 +50,12 @@ MUNGE_SOCKET_DIR = Path("/run/munge")
 # A loopback-only database for a test cluster; a fixed test value, not a secret.
 DB_PASSWORD = "ckptflow-slurmdbd"
 ORDER = ("munged", "mariadbd", "slurmdbd", "slurmctld", "slurmd")
+# This cluster's partition (slurm_conf) and the account slurmdbd knows from the start: the tests' site
+# profile names them, as a site's own copy of profiles/slurm-site.example.yaml does (the tracked
+# profiles/slurm names none).
+PARTITION = "main"
+ACCOUNT = "root"
+SITE_PROFILE_TEMPLATE = REPO / "profiles" / "slurm-site.example.yaml"
 CANNOT = 3
 
 
@@ -147,8 +153,22 @@ AccountingStorageHost=localhost
 MinJobAge=300
 ReturnToService=2
 NodeName={host} CPUs={cpus} RealMemory={mem} State=UNKNOWN
-PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
+
+
+def site_profile(into: Path, **overrides) -> Path:
+    """``<into>/site-profile.yaml``: profiles/slurm-site.example.yaml filled in with this cluster's account
+    and partition (and ``overrides`` as top-level keys), to pass after ``--profile profiles/slurm``."""
+    import yaml
+
+    profile = yaml.safe_load(SITE_PROFILE_TEMPLATE.read_text(encoding="utf-8"))
+    profile["default-resources"].update(slurm_account=ACCOUNT, slurm_partition=PARTITION)
+    profile.update(overrides)
+    into.mkdir(parents=True, exist_ok=True)
+    path = into / "site-profile.yaml"
+    path.write_text(yaml.safe_dump(profile), encoding="utf-8")
+    return path
 
 
 def slurmdbd_conf(root: Path) -> str:

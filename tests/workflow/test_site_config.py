@@ -79,3 +79,13 @@ def test_the_workflow_runs_from_another_directory_with_a_site_config_and_writes_
     out = swallowed.stdout + swallowed.stderr
     assert swallowed.returncode != 0 and "No such file or directory: 'publish_all'" in out, out
     assert _tree(checkout) == before
+
+
+def test_the_tracked_slurm_profile_names_no_account_or_partition_and_the_site_template_does():
+    tracked = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text(encoding="utf-8"))
+    resources = [tracked.get("default-resources", {}), *tracked.get("set-resources", {}).values()]
+    assert not any({"slurm_account", "slurm_partition"} & set(r) for r in resources), resources
+    site = yaml.safe_load((REPO / "profiles" / "slurm-site.example.yaml").read_text(encoding="utf-8"))
+    # A later --profile replaces default-resources whole: the template carries the tracked values too.
+    assert site["default-resources"] == {**tracked["default-resources"], "slurm_account": "my-account",
+                                         "slurm_partition": "my-partition"}

@@ -47,9 +47,11 @@ def slurm_cluster() -> dict:
 def _snakemake_cmd(workdir: Path, *args: str, config: dict[str, str], configfile: Path | None = None) -> list[str]:
     cfg = [f"{k}={v}" for k, v in config.items()]
     files = [str(REPO / "config" / "config.yaml"), *([str(configfile)] if configfile else [])]
+    # The tracked profile, then this cluster's account and partition in a site profile, as a user runs it.
+    site = slurm.site_profile(workdir / "site-profile")
     # timeout -k: SIGTERM alone leaves Snakemake waiting on its Slurm jobs.
     return ["timeout", "-k", "10", str(TIMEOUT), str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "-d", str(workdir),
-            "--configfile", *files, "--profile", str(REPO / "profiles" / "slurm"),
+            "--configfile", *files, "--profile", str(REPO / "profiles" / "slurm"), "--profile", str(site),
             *args, *(["--config", *cfg] if cfg else [])]
 
 
@@ -98,6 +100,10 @@ def test_publish_all_runs_every_job_under_slurm_verifies_and_then_has_nothing_to
     assert rows and all(state == "COMPLETED" for _, _, state in rows), rows
     steps = [job for job, name, _ in rows if re.fullmatch(rf"{ids[0]}\.\d+", job)]
     assert len(steps) == 3, rows
+    # The account and partition came from the site profile layered over the tracked one (which names none).
+    charged = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "Account,Partition", "-j", ids[0]],
+                             capture_output=True, text=True, check=True).stdout.split()
+    assert charged == [f"{slurm.ACCOUNT}|{slurm.PARTITION}"], charged
     for art in arts:
         assert (art / ".uploaded").exists()
         assert (tmp_path / "logs" / "publish" / RUN / f"{art.name}.log").exists()
