@@ -174,6 +174,26 @@ def test_dry_run_writes_nothing_and_computes_what_the_real_run_frees(runs, archi
 
 
 @pytest.mark.slow
+def test_a_payload_with_another_name_frees_nothing_and_the_dry_run_plans_as_the_real_run_frees(runs, archive):
+    _, args = archive
+    oldest = art_of(runs, "b", 100)
+    (runs.parent / "checkpoint-100.model.pt").hardlink_to(oldest / "model.pt")  # a second name: its bytes stay
+    free = shutil.disk_usage(runs).free
+    one = payload_bytes(art_of(runs, "a", 100))
+    target = free + one + one // 2
+
+    dry = keep_free(runs, args, target, "--dry-run")
+    real = keep_free(runs, args, target)
+
+    assert dry.returncode == real.returncode == 0, (dry.stderr, real.stderr)
+    planned = [r["path"] for r in dry.report["removed"]]
+    assert planned == [r["path"] for r in real.report["removed"]]
+    assert planned == [str(oldest), str(art_of(runs, "a", 100)), str(art_of(runs, "a", 200))]
+    assert dry.report["keep_free"]["free_after"] == real.report["keep_free"]["free_after"]
+    assert (runs.parent / "checkpoint-100.model.pt").stat().st_size == MODEL_BYTES
+
+
+@pytest.mark.slow
 def test_a_changed_local_payload_is_kept_with_its_reason_and_the_next_oldest_goes(runs, archive):
     _, args = archive
     changed = art_of(runs, "b", 100)

@@ -153,6 +153,21 @@ def _devices(path: Path) -> set[int]:
     return devices
 
 
+def _freed_by_unlinking(artifact_dir: Path, files: dict, device: int, block: int) -> int:
+    """What unlinking the proven payloads ``files`` (relative path -> (st_dev, st_ino, size, mtime)) gives back
+    on the file system ``device``: a file elsewhere frees nothing there, and neither does one with another
+    name (a hard link: a Trainer's ``checkpoint-N``, a copy made with ``cp -l``), whose bytes stay."""
+    freed = 0
+    for rel, ident in files.items():
+        try:
+            links = os.lstat(artifact_dir / rel).st_nlink
+        except OSError:
+            continue
+        if ident[0] == device and links == 1:
+            freed += -(-ident[2] // block) * block
+    return freed
+
+
 def _published_at(path: Path) -> str | None:
     try:
         return receipt_record.read_receipt(path).uploaded_at
@@ -181,8 +196,7 @@ def keep_free(runs_root: Path | str, target: Target, store_for, *, keep_newest: 
             break
         checked = prune_one(report, cand.path, store_for, read, progress, in_use=True)
         if dry_run:
-            now += sum(-(-ident[2] // block) * block for ident in checked.files.values()
-                       if ident[0] == device) if checked else 0  # what unlinking gives back on this file system
+            now += _freed_by_unlinking(cand.path, checked.files, device, block) if checked else 0
         else:
             now = space.free_space(runs_root)[0]
     report.kept += newest
