@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from ckptflow.store.credentials import load_credentials
+from ckptflow.store.local import LocalStore
 from ckptflow.store.s3 import S3Store
 from helpers.artifacts import make_artifact
 
@@ -27,3 +28,15 @@ def artifact(tmp_path) -> Path:
 @pytest.fixture
 def sw_store(seaweedfs_bucket, seaweedfs_credentials_path) -> S3Store:
     return S3Store(seaweedfs_bucket, load_credentials(seaweedfs_credentials_path))
+
+
+@pytest.fixture(params=["seaweedfs", "moto", "file"])
+def any_store(request, tmp_path):
+    """Each backend in turn: a SeaweedFS bucket of the test's own, moto's in-process S3, a ``file://`` root."""
+    if request.param == "seaweedfs":
+        return request.getfixturevalue("sw_store")
+    if request.param == "moto":
+        target = request.getfixturevalue("moto_s3")
+        return S3Store(target.bucket, target.credentials)
+    (tmp_path / "archive").mkdir()
+    return LocalStore(tmp_path / "archive")

@@ -39,17 +39,6 @@ def test_artifact_goes_to_the_sibling_checkpoint_artifacts_prefix():
     assert artifact_prefix("/p/g/r/ts/checkpoints/", "iter_000001") == "p/g/r/ts/checkpoint_artifacts/iter_000001"
 
 
-@pytest.fixture(params=["seaweedfs", "moto", "file"])
-def any_store(request, tmp_path):
-    if request.param == "seaweedfs":
-        return request.getfixturevalue("sw_store")
-    if request.param == "moto":
-        target = request.getfixturevalue("moto_s3")
-        return S3Store(target.bucket, target.credentials)
-    (tmp_path / "archive").mkdir()
-    return LocalStore(tmp_path / "archive")
-
-
 def test_publish_archives_exactly_the_selected_files_and_writes_the_receipt(artifact, any_store):
     result = publish_artifact(artifact, any_store, UPLOAD_PREFIX, progress=False)
     assert result.status == "published"

@@ -18,22 +18,10 @@ from ckptflow.errors import Refused
 from ckptflow.jsonio import validate
 from ckptflow.records import receipt as receipt_record
 from ckptflow.store.local import LocalStore
-from ckptflow.store.s3 import S3Store
 from helpers.artifacts import ARTIFACT_PREFIX, UPLOAD_PREFIX
 from helpers.trees import tree_state
 
 MODEL_KEY = f"{ARTIFACT_PREFIX}/model.pt"
-
-
-@pytest.fixture(params=["seaweedfs", "moto", "file"])
-def any_store(request, tmp_path):
-    if request.param == "seaweedfs":
-        return request.getfixturevalue("sw_store")
-    if request.param == "moto":
-        target = request.getfixturevalue("moto_s3")
-        return S3Store(target.bucket, target.credentials)
-    (tmp_path / "archive").mkdir()
-    return LocalStore(tmp_path / "archive")
 
 
 def _put_by_hand(store, key: str, data: bytes) -> None:
