@@ -562,6 +562,11 @@ def test_a_record_that_is_not_the_declared_one_is_refused_by_fetch_and_reported_
         fetch_artifact(small.uri, tmp_path / "stage", store=small.store, progress=False)
     assert where in str(err.value)
     assert not (tmp_path / "stage" / small.artifact.name / MODEL).exists()
+    art = link_copy(small.artifact, tmp_path / "elsewhere")
+    (art / MODEL).unlink()
+    with pytest.raises(error) as err:
+        restore_artifact(art, lambda dest: small.store, progress=False)
+    assert where in str(err.value) and not (art / MODEL).exists()
 
     result = verify_artifact(small.artifact, lambda dest: small.store, read_data=True)
     rows = {o.path: o for o in result.objects}
