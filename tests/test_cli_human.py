@@ -83,13 +83,13 @@ def test_seal_publish_verify_prune_fetch_probe_read_as_summaries_on_a_terminal(a
              "race         1 of 8 creators won")
     validate(_same_json(*probe, env=env), "report_probe", what="probe report")
 
-    _summary(run_on_terminal(*_publish_args(artifact, archive), env=env), "published 3 payload files, 3.00 MiB as 5 objects (with 2 records)",
+    _summary(run_on_terminal(*_publish_args(artifact, archive), env=env), "published 3 payload files, 3.00 MiB as 6 objects (with 3 records)",
              f"archive   {where}\n", "uploaded  3 payload files, 3.00 MiB\n")
     again = _same_json(*_publish_args(artifact, archive), env=env)
     assert again["status"] == "skipped"
 
     verify = ("verify", "--artifact-dir", str(artifact))
-    _summary(run_on_terminal(*verify, env=env), "verified 5 objects (3 payload files, 2 records) of the archive (contents read and hashed)",
+    _summary(run_on_terminal(*verify, env=env), "verified 6 objects (3 payload files, 3 records) of the archive (contents read and hashed)",
              f"archive   {where}\n")
     validate(_same_json(*verify, env=env), "report_verify", what="verify report")
 
@@ -119,7 +119,7 @@ def test_a_failed_verify_lists_what_failed_and_keeps_its_stderr_line(artifact, t
     piped = _same_json(*verify, env=env, code=1)
     assert shown.returncode == 1
     assert shown.stderr == run_cli(*verify, env=env).stderr and shown.stderr.count("\n") == 1
-    assert shown.stdout.startswith("failed: 1 of 5 objects not ok"), shown.stdout
+    assert shown.stdout.startswith("failed: 1 of 6 objects not ok"), shown.stdout
     assert re.search(r"^  missing +model\.pt", shown.stdout, re.M), shown.stdout
     assert piped["status"] == "failed"
 
@@ -217,7 +217,7 @@ def test_a_failed_verify_or_resume_check_on_one_terminal_says_it_once(artifact, 
     assert run_cli(*_publish_args(artifact, archive), env=env).returncode == 0
     (archive / PREFIX / "checkpoint_artifacts" / "iter_000007" / "model.pt").unlink()
     both = run_on_terminal("verify", "--artifact-dir", str(artifact), env=env, stderr_terminal=True)
-    assert both.returncode == 1 and both.stdout.startswith("failed: 1 of 5 objects not ok"), both.stdout
+    assert both.returncode == 1 and both.stdout.startswith("failed: 1 of 6 objects not ok"), both.stdout
     assert "ckptflow verify:" not in both.stdout and both.stdout.count("model.pt") == 1, both.stdout
 
     attempt = artifact.parent.parent  # holds the committed model-only artifact: a step-0 restart is refused
@@ -292,16 +292,16 @@ def test_one_artifacts_life_reads_with_one_vocabulary_and_one_size_format_in_eve
     }
     first = {verb: text.splitlines()[0] for verb, text in said.items()}
     assert payload in first["seal"]
-    assert f"would publish {payload} as 5 objects (with 2 records)" in first["plan"]
-    assert f"published {payload} as 5 objects (with 2 records)" in first["publish"]
+    assert f"would publish {payload} as 6 objects (with 3 records)" in first["plan"]
+    assert f"published {payload} as 6 objects (with 3 records)" in first["publish"]
     assert f"  uploaded  {payload}\n" in said["publish"]
-    assert "verified 5 objects (3 payload files, 2 records)" in first["verify"]
+    assert "verified 6 objects (3 payload files, 3 records)" in first["verify"]
     assert "would free 3.10 MiB (3 payload files of 1 artifact)" in first["prune plan"]
     assert "freed 3.10 MiB (3 payload files of 1 artifact)" in first["prune"]
     assert f"({payload})" in said["prune"]
     assert f"would download {payload} (the artifact has {payload})" in first["restore plan"]
     assert f"restored {payload} (the artifact has {payload})" in first["restore"]
-    assert "5 objects, 3.10 MiB" in first["ls"] and re.search(r"iter_000007 +committed +5 +3\.10 MiB ", said["ls"])
+    assert "6 objects, 3.10 MiB" in first["ls"] and re.search(r"iter_000007 +committed +6 +3\.10 MiB ", said["ls"])
     assert "local 0 B, archived 3.10 MiB" in " ".join(said["status pruned"].split())
     assert "local 3.10 MiB, archived 3.10 MiB" in " ".join(said["status"].split())
 
@@ -309,7 +309,7 @@ def test_one_artifacts_life_reads_with_one_vocabulary_and_one_size_format_in_eve
         # every count of files names what it counts (no bare "files"), and its bytes are the artifact's
         assert not re.search(r"\d+ files?\b", text), f"{verb}: a bare count of files\n{text}"
         for n, noun, size in _COUNTED.findall(text):
-            expected = {"payload file": ("3", "3.10 MiB"), "object": ("5", "3.10 MiB"), "record": ("2", None)}
+            expected = {"payload file": ("3", "3.10 MiB"), "object": ("6", "3.10 MiB"), "record": ("3", None)}
             count, total = expected[noun.rstrip("s")]
             assert n in (count, "0", "1") or verb.startswith("prune"), f"{verb}: {n} {noun}\n{text}"
             assert not size or size in (total, "0 B"), f"{verb}: {n} {noun}, {size}\n{text}"

@@ -1,5 +1,10 @@
 """Streaming SHA-256: one pass per file, large chunks, files hashed in parallel, progress on stderr.
 
+The same pass can also take per-part digests: SHA-256 and MD5 of the store's upload parts (for the
+server's per-part checksums) and BLAKE3 of fixed ``part_digest_size`` parts (``PartDigests``: what every
+verified read checks, part by part, on as many cores as the machine has; see
+``records/part_digests.py``).
+
 hashlib releases the GIL while it digests buffers larger than 2 KiB, so a thread pool scales with cores
 without copying data between processes. Chunks are read with ``readinto`` into a few reused buffers per
 file (read and hashed on two threads for large files) so hashing a 100 GB file allocates a few MiB.
@@ -16,12 +21,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import blake3
+
 from .progress import ByteProgress
 
 CHUNK_SIZE = 8 * 1024 * 1024
 PIPE_PIECE = 2 * 1024 * 1024
 PIPE_BUFFERS = 3
 SHA256_HEX_LEN = 64
+# BLAKE3 part digests: parts of this size (one download range), grown to a whole MiB just enough that a
+# file has at most MAX_PART_DIGESTS of them.
+PART_DIGEST_SIZE = 8 * 1024 * 1024
+MAX_PART_DIGESTS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,17 +48,36 @@ class FileDigest:
     part_size: int = field(default=0, compare=False, repr=False)
     parts: tuple[bytes, ...] | None = field(default=None, compare=False, repr=False)
     part_md5: tuple[bytes, ...] | None = field(default=None, compare=False, repr=False)
+    # BLAKE3 of each ``blake3_part_size`` slice (``part_digest_size``), where asked (``blake3_parts``).
+    blake3_part_size: int = field(default=0, compare=False, repr=False)
+    blake3_parts: tuple[bytes, ...] | None = field(default=None, compare=False, repr=False)
+
+
+def part_digest_size(size: int) -> int:
+    """The BLAKE3 part size of a file of ``size`` bytes: ``PART_DIGEST_SIZE``, grown to a whole MiB just
+    enough that the file has at most ``MAX_PART_DIGESTS`` parts. It depends on the size alone (never on
+    the destination), so every copy of an artifact has the same part digests."""
+    needed = -(-size // MAX_PART_DIGESTS)
+    if needed <= PART_DIGEST_SIZE:
+        return PART_DIGEST_SIZE
+    mib = 1024 * 1024
+    return -(-needed // mib) * mib
+
+
+def blake3_digest(view) -> bytes:
+    """BLAKE3 of ``view`` (32 bytes), computed without the GIL."""
+    return blake3.blake3(view).digest()
 
 
 class _PartHasher:
-    """The digest (sha256, or md5) of each consecutive ``part_size`` slice of a stream fed in pieces of
-    any size."""
+    """The digest (sha256, md5 or blake3) of each consecutive ``part_size`` slice of a stream fed in
+    pieces of any size."""
 
     def __init__(self, part_size: int, algorithm: str = "sha256"):
         if part_size < 1:
             raise ValueError(f"part_size must be >= 1, not {part_size}")
         self.part_size = part_size
-        self._new = getattr(hashlib, algorithm)
+        self._new = blake3.blake3 if algorithm == "blake3" else getattr(hashlib, algorithm)
         self._h = self._new()
         self._filled = 0
         self.digests: list[bytes] = []
@@ -71,27 +101,31 @@ class _PartHasher:
 
 
 class _Parts:
-    """The per-part hashers one pass feeds: sha256 and/or md5 of the same ``part_size`` slices."""
+    """The per-part hashers one pass feeds: sha256 and/or md5 of the same ``part_size`` slices, and
+    blake3 of ``blake3_part_size`` slices."""
 
-    def __init__(self, part_size: int, sha256: bool, md5: bool):
+    def __init__(self, part_size: int, sha256: bool, md5: bool, blake3_part_size: int | None = None):
         self.part_size = part_size
         self.sha = _PartHasher(part_size) if sha256 else None
         self.md5 = _PartHasher(part_size, "md5") if md5 else None
+        self.blake3 = _PartHasher(blake3_part_size, "blake3") if blake3_part_size else None
 
     def update(self, view: memoryview) -> None:
-        for hasher in (self.sha, self.md5):
+        for hasher in (self.sha, self.md5, self.blake3):
             if hasher is not None:
                 hasher.update(view)
 
 
-def _parts_for(part_size: int | None, md5_part_size: int | None) -> _Parts | None:
+def _parts_for(part_size: int | None, md5_part_size: int | None,
+               blake3_part_size: int | None = None) -> _Parts | None:
     """Per-part sha256 with ``part_size``; per-part md5 with ``md5_part_size`` when it is the same size
-    or no sha256 parts are asked for (both are taken from one slicing of the stream)."""
-    if not part_size and not md5_part_size:
+    or no sha256 parts are asked for (both are taken from one slicing of the stream); per-part blake3
+    with ``blake3_part_size``."""
+    if not part_size and not md5_part_size and not blake3_part_size:
         return None
     if part_size and md5_part_size and md5_part_size != part_size:
         md5_part_size = None
-    return _Parts(part_size or md5_part_size, bool(part_size), bool(md5_part_size))
+    return _Parts(part_size or md5_part_size or 0, bool(part_size), bool(md5_part_size), blake3_part_size)
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -108,7 +142,7 @@ def is_sha256_hex(value: object) -> bool:
 
 def sha256_file(
     path: Path | str | int, *, chunk_size: int = CHUNK_SIZE, on_bytes: Callable[[int], None] | None = None,
-    part_size: int | None = None, md5_part_size: int | None = None,
+    part_size: int | None = None, md5_part_size: int | None = None, blake3_part_size: int | None = None,
 ) -> FileDigest:
     """Hash one file in a single streaming pass; the size is what was read, not what stat said.
 
@@ -117,14 +151,15 @@ def sha256_file(
     copy out of the page cache hides behind the hash when a core is free. With ``part_size`` the
     per-part digests (``FileDigest.parts``) are taken from the same pieces on a second helper thread;
     with ``md5_part_size`` (the same part size) also their MD5s (``FileDigest.part_md5``, about
-    0.7 GB/s on that thread, so it is asked for only where an earlier upload may be resumed).
+    0.7 GB/s on that thread, so it is asked for only where an earlier upload may be resumed); with
+    ``blake3_part_size`` the BLAKE3 part digests (``FileDigest.blake3_parts``) on that thread too.
     ``path`` may be an open descriptor (read from its current offset, left open).
     """
     with open(path, "rb", buffering=0, closefd=not isinstance(path, int)) as fh:
         if os.fstat(fh.fileno()).st_size > PIPE_BUFFERS * PIPE_PIECE:
-            return _sha256_piped(fh, on_bytes, _parts_for(part_size, md5_part_size))
+            return _sha256_piped(fh, on_bytes, _parts_for(part_size, md5_part_size, blake3_part_size))
         h = hashlib.sha256()
-        parts = _parts_for(part_size, md5_part_size)
+        parts = _parts_for(part_size, md5_part_size, blake3_part_size)
         buf = bytearray(chunk_size)
         view = memoryview(buf)
         size = 0
@@ -146,7 +181,9 @@ def _digest(size: int, h, parts: _Parts | None) -> FileDigest:
         return FileDigest(size=size, sha256=h.hexdigest())
     return FileDigest(size=size, sha256=h.hexdigest(), part_size=parts.part_size,
                       parts=parts.sha.finish() if parts.sha is not None else None,
-                      part_md5=parts.md5.finish() if parts.md5 is not None else None)
+                      part_md5=parts.md5.finish() if parts.md5 is not None else None,
+                      blake3_part_size=parts.blake3.part_size if parts.blake3 is not None else 0,
+                      blake3_parts=parts.blake3.finish() if parts.blake3 is not None else None)
 
 
 def _sha256_piped(fh, on_bytes: Callable[[int], None] | None, parts: _Parts | None = None) -> FileDigest:
@@ -209,8 +246,108 @@ def sha256_prefix(fd: int, length: int):
     return h
 
 
+def hash_threads() -> int:
+    """How many threads may hash at once: the cores this process may run on, or ``CKPTFLOW_HASH_THREADS``
+    (never more than those cores)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    raw = os.environ.get("CKPTFLOW_HASH_THREADS", "").strip()
+    if raw:
+        try:
+            return max(1, min(cores, int(raw)))
+        except ValueError:
+            pass
+    return max(1, cores)
+
+
+_SLOTS_LOCK = threading.Lock()
+_SLOTS: tuple[int, threading.BoundedSemaphore] | None = None
+
+
+def hash_slots() -> threading.BoundedSemaphore:
+    """The semaphore every part check holds while it hashes: at most ``hash_threads()`` at once, however
+    many transfer threads received bytes (a fresh one when the setting changed)."""
+    global _SLOTS
+    n = hash_threads()
+    with _SLOTS_LOCK:
+        if _SLOTS is None or _SLOTS[0] != n:
+            _SLOTS = (n, threading.BoundedSemaphore(n))
+        return _SLOTS[1]
+
+
+@dataclass(frozen=True, slots=True)
+class PartDigests:
+    """A file's declared BLAKE3 part digests: ``digests[k]`` is the BLAKE3 of bytes
+    ``[k * part_size, min((k + 1) * part_size, size))``. ``sha256`` is the whole file's declared digest,
+    which the record binding these parts vouches for: bytes whose every part checks are that file."""
+
+    size: int
+    sha256: str
+    part_size: int
+    digests: tuple[bytes, ...]
+
+    def __post_init__(self) -> None:
+        if self.part_size < 1 or len(self.digests) != -(-self.size // self.part_size):
+            raise ValueError(f"{len(self.digests)} part digests of {self.part_size} bytes cannot cover {self.size} bytes")
+
+    def span(self, index: int) -> tuple[int, int]:
+        """The byte range ``[start, end)`` of part ``index``."""
+        start = index * self.part_size
+        return start, min(start + self.part_size, self.size)
+
+    def first_mismatch(self, offset: int, view) -> tuple[int, bytes] | None:
+        """Check the whole parts ``view`` holds (it starts at part boundary ``offset``): the first part
+        whose BLAKE3 differs and that BLAKE3, or None when all check. Hashes under ``hash_slots()``."""
+        if offset % self.part_size:
+            raise ValueError(f"offset {offset} is not a part boundary of {self.part_size}-byte parts")
+        first = offset // self.part_size
+        slots = hash_slots()
+        pos = 0
+        while pos < len(view):
+            index = first + pos // self.part_size
+            start, end = self.span(index)
+            with slots:
+                got = blake3_digest(view[pos:pos + end - start])
+            if got != self.digests[index]:
+                return index, got
+            pos += end - start
+        return None
+
+
+def verified_part_prefix(fd: int, parts: PartDigests, length: int) -> int:
+    """The longest run of whole parts (the last, short one included) at the start of the open file ``fd``,
+    within its first ``length`` bytes, whose BLAKE3 matches ``parts`` (read with ``preadv``, parts hashed on ``hash_threads()``
+    threads): where a resumed download can continue without re-reading anything before it."""
+    length = min(length, parts.size)
+    whole = length // parts.part_size + (length == parts.size and bool(parts.size % parts.part_size))
+    if not whole:
+        return 0
+
+    def check(index: int) -> bool:
+        start, end = parts.span(index)
+        buf = bytearray(end - start)
+        view = memoryview(buf)
+        done = 0
+        while done < len(view):
+            n = os.preadv(fd, [view[done:]], start + done)
+            if not n:
+                return False
+            done += n
+        return parts.first_mismatch(start, view) is None
+
+    workers = min(hash_threads(), whole)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="blake3") as pool:
+        for index, ok in enumerate(pool.map(check, range(whole))):
+            if not ok:
+                return parts.span(index)[0]
+    return parts.span(whole - 1)[1]
+
+
 def default_workers() -> int:
-    return max(1, min(8, os.cpu_count() or 1))
+    """Files hashed at once: the CPUs this process may use (``hash_threads``), at most 8."""
+    return max(1, min(8, hash_threads()))
 
 
 def hash_files(
@@ -222,12 +359,14 @@ def hash_files(
     desc: str = "sha256",
     part_size_for: Callable[[int], int | None] | None = None,
     md5_parts_for: Callable[[str, int], int | None] | None = None,
+    blake3_parts_for: Callable[[int], int | None] | None = None,
 ) -> dict[str, FileDigest]:
     """Hash ``root/relpath`` for every relpath, in parallel, with one byte-accurate bar for all files.
 
     ``part_size_for(size)``, when given, names the part size whose per-part digests a file of that size
     also gets (None: none), e.g. ``ObjectStore.part_digest_size`` before an upload; ``md5_parts_for(relpath,
-    size)`` likewise names the part size of per-part MD5s (files whose earlier upload may be resumed).
+    size)`` likewise names the part size of per-part MD5s (files whose earlier upload may be resumed), and
+    ``blake3_parts_for(size)`` that of the BLAKE3 part digests (``part_digest_size``).
     Callers validate the relative paths (``fsutil.safe_relpath`` / ``walk_files``) before calling.
     Returns a dict sorted by path.
     """
@@ -239,7 +378,9 @@ def hash_files(
         def one(rel: str) -> tuple[str, FileDigest]:
             part_size = part_size_for(sizes[rel]) if part_size_for is not None else None
             md5_size = md5_parts_for(rel, sizes[rel]) if md5_parts_for is not None else None
-            return rel, sha256_file(root / rel, on_bytes=bar.update, part_size=part_size, md5_part_size=md5_size)
+            b3_size = blake3_parts_for(sizes[rel]) if blake3_parts_for is not None else None
+            return rel, sha256_file(root / rel, on_bytes=bar.update, part_size=part_size, md5_part_size=md5_size,
+                                    blake3_part_size=b3_size)
 
         n = workers or default_workers()
         if n == 1 or len(rels) <= 1:

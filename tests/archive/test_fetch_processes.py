@@ -20,7 +20,7 @@ from ckptflow.records import manifest as manifest_record
 from ckptflow.records import staging as staging_record
 from ckptflow.store.base import DEFAULT_CONCURRENCY
 from ckptflow.store.transfer import DEFAULT_RANGE_SIZE
-from helpers.artifacts import ARTIFACT_PREFIX, UPLOAD_PREFIX, make_artifact
+from helpers.artifacts import ARTIFACT_PREFIX, UPLOAD_PREFIX, make_artifact, publish_without_part_digests
 from helpers.cli import run_cli, start_cli, take_turns_at_a_lock, wait_for_file
 from helpers.trees import tree_bytes
 
@@ -85,6 +85,14 @@ def big_artifact(tmp_path, sw_store):
     return art
 
 
+@pytest.fixture
+def big_artifact_without_part_digests(tmp_path, sw_store):
+    """``big_artifact`` archived as a ckptflow without part digests did: verified by whole-file SHA-256."""
+    art = make_artifact(tmp_path / "run-big", model_bytes=BIG_MODEL)
+    publish_without_part_digests(art, sw_store)
+    return art
+
+
 def kill_mid_model(sw_store, creds, tmp_path):
     killed = run_cli(*fetch_args(sw_store, creds, tmp_path / "stage"), env={"CKPTFLOW_TEST_KILL_AT": "fetch:mid-file:model.pt"})
     assert killed.returncode == -signal.SIGKILL
@@ -111,14 +119,37 @@ def test_fetch_killed_mid_file_resumes_the_part_from_its_reverified_prefix(
     assert parts(staged) == [] and staging_record.read_staging(staged).complete
 
 
-@pytest.mark.slow
-def test_a_resumed_part_whose_prefix_is_wrong_is_downloaded_whole(big_artifact, sw_store, seaweedfs_credentials_path, tmp_path):
-    staged, part = kill_mid_model(sw_store, seaweedfs_credentials_path, tmp_path)
+def damage(part, offset):
     with open(part, "r+b") as fh:  # damage the prefix the resume would reuse
-        fh.seek(1000)
+        fh.seek(offset)
         byte = fh.read(1)
-        fh.seek(1000)
+        fh.seek(offset)
         fh.write(bytes([byte[0] ^ 0xFF]))
+
+
+@pytest.mark.slow
+def test_a_resumed_part_is_checked_part_by_part_and_resumes_before_the_first_that_fails(
+        big_artifact, sw_store, seaweedfs_credentials_path, tmp_path):
+    staged, part = kill_mid_model(sw_store, seaweedfs_credentials_path, tmp_path)
+    damage(part, DEFAULT_RANGE_SIZE + 1000)  # in the second 8 MiB part: the first one still checks
+
+    counting = CountingStore(sw_store)
+    result = fetch_artifact(f"s3://{sw_store.bucket}/{ARTIFACT_PREFIX}", tmp_path / "stage", store=counting, progress=False)
+    # the first part checks and is kept; everything from the damaged part on crosses the wire once
+    assert [r for r in result.resumed if r["path"] == "model.pt"] == [{"path": "model.pt", "offset": DEFAULT_RANGE_SIZE}]
+    assert counting.whole_calls == []
+    assert counting.spans("/model.pt") == [(DEFAULT_RANGE_SIZE, BIG_MODEL)]
+    assert result.downloaded_bytes == counting.downloaded_bytes()
+    assert_identical(big_artifact, staged)
+    assert parts(staged) == []
+
+
+@pytest.mark.slow
+def test_a_resumed_part_whose_prefix_is_wrong_is_downloaded_whole(
+        big_artifact_without_part_digests, sw_store, seaweedfs_credentials_path, tmp_path):
+    big_artifact = big_artifact_without_part_digests
+    staged, part = kill_mid_model(sw_store, seaweedfs_credentials_path, tmp_path)
+    damage(part, 1000)
 
     counting = CountingStore(sw_store)
     result = fetch_artifact(f"s3://{sw_store.bucket}/{ARTIFACT_PREFIX}", tmp_path / "stage", store=counting, progress=False)

@@ -45,9 +45,11 @@ def put(store, key: str, data: bytes) -> None:
 
 
 def declared(art: Path) -> tuple[int, int]:
-    """(files, bytes) the publisher declares for a sealed artifact: the manifest's files and the manifest."""
+    """(files, bytes) the publisher declares for an artifact: the manifest's files, the manifest and, once it
+    was published, the part digests record publishing wrote beside it (a legacy archive has none)."""
     files = read_manifest(art).physical_files()
-    return len(files) + 1, sum(f.size for f in files) + manifest_path(art).stat().st_size
+    records = [p for p in (manifest_path(art), art / ".posttrain-part-digests.json") if p.exists()]
+    return len(files) + len(records), sum(f.size for f in files) + sum(p.stat().st_size for p in records)
 
 
 @pytest.fixture
@@ -60,12 +62,12 @@ def populated(archive, tmp_path):
     runs = tmp_path / "runs"
     arts = {it: make_artifact(runs / RUN1, iteration=it, seed=it) for it in (100, 200, 300)}
     arts[400] = make_artifact(tmp_path / "elsewhere" / RUN2, iteration=400, seed=4)
-    sizes = {it: declared(a) for it, a in arts.items()}
     assert publish(arts[100], root_uri, opts).returncode == 0
     assert publish(arts[200], root_uri, opts, "--delete-local").returncode == 0
     killed = publish(arts[300], root_uri, opts, env={"CKPTFLOW_TEST_KILL_AT": "publish:before-manifest"})
     assert killed.returncode == -9
     assert publish(arts[400], root_uri, opts).returncode == 0
+    sizes = {it: declared(a) for it, a in arts.items()}
     put(store, f"{RUN1}/checkpoints/iter_000100/rank0.pt", b"full checkpoint")
     put(store, "proj/foreign/data.csv", b"a,b\n1,2\n")
     put(store, f"{RUN3}/checkpoint_artifacts/iter_000001/weights.bin", b"w" * 100)

@@ -22,6 +22,7 @@ from helpers.artifacts import ARTIFACT_PREFIX, UPLOAD_PREFIX, make_artifact
 SELECTED = [
     ".posttrain-archive.json",
     ".posttrain-checkpoint-artifact.json",
+    ".posttrain-part-digests.json",  # the part digests record publish writes beside the manifest
     "model.pt",
     "optim/.metadata",
     "optim/__0_0.distcp",
@@ -48,6 +49,10 @@ def test_publish_archives_exactly_the_selected_files_and_writes_the_receipt(arti
     assert [f.path for f in receipt.files] == [p for p in SELECTED if p != ".posttrain-archive.json"]
     remote_decl = any_store.get_bytes(f"{ARTIFACT_PREFIX}/.posttrain-archive.json")
     assert hashlib.sha256(remote_decl).hexdigest() == receipt.declaration_sha256
+    # the part digests record: written beside the manifest, archived byte for byte, bound by the declaration
+    record = (artifact / ".posttrain-part-digests.json").read_bytes()
+    assert any_store.get_bytes(f"{ARTIFACT_PREFIX}/.posttrain-part-digests.json") == record
+    assert receipt.entry(".posttrain-part-digests.json").sha256 == hashlib.sha256(record).hexdigest()
     decl = declaration_record.parse_declaration(remote_decl)
     local_manifest = manifest_record.path_in(artifact).read_bytes()
     assert any_store.get_bytes(f"{ARTIFACT_PREFIX}/.posttrain-checkpoint-artifact.json") == local_manifest
@@ -174,7 +179,7 @@ def test_delete_local_removes_payloads_only_after_verification(artifact, sw_stor
     assert sorted(result.removed) == ["model.pt", "optim/.metadata", "optim/__0_0.distcp", "optim/__1_0.distcp", "optim/__2_0.distcp"]
     assert result.freed_bytes == sum(e.size for e in result.inventory if e.path in result.removed)
     left = list(walk_files(artifact))
-    assert left == [".posttrain-checkpoint-artifact.json", ".uploaded", "optim.pt"]
+    assert left == [".posttrain-checkpoint-artifact.json", ".posttrain-part-digests.json", ".uploaded", "optim.pt"]
 
 
 @pytest.mark.parametrize("shape", ["model", "components"])

@@ -41,7 +41,8 @@ def test_server_stopped_mid_publish_fails_cleanly_and_rerun_publishes(tmp_path, 
         err = outcome.get("error")
         assert isinstance(err, StoreError), outcome
         assert f"127.0.0.1:{profile.s3}" in str(err) and "server is up" in str(err)
-        assert {p: (art / p).read_bytes() for p in walk_files(art)} == before
+        # the part digests record, written before the declaration, is the one file the failed run added
+        assert {p: (art / p).read_bytes() for p in walk_files(art) if p != ".posttrain-part-digests.json"} == before
         assert not receipt_record.path_in(art).exists()
 
         entry = servers.start_seaweedfs(root, profile)

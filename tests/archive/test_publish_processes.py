@@ -22,7 +22,9 @@ def publish_args(artifact, bucket, creds, *extra):
 
 
 def local_bytes(artifact):
-    return {p: (artifact / p).read_bytes() for p in walk_files(artifact) if p != ".uploaded"}
+    """The artifact's files but what publishing adds (its receipt, the part digests record beside the manifest)."""
+    return {p: (artifact / p).read_bytes() for p in walk_files(artifact)
+            if p not in (".uploaded", ".posttrain-part-digests.json")}
 
 
 def assert_remote_matches_declaration(store):

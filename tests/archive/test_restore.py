@@ -29,7 +29,7 @@ from helpers.paused import resume, start_paused
 from helpers.trees import file_bytes, tree_bytes
 
 PAYLOADS = ["model.pt", "optim/.metadata", "optim/__0_0.distcp", "optim/__1_0.distcp", "optim/__2_0.distcp"]
-RECORDS = [manifest_record.FILENAME, receipt_record.FILENAME]
+RECORDS = [manifest_record.FILENAME, ".posttrain-part-digests.json", receipt_record.FILENAME]
 # More ranges than a download holds in flight (2 x concurrency): a kill after model.pt's first range
 # always leaves the file short of its end.
 BIG_MODEL = (2 * DEFAULT_CONCURRENCY + 1) * DEFAULT_RANGE_SIZE

@@ -85,7 +85,7 @@ def test_prune_removes_payloads_and_keeps_manifest_and_receipt(published, qualif
     report = prune_verified([published / "model.pt"], store_for(qualified))
     assert report.kept == []
     assert report.removed[0]["files"] == PAYLOAD and report.freed_bytes == sizes
-    assert list(walk_files(published)) == [".posttrain-checkpoint-artifact.json", ".uploaded"]
+    assert list(walk_files(published)) == [".posttrain-checkpoint-artifact.json", ".posttrain-part-digests.json", ".uploaded"]
 
 
 def test_prune_dry_run_deletes_nothing(published, qualified):

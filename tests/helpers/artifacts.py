@@ -43,3 +43,22 @@ def make_trained_artifact(root: Path, model_pt: Path, *, iteration: int = 300, s
     seal_artifact(art, iteration, [ComponentSpec("model", "model.pt"), ComponentSpec("optim", "optim"),
                                    ComponentSpec("trainer", "trainer.pt")], progress=False)
     return art
+
+
+def publish_without_part_digests(artifact: Path, store, upload_prefix: str = UPLOAD_PREFIX):
+    """Publish ``artifact`` as a ckptflow without part digests did: its declaration (the same files, no part
+    digests record) is put first, and publish keeps the form the archive already has, so the archive is
+    byte for byte what that version wrote, read and verified by whole-file SHA-256 only."""
+    from ckptflow.archive.keys import artifact_prefix, object_key, upload_prefix_for
+    from ckptflow.archive.publish import publish_artifact
+    from ckptflow.archive.publish_inventory import build_local_inventory
+    from ckptflow.digest import sha256_bytes
+    from ckptflow.records import declaration as declaration_record
+
+    plain = build_local_inventory(artifact, progress=False).without_part_digests()
+    prefix = artifact_prefix(upload_prefix_for(artifact, upload_prefix), artifact.name)
+    store.put_bytes_create_once(object_key(prefix, declaration_record.FILENAME), plain.declaration_bytes,
+                                sha256=sha256_bytes(plain.declaration_bytes))
+    result = publish_artifact(artifact, store, upload_prefix, progress=False)
+    assert not (artifact / ".posttrain-part-digests.json").exists()
+    return result

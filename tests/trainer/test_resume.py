@@ -177,7 +177,7 @@ def test_a_pruned_resume_point_is_refused_by_both_paths_naming_restore(tmp_path,
     assert run_probe(store, "scratch").record.passed
     publish_artifact(art, store, UPLOAD_PREFIX, progress=False)
     assert prune_verified([art], lambda destination: store).removed
-    assert sorted(walk_files(art)) == [".posttrain-checkpoint-artifact.json", ".uploaded"]
+    assert sorted(walk_files(art)) == [".posttrain-checkpoint-artifact.json", ".posttrain-part-digests.json", ".uploaded"]
     before = tree_bytes(tmp_path)
     for extra in ((), ("--resume-path", str(art))):
         proc = run_cli("resume-check", "--attempt-dir", str(attempt), *extra)

@@ -33,7 +33,7 @@ def test_prune_all_fails_naming_a_payload_rewritten_after_publication_and_keeps_
     assert model.read_bytes().startswith(b"retrained in place")
 
 
-PRUNED = [".posttrain-checkpoint-artifact.json", ".uploaded"]
+PRUNED = [".posttrain-checkpoint-artifact.json", ".posttrain-part-digests.json", ".uploaded"]
 
 
 def test_a_restore_makes_the_prune_of_the_artifact_pending_again(tmp_path):

@@ -161,7 +161,7 @@ def test_a_lost_receipt_is_re_derived_from_the_archive_a_report_or_the_config_na
     (art / ".uploaded").unlink()
     flow.ok("--delete-all-output", "prune_all")
     flow.config["bucket"] = arch_a
-    assert flow.planned("publish_all") == ["publish", "publish_all"]
+    assert sorted(flow.planned("publish_all")) == ["publish", "publish_all", "publish_batch"]
     flow.ok("prune_all")
     third = json.loads((art / ".uploaded").read_text())
     assert third["destination"] == receipt["destination"] and third["files"] == receipt["files"]
@@ -174,11 +174,11 @@ def test_a_full_checkpoint_receipt_in_an_artifact_is_pending_and_replaced_by_pub
     (art / "optim.pt").unlink()
     write_checkpoint_receipt(art, ReceiptDestination("s3", "s3.example.org", "ckpts", f"{RUN}/checkpoints/iter_000300"))
     assert json.loads((art / ".uploaded").read_text())["kind"] == "full-checkpoint"
-    assert flow.planned("publish_all") == ["publish", "publish_all"]
+    assert sorted(flow.planned("publish_all")) == ["publish", "publish_all", "publish_batch"]
     flow.ok("prune_all")
     receipt = json.loads((art / ".uploaded").read_text())
     assert "kind" not in receipt and receipt["destination"]["scheme"] == "file"
-    assert sorted(walk_files(art)) == [".posttrain-checkpoint-artifact.json", ".uploaded"]
+    assert sorted(walk_files(art)) == [".posttrain-checkpoint-artifact.json", ".posttrain-part-digests.json", ".uploaded"]
     flow.nothing_planned("publish_all", "verify_all", "prune_all")
 
 

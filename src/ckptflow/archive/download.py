@@ -2,8 +2,10 @@
 
 Each file is written into a process-unique part (``stage.claim_part``), hashed in order as its
 ranges arrive (one pass, no re-read), compared with the declared size and sha256, flushed, and only
-then renamed into place. A part left by a killed fetch is continued from its
-re-verified prefix; the whole-file digest decides (see ``reader``'s docstring for why a prefix cannot
+then renamed into place. A file with declared part digests (``parts``) is instead checked range by range
+as it arrives (``transfer.download_batch``), and its resumed prefix is checked part by part
+(``stage.verified_prefix``): no whole-file SHA-256 is computed. A part left by a killed fetch is
+continued from its re-verified prefix; otherwise the whole-file digest decides (see ``reader``'s docstring for why a prefix cannot
 be proven on its own): a mismatch after a resume costs one whole download, a mismatch of a whole
 download is an error naming the object, and its part is removed.
 
@@ -27,12 +29,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 
 from .. import testhooks
-from ..digest import FileDigest, sha256_file
+from ..digest import FileDigest, PartDigests, sha256_file
 from ..errors import ConflictError, OutOfSpace, VerificationFailed
 from ..fsutil import fsync_file, payload_fsync_enabled
 from ..progress import ByteProgress
@@ -112,18 +114,18 @@ def _settle_parts(jobs: list, committed: set[str], no_clobber: bool) -> None:
 
 def download_files(store: ObjectStore, prefix: str, staged: Path, todo: list[FileEntry], *,
                    where: Callable[[str], str], progress: bool | None = None,
-                   no_clobber: bool = False) -> tuple[int, list[dict]]:
+                   no_clobber: bool = False, parts: Mapping[str, PartDigests] | None = None) -> tuple[int, list[dict]]:
     """Download every ``todo`` entry to ``staged/<path>``, verified; return (bytes received, ranged resumes).
 
     ``where(path)`` names an object in messages; ``no_clobber``: never replace a file at a final path
-    (see the module docstring). Raises on the first failure once the work already
+    (see the module docstring); ``parts``: the declared part digests by path (``FetchPlan.part_digests``). Raises on the first failure once the work already
     running has returned (files verified and renamed by then stay in place; a rerun keeps them); a
     full disk raises ``OutOfSpace`` naming the file it stopped.
     """
     committed: set[str] = set()  # stage-relative paths verified and renamed into place by this run
     try:
         return _download(store, prefix, staged, todo, where=where, progress=progress, committed=committed,
-                         no_clobber=no_clobber)
+                         no_clobber=no_clobber, parts=parts or {})
     except OSError as exc:
         if not space.is_full(exc) or isinstance(exc, OutOfSpace):
             raise
@@ -136,14 +138,20 @@ def download_files(store: ObjectStore, prefix: str, staged: Path, todo: list[Fil
 
 def _download(store: ObjectStore, prefix: str, staged: Path, todo: list[FileEntry], *,
               where: Callable[[str], str], progress: bool | None, committed: set[str],
-              no_clobber: bool) -> tuple[int, list[dict]]:
+              no_clobber: bool, parts: Mapping[str, PartDigests]) -> tuple[int, list[dict]]:
     jobs = []
+    checked = {e.path: parts[e.path] for e in todo
+               if e.path in parts and (parts[e.path].size, parts[e.path].sha256) == (e.size, e.sha256)}
     for entry in sorted(todo, key=lambda e: (-e.size, e.path)):
         final = staged / entry.path
         final.parent.mkdir(parents=True, exist_ok=True)
         part, offset = stage.claim_part(final, entry.size)
-        hasher = stage.hash_prefix(part, offset) if offset else None
-        jobs.append((entry, final, part, offset if hasher is not None else 0, hasher))
+        if entry.path in checked:  # resumed after its whole parts that check; nothing hashed whole
+            offset = stage.verified_prefix(part, offset, checked[entry.path]) if offset else 0
+            hasher = None
+        else:
+            hasher = stage.hash_prefix(part, offset) if offset else None
+        jobs.append((entry, final, part, offset if hasher is not None or entry.path in checked else 0, hasher))
     resumed = [{"path": e.path, "offset": off} for e, _, _, off, _ in jobs if off]
 
     whole_again = threading.Lock()
@@ -182,7 +190,7 @@ def _download(store: ObjectStore, prefix: str, staged: Path, todo: list[FileEntr
         files = [
             RangedFile(part, entry.size, partial(store.open_range, object_key(prefix, entry.path)), start=offset,
                        hasher=hasher, progress=_FileProgress(bar, entry.path, entry.size - offset),
-                       source=where(entry.path))
+                       source=where(entry.path), parts=checked.get(entry.path))
             for entry, _, part, offset, hasher in jobs
         ]
         try:

@@ -317,7 +317,7 @@ def _write(store: ObjectStore, staged: Path, decision: _Decision, *, progress: b
                 result.reused = sorted([*result.reused, entry.path])
     decision.todo[:] = todo
     result.downloaded_bytes, result.resumed = download_files(
-        store, plan.prefix, staged, todo, where=plan.where, progress=progress)
+        store, plan.prefix, staged, todo, where=plan.where, progress=progress, parts=plan.part_digests)
     result.downloaded = sorted(e.path for e in todo)
     testhooks.reached("fetch:before-manifest")
     stage.write_via_part(staged / manifest_record.FILENAME, plan.manifest_bytes)

@@ -3,17 +3,17 @@
 ``read_plan`` reads the declaration ``.posttrain-archive.json`` and the manifest under a prefix, checks
 them against each other (or, for a legacy archive without a declaration, against the objects' HEADs) and
 returns a ``FetchPlan``: the declared files per component, the records that are no component, and the
-scope (the components) a fetch stages. ``require_remote`` HEADs the objects still to download. Nothing
+scope (the components) a fetch stages, and the part digests the declaration binds (``part_digests``). ``require_remote`` HEADs the objects still to download. Nothing
 local is read or written here: fetch (``fetch.py``) and restore decide and write from the plan.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 
-from ..digest import sha256_bytes
+from ..digest import PartDigests, sha256_bytes
 from ..errors import InvalidRecord, NotFound, Refused, UnsafePath, VerificationFailed
 from ..records import declaration as declaration_record
 from ..records import manifest as manifest_record
@@ -23,6 +23,8 @@ from ..store import StoreURI
 from ..store.base import ObjectStore
 from . import stage
 from .keys import object_key
+from .part_digests import FILENAME as PART_DIGESTS_FILENAME
+from .part_digests import load_part_digests
 from .verify import check_remote_inventory
 
 
@@ -41,6 +43,8 @@ class FetchPlan:
     parts: Mapping[str, tuple[FileEntry, ...]]  # component name -> its files, as declared
     records: tuple[str, ...]  # declared files that are no component (merge record, diagnostic)
     components: tuple[str, ...] | None = None
+    # path -> declared part digests, checked range by range as the file downloads (empty: none declared)
+    part_digests: Mapping[str, PartDigests] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def payloads(self) -> tuple[FileEntry, ...]:
@@ -118,8 +122,10 @@ def read_plan(store: ObjectStore, prefix: str, source: StoreURI, *, iteration: i
     if declaration is not None:
         payloads, records = _declared_payloads(declaration, manifest, manifest_bytes, source)
         decl_sha = sha256_bytes(decl_bytes)
+        part_digests = load_part_digests(store, prefix, declaration.files)
     else:
         payloads, records, decl_sha = _legacy_payloads(store, prefix, manifest, source), (), None
+        part_digests = {}
     for entry in payloads:
         name = PurePosixPath(entry.path).name
         if entry.path == staging_record.FILENAME or stage.is_part_name(name):
@@ -127,7 +133,8 @@ def read_plan(store: ObjectStore, prefix: str, source: StoreURI, *, iteration: i
                              "collides with fetch's own record or temporaries", remedy="the archive is corrupt or hostile")
     parts = {name: sorted_entries(e for e in payloads if _in_component(e.path, comp.path))
              for name, comp in manifest.components.items()}
-    plan = FetchPlan(source, prefix, manifest.iteration, manifest_bytes, decl_sha, parts, tuple(records))
+    plan = FetchPlan(source, prefix, manifest.iteration, manifest_bytes, decl_sha, parts, tuple(records),
+                     part_digests=part_digests)
     return plan.scoped(components)
 
 
@@ -155,7 +162,7 @@ def _declared_payloads(declaration, manifest, manifest_bytes: bytes, source: Sto
             raise InvalidRecord(f"{what} lists {entry.path} as {listed.size} bytes sha256 {listed.sha256}, the manifest as "
                                 f"{entry.size} bytes sha256 {entry.sha256}", remedy="the archive is damaged; republish it")
         payloads.append(listed)
-    chosen = {e.path for e in payloads} | {manifest_record.FILENAME}
+    chosen = {e.path for e in payloads} | {manifest_record.FILENAME, PART_DIGESTS_FILENAME}  # the fetch reads those
     return payloads, sorted(p for p in declared if p not in chosen)
 
 

@@ -7,6 +7,11 @@ Order (each step is safe to interrupt; a rerun resumes or refuses by name):
    the artifact. Nothing else (a stale unselected ``optim.pt`` stays out).
 2. Hash each selected file once. A digest that contradicts the manifest is refused before anything
    remote happens; missing ``file`` component digests are added to the local manifest (atomically).
+   The same pass takes the BLAKE3 part digests; their record is declared like an archived file and
+   written beside the manifest (``write_part_digests``) just before the declaration is created (or,
+   for an archive adopted or already recorded, once it is verified). An artifact archived before part
+   digests existed (its receipt or the remote declaration binds the declaration without them) keeps
+   that form (``declared_form``), so publishing it again stays a resume.
 3. Judge what a prefix without a declaration already holds (``judge_undeclared``: another tool's upload,
    say): an object with a declared file's size and SHA-256 (its metadata, or its bytes read) is adopted;
    any other object is refused by key, before anything is written. Then create the declaration
@@ -51,10 +56,12 @@ from .. import testhooks
 from ..artifact import clear_stale_merge_marker, merge_in_progress
 from ..digest import FileDigest, sha256_bytes
 from ..errors import ConflictError, NotFound, Refused
+from ..fsutil import atomic_write_bytes
 from ..progress import ByteProgress
 from ..records import declaration as declaration_record
 from ..records import manifest as manifest_record
 from ..records import merge_progress, merge_record, utc_timestamp
+from ..records import part_digests as part_digests_record
 from ..records import receipt as receipt_record
 from ..records.inventory import FileEntry
 from ..store.base import DEFAULT_MULTIPART_THRESHOLD, ObjectStore, UploadLog, server_checksums_of
@@ -284,6 +291,42 @@ def adopt_pruned(store: ObjectStore, prefix: str, artifact_dir: Path, inv: Local
     log.info("%s: payloads pruned locally; adopting the identical committed archive at %s", artifact_dir, where)
 
 
+def declared_form(store: ObjectStore, prefix: str, artifact_dir: Path, inv: LocalInventory) -> LocalInventory:
+    """``inv``, or ``inv`` without its part digests when the artifact was archived before they existed:
+    its receipt binds that declaration (every destination of a receipt holds the same one), or the
+    declaration already at ``prefix`` is that one. Reads only (the receipt, and one GET)."""
+    if inv.part_digests_bytes is None:
+        return inv
+    plain = inv.without_part_digests()
+    receipt = receipt_record.belonging_receipt(artifact_dir)
+    if receipt is not None:
+        if receipt.declaration_sha256 == sha256_bytes(inv.declaration_bytes):
+            return inv
+        if receipt.declaration_sha256 == sha256_bytes(plain.declaration_bytes):
+            return plain
+    try:
+        existing = store.get_bytes(object_key(prefix, declaration_record.FILENAME))
+    except NotFound:
+        return inv
+    return plain if existing == plain.declaration_bytes else inv
+
+
+def write_part_digests(artifact_dir: Path, inv: LocalInventory) -> None:
+    """Put the part digests record ``inv`` declares beside the manifest (the payload upload sends it from
+    there); nothing is written when the file already holds those bytes. A file with other bytes is
+    replaced: the record is derived data, rebuilt in this pass from the files (and, for pruned payloads,
+    from that file's own entries), so nothing it held is lost."""
+    if inv.part_digests_bytes is None:
+        return
+    path = part_digests_record.path_in(artifact_dir)
+    try:
+        if path.read_bytes() == inv.part_digests_bytes:
+            return
+    except FileNotFoundError:
+        pass
+    atomic_write_bytes(path, inv.part_digests_bytes)
+
+
 def receipt_matches(artifact_dir: Path, dest: receipt_record.ReceiptDestination, decl_sha: str, inv: LocalInventory) -> bool:
     path = receipt_record.path_in(artifact_dir)
     if not path.exists() or receipt_record.is_legacy_receipt(artifact_dir):
@@ -342,6 +385,7 @@ def publish_artifact(
         artifact_dir, progress=progress, part_size_for=store.part_digest_size,
         md5_parts_for=(lambda rel, size: resumable.resumable_part_size(object_key(prefix, rel), size))
         if resumable else None)
+    inv = declared_form(store, prefix, artifact_dir, inv)
     decl_sha = sha256_bytes(inv.declaration_bytes)
     result = PublishResult("published", artifact_dir, dest, inv.files, decl_sha, earlier_destinations=earlier)
 
@@ -363,6 +407,7 @@ def publish_artifact(
             _create_or_match_declaration(store, prefix, inv)
     else:
         result.adopted_objects = judge_undeclared(store, prefix, inv)
+        write_part_digests(artifact_dir, inv)  # uploaded from there with the payloads
         _create_or_match_declaration(store, prefix, inv)
         testhooks.reached("publish:after-declaration")
         payloads = [e for e in inv.files if e.path != manifest_record.FILENAME]
@@ -374,6 +419,7 @@ def publish_artifact(
     where = str(store.destination.uri(prefix))
     states = [check_declaration(store, prefix, decl_sha), *check_remote_inventory(store, prefix, inv.files)]
     require_all_ok(states, where)
+    write_part_digests(artifact_dir, inv)  # an adopted or skipped archive's record, kept beside its manifest
     _clean_uploads(store, prefix, stale_upload_age, uploads, result)
     kept = receipt_record.read_receipt(artifact_dir) if result.status == "skipped" else None
     if kept is None or kept.server_checksums is None or kept.earlier_destinations != earlier:

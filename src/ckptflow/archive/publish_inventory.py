@@ -5,7 +5,10 @@ Selected: the manifest's physical components (every DCP shard), the merge comple
 legacy manifest, and the diagnostic the merge record names if it lies inside the artifact. A payload that
 contradicts the manifest is refused before anything remote happens; missing ``file`` component digests
 are added to the local manifest (atomically; in memory only for a dry run). A payload pruned since an
-earlier publication is declared from the manifest's digest. Nothing here reads or writes the store.
+earlier publication is declared from the manifest's digest. The same pass takes every file's BLAKE3
+part digests; their record (``records/part_digests.py``) is declared like an archived file, so the
+declaration binds it (a pruned payload keeps the parts the artifact's own copy of that record holds).
+Nothing here reads or writes the store.
 """
 
 from __future__ import annotations
@@ -17,13 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..artifact import iteration_from_dir, refuse_unrestorable_names
-from ..digest import FileDigest, hash_files, sha256_bytes
-from ..errors import NotFound, Refused, UnsafePath
+from ..digest import FileDigest, hash_files, part_digest_size, sha256_bytes
+from ..errors import CkptflowError, NotFound, Refused, UnsafePath
 from ..fsutil import resolve_inside
 from ..records import LegacyRecord, merge_record
 from ..records import declaration as declaration_record
 from ..records import legacy_manifest as legacy_record
 from ..records import manifest as manifest_record
+from ..records import part_digests as part_digests_record
 from ..records.inventory import FileEntry
 
 log = logging.getLogger(__name__)
@@ -112,10 +116,41 @@ class LocalInventory:
     digests: dict[str, FileDigest] = field(default_factory=dict, compare=False, repr=False)
     # Payload files gone locally (pruned after an earlier publication), declared from the manifest's digests.
     pruned: tuple[str, ...] = ()
+    # The encoded part digests record, declared among the files; None: an archive without one.
+    part_digests_bytes: bytes | None = None
 
     @property
     def files(self) -> tuple[FileEntry, ...]:
         return self.declaration.files
+
+    def without_part_digests(self) -> LocalInventory:
+        """This inventory as a publication before part digests declared it: the same files, no part
+        digests record (the form of an archive published so, kept when it is published again)."""
+        if self.part_digests_bytes is None:
+            return self
+        files = tuple(e for e in self.declaration.files if e.path != part_digests_record.FILENAME)
+        declaration = declaration_record.Declaration(self.declaration.manifest_sha256, self.declaration.iteration, files)
+        return LocalInventory(self.manifest, self.manifest_bytes, declaration,
+                              declaration_record.encode_declaration(declaration), self.digests, self.pruned, None)
+
+
+def _part_digests(artifact_dir: Path, digests: dict[str, FileDigest], pruned: list[FileEntry]):
+    """The part digests record of this pass: every hashed file's, and those of pruned payloads as the
+    artifact's own record holds them (when it does, for the same size and sha256); None when no file has
+    any. An unreadable own record only loses the pruned files' parts (they are then verified by SHA-256)."""
+    record = part_digests_record.from_digests(digests)
+    files = dict(record.files) if record is not None else {}
+    if pruned and part_digests_record.path_in(artifact_dir).is_file():
+        try:
+            own = part_digests_record.read_part_digests(artifact_dir).by_path()
+        except (CkptflowError, OSError) as exc:
+            log.warning("%s: the parts of its pruned payloads are not known: %s", artifact_dir, exc)
+            own = {}
+        for entry in pruned:
+            parts = own.get(entry.path)
+            if parts is not None and (parts.size, parts.sha256) == (entry.size, entry.sha256):
+                files[entry.path] = parts
+    return part_digests_record.PartDigestRecord(tuple(files.items())) if files else None
 
 
 def build_local_inventory(artifact_dir: Path, *, progress: bool | None = None,
@@ -138,7 +173,7 @@ def build_local_inventory(artifact_dir: Path, *, progress: bool | None = None,
     refuse_unrestorable_names(artifact_dir, [e.path for e in manifest.physical_files()])
     selected, pruned = _selected_paths(artifact_dir, manifest)
     digests = hash_files(artifact_dir, selected, progress=progress, desc="publish sha256", part_size_for=part_size_for,
-                         md5_parts_for=md5_parts_for)
+                         md5_parts_for=md5_parts_for, blake3_parts_for=part_digest_size)
     checked = _check_against_manifest(artifact_dir, manifest, digests, write)
     manifest_bytes = (manifest_record.path_in(artifact_dir).read_bytes() if write or checked is manifest
                       else manifest_record.encode_manifest(checked))
@@ -146,8 +181,14 @@ def build_local_inventory(artifact_dir: Path, *, progress: bool | None = None,
     manifest_sha = sha256_bytes(manifest_bytes)
     entries = [FileEntry(p, d.size, d.sha256) for p, d in digests.items()] + pruned
     entries.append(FileEntry(manifest_record.FILENAME, len(manifest_bytes), manifest_sha))
+    parts = _part_digests(artifact_dir, digests, pruned)
+    parts_bytes = None
+    if parts is not None:
+        parts.check_bound(entries, part_digests_record.FILENAME)  # a record that disagrees is never written
+        parts_bytes = part_digests_record.encode_part_digests(parts)
+        entries.append(FileEntry(part_digests_record.FILENAME, len(parts_bytes), sha256_bytes(parts_bytes)))
     declaration = declaration_record.Declaration(
         manifest_sha256=manifest_sha, iteration=manifest.iteration, files=tuple(entries)
     )
     return LocalInventory(manifest, manifest_bytes, declaration, declaration_record.encode_declaration(declaration),
-                          digests, tuple(e.path for e in pruned))
+                          digests, tuple(e.path for e in pruned), parts_bytes)

@@ -22,7 +22,7 @@ from ..records import declaration as declaration_record
 from ..records import manifest as manifest_record
 from ..store.base import ObjectStore
 from .keys import object_key
-from .publish import adopt_pruned, check_destination, judge_undeclared, receipt_matches
+from .publish import adopt_pruned, check_destination, declared_form, judge_undeclared, receipt_matches
 from .publish_inventory import build_local_inventory
 from .verify import check_remote_inventory
 
@@ -65,7 +65,7 @@ def plan_publication(artifact_dir: Path | str, store: ObjectStore, upload_prefix
     artifact_dir = Path(artifact_dir)
     prefix, dest, earlier = check_destination(artifact_dir, store, upload_prefix, add_destination)
     _refuse_legacy(artifact_dir)
-    inv = build_local_inventory(artifact_dir, progress=False, write=False)
+    inv = declared_form(store, prefix, artifact_dir, build_local_inventory(artifact_dir, progress=False, write=False))
     decl_sha = sha256_bytes(inv.declaration_bytes)
     records = {declaration_record.FILENAME: inv.declaration_bytes, manifest_record.FILENAME: inv.manifest_bytes}
 

@@ -138,7 +138,8 @@ def restore_artifact(artifact_dir: Path | str, store_for, *, dry_run: bool = Fal
         testhooks.reached("restore:before-download")
         todo = [e for e in plan.payloads if e.path in result.missing]
         result.downloaded_bytes, result.resumed = download_files(
-            store, plan.prefix, artifact_dir, todo, where=plan.where, progress=progress, no_clobber=True)
+            store, plan.prefix, artifact_dir, todo, where=plan.where, progress=progress, no_clobber=True,
+            parts=plan.part_digests)
         result.downloaded = sorted(e.path for e in todo)
     gone = [e.path for e in plan.payloads if not stage.files_in_place(artifact_dir, [e])]
     if gone:

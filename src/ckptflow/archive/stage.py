@@ -24,7 +24,7 @@ import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
 
-from ..digest import FileDigest, sha256_file, sha256_prefix
+from ..digest import FileDigest, sha256_file, sha256_prefix, verified_part_prefix
 from ..errors import ConflictError, InvalidRecord, Refused, UnsafePath
 from ..fsutil import (
     InFlight,
@@ -150,6 +150,13 @@ def hash_prefix(part: Path, length: int):
     """A sha256 fed with the first ``length`` bytes of ``part`` (re-read, never trusted from before)."""
     with open(part, "rb", buffering=0) as fh:
         return sha256_prefix(fh.fileno(), length)
+
+
+def verified_prefix(part: Path, length: int, parts) -> int:
+    """How much of ``part``'s first ``length`` bytes a download with part digests resumes after: the
+    whole parts from its start whose BLAKE3 matches (re-read, never trusted from before)."""
+    with open(part, "rb", buffering=0) as fh:
+        return verified_part_prefix(fh.fileno(), parts, length)
 
 
 def write_via_part(final: Path, data: bytes) -> None:

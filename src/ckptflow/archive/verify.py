@@ -12,7 +12,10 @@ hashed; on ``file://`` the bytes are local, so they are always read.
 
 Reading back (``--read-data``) streams every object to be read through fetch's concurrent ranged GETs
 and hashes the ranges in order as they arrive (``transfer.hash_batch``): nothing is written to disk
-and memory stays within the range window. ``Subset`` picks a stable slice of the objects for a
+and memory stays within the range window. Where the declaration binds part digests
+(``part_digests.load_part_digests``), each range's parts are checked by the worker that read it
+instead, on every core; a part digests record that cannot be read or is not the declared one is
+reported in its own row (``missing`` or ``mismatch``) and the objects are then hashed whole. ``Subset`` picks a stable slice of the objects for a
 scrub spread over scheduled runs.
 
 Each object ends in one state: ``ok``, ``missing``, ``changed`` (size, digest or server checksum
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from ..digest import FileDigest, sha256_bytes
+from ..digest import FileDigest, PartDigests, sha256_bytes
 from ..errors import CkptflowError, NotFound, Refused, UsageError, VerificationFailed
 from ..fsutil import require_directory
 from ..progress import ByteProgress
@@ -47,6 +50,8 @@ from ..store.transfer import HashedObject, hash_batch
 from ..store.uri import destination_label, destination_uri
 from .download import download_connections, download_range_size
 from .keys import object_key
+from .part_digests import FILENAME as PART_DIGESTS_FILENAME
+from .part_digests import load_part_digests
 
 log = logging.getLogger(__name__)
 
@@ -142,13 +147,22 @@ def _settle(todo: _ToRead, got: FileDigest | NotFound | VerificationFailed) -> O
     return ObjectState(entry.path, key, "ok", todo.note, checksum=todo.checksum, bytes_read=got.size)
 
 
-def _read_back(store: ObjectStore, todo: list[_ToRead], progress: bool | None) -> list[ObjectState]:
+def _parts_of(parts: dict[str, PartDigests], entry: FileEntry) -> PartDigests | None:
+    found = parts.get(entry.path)
+    return found if found is not None and (found.size, found.sha256) == (entry.size, entry.sha256) else None
+
+
+def _read_back(store: ObjectStore, todo: list[_ToRead], progress: bool | None,
+               parts: dict[str, PartDigests] | None = None) -> list[ObjectState]:
     """Read and hash every ``todo`` object as one stream of ranges, with fetch's connections and range
-    size (``transfer.hash_batch``): nothing is written, memory stays within the range window."""
+    size (``transfer.hash_batch``): nothing is written, memory stays within the range window. An object
+    with ``parts`` (declared part digests by path) is checked part by part instead."""
     if not todo:
         return []
+    parts = parts or {}
     with ByteProgress(sum(t.entry.size for t in todo), "read", progress) as bar:
-        got = hash_batch([HashedObject(t.entry.size, partial(store.open_range, t.key), t.key, bar) for t in todo],
+        got = hash_batch([HashedObject(t.entry.size, partial(store.open_range, t.key), t.key, bar,
+                                       _parts_of(parts, t.entry)) for t in todo],
                          concurrency=download_connections(store), range_size=download_range_size(store))
     return [_settle(t, g) for t, g in zip(todo, got, strict=True)]
 
@@ -162,16 +176,32 @@ def check_remote_inventory(
 
 
 def _check_all(store: ObjectStore, prefix: str, entries, read: str, recorded: dict[str, str] | None,
-               proof: bool = False, progress: bool | None = False) -> list[ObjectState]:
-    """HEAD every entry concurrently, then read back (one stream) those that need their bytes hashed."""
+               proof: bool = False, progress: bool | None = False, declared=None) -> list[ObjectState]:
+    """HEAD every entry concurrently, then read back (one stream) those that need their bytes hashed:
+    part by part where ``declared`` (every file of the declaration) binds part digests. A part digests
+    record that cannot be used gets a row of its own (replacing its entry's, when it is one)."""
     if not entries:
         return []
     checksums = recorded or {}
     with ThreadPoolExecutor(max_workers=min(HEAD_WORKERS, len(entries)), thread_name_prefix="verify") as pool:
         heads = list(pool.map(lambda e: _head_one(store, prefix, e, read, checksums.get(e.path), proof), entries))
     todo = [h for h in heads if isinstance(h, _ToRead)]
-    read_back = iter(_read_back(store, todo, progress))
-    return [next(read_back) if isinstance(h, _ToRead) else h for h in heads]
+    parts, refused = _declared_parts(store, prefix, declared) if todo and declared is not None else ({}, None)
+    read_back = iter(_read_back(store, todo, progress, parts))
+    states = [next(read_back) if isinstance(h, _ToRead) else h for h in heads]
+    if refused is not None:
+        states = [s for s in states if s.path != PART_DIGESTS_FILENAME] + [refused]
+    return states
+
+
+def _declared_parts(store: ObjectStore, prefix: str, declared) -> tuple[dict[str, PartDigests], ObjectState | None]:
+    """The part digests ``declared`` binds, or none and the row that says why its record was refused."""
+    try:
+        return load_part_digests(store, prefix, declared), None
+    except CkptflowError as exc:
+        state = "missing" if isinstance(exc, NotFound) else "mismatch"
+        log.warning("%s; reading the objects whole", exc.message)
+        return {}, ObjectState(PART_DIGESTS_FILENAME, object_key(prefix, PART_DIGESTS_FILENAME), state, exc.message)
 
 
 def read_back(store: ObjectStore, prefix: str, entries: list[FileEntry], *, progress: bool | None = False
@@ -222,7 +252,7 @@ def check_receipt(store: ObjectStore, receipt: receipt_record.Receipt, *, read: 
     files = [f for f in receipt.files if subset is None or subset.holds(object_key(prefix, f.path))]
     states = [check_declaration(store, prefix, receipt.declaration_sha256)]
     return states + _check_all(store, prefix, files, effective_read(store, read), receipt.server_checksums,
-                               proof=True, progress=progress)
+                               proof=True, progress=progress, declared=receipt.files)
 
 
 def check_declaration(store: ObjectStore, prefix: str, expected_sha256: str) -> ObjectState:

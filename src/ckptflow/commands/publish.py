@@ -12,6 +12,7 @@ from .summary import (
     files_bytes,
     human_bytes,
     inventory_total,
+    is_record,
     payload_and_records,
     plural,
     records_in,
@@ -107,6 +108,10 @@ def summarize(report: dict[str, Any], elapsed: float | None) -> str:
         return _summarize_plan(report, elapsed)
     # the inventory lists the payload files and the manifest; the declaration is the archive's other record
     what = payload_and_records(*inventory_total(report["inventory"]), records_in(report["inventory"]) + 1)
+    # the part digests record goes with the payloads; the summary counts payload files only
+    sizes = {e["path"]: e["size"] for e in report["inventory"]}
+    record_bytes = sum(sizes.get(p, 0) for p in report["uploaded"] if is_record(p))
+    uploaded = files_bytes(sum(1 for p in report["uploaded"] if not is_record(p)), report["uploaded_bytes"] - record_bytes)
     freed = files_bytes(len(report["removed"]), report["freed_bytes"]) if report["removed"] else None
     resumed = report.get("resumed_uploads") or []
     reused = sum(r["reused_bytes"] for r in resumed)
@@ -117,7 +122,7 @@ def summarize(report: dict[str, Any], elapsed: float | None) -> str:
     return block(_HEADLINES[report["status"]].format(what=what), [
         ("artifact", report["artifact_dir"]),
         ("archive", destination_uri(report["destination"])),
-        ("uploaded", files_bytes(len(report["uploaded"]), report["uploaded_bytes"])),
+        ("uploaded", uploaded),
         ("resumed", resumed_row),
         ("aborted", aborted_row),
         ("freed", freed),

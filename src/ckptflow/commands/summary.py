@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..records import DECLARATION_FILENAME, LEGACY_MANIFEST_FILENAME, MANIFEST_FILENAME
+from ..records import DECLARATION_FILENAME, LEGACY_MANIFEST_FILENAME, MANIFEST_FILENAME, PART_DIGESTS_FILENAME
 from ..units import human_bytes  # the one size format; verbs import it from here
 
 # Rows listed per group (failed objects, pruned artifacts) before "… N more"; the report has them all.
@@ -40,9 +40,10 @@ def plural(n: int, word: str) -> str:
 
 # One vocabulary in every summary: an artifact's *payload files* are what its manifest records (what seal
 # commits, prune frees, restore and fetch download); its *records* are ckptflow's own JSON beside them (the
-# manifest, the declaration, a legacy manifest's original); the archive holds *objects*: payload files and
-# records. A count is always named as one of the three, and its bytes are always that count's bytes.
-RECORD_NAMES = frozenset({MANIFEST_FILENAME, DECLARATION_FILENAME, LEGACY_MANIFEST_FILENAME})
+# manifest, the declaration, the part digests, a legacy manifest's original); the archive holds *objects*:
+# payload files and records. A count is always named as one of the three, and its bytes are always that
+# count's bytes.
+RECORD_NAMES = frozenset({MANIFEST_FILENAME, DECLARATION_FILENAME, PART_DIGESTS_FILENAME, LEGACY_MANIFEST_FILENAME})
 
 
 def files_bytes(n_files: int, n_bytes: int, noun: str = "payload file") -> str:

@@ -27,6 +27,7 @@ from .materialized import (
 )
 from .merge_record import FILENAME as MERGE_RECORD_FILENAME
 from .merge_record import MergeRecord, MergeRequest, read_merge_record, request_identity, write_merge_record
+from .part_digests import FILENAME as PART_DIGESTS_FILENAME
 from .probe import ProbeRecord, probe_record_path, read_probe_record, write_probe_record
 from .receipt import FILENAME as RECEIPT_FILENAME
 from .receipt import (
@@ -49,6 +50,7 @@ __all__ = [
     "MANIFEST_FILENAME",
     "MATERIALIZED_FILENAME",
     "MERGE_RECORD_FILENAME",
+    "PART_DIGESTS_FILENAME",
     "RECEIPT_FILENAME",
     "STAGING_FILENAME",
     "CheckpointReceipt",

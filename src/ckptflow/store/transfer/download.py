@@ -9,7 +9,11 @@ to be flushed again before the file could be committed. Where ``O_DIRECT`` is re
 ``CKPTFLOW_DIRECT_IO=0``), each worker writes every received piece through the page cache at once,
 while it is still in the CPU cache. A killed download leaves holes, which ``archive.stage`` accounts
 for when it resumes. ``download_batch`` runs several files as one stream, so no file boundary leaves
-the connections idle, and commits each file on a thread of its own. Progress is counted when a range
+the connections idle, and commits each file on a thread of its own. A file with part digests
+(``RangedFile.parts``) is not hashed in order at all: its ranges are whole parts, and the worker that
+received a range checks its parts (BLAKE3, on at most ``digest.hash_threads()`` threads at once) before
+it writes them; a range that fails is read once more, and a second failure fails the download naming the
+byte range. Progress is counted when a range
 has been written, so retries never count twice. Backends supply ``open_range(offset, length)`` (a
 context manager yielding an object with ``readinto``).
 """
@@ -27,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...digest import FileDigest, sha256_prefix
+from ...digest import FileDigest, PartDigests, sha256_prefix
 from ...errors import UnsafePath, VerificationFailed
 from ...progress import ByteProgress
 from ..base import RangeReader
@@ -37,9 +41,11 @@ from .stream import (
     IO_PIECE,
     BatchFile,
     TransientRead,
+    check_parts,
     open_stream,
+    ranges_of,
+    read_checked,
     retry_call,
-    split_ranges,
 )
 
 # O_DIRECT writes need offsets, lengths and buffers aligned to the device's logical block (512 or 4096).
@@ -88,7 +94,9 @@ class RangedFile:
 
     ``open_range(offset, length)`` yields a reader of exactly that span. ``hasher`` must already hold
     bytes ``[0, start)``; without one they are re-read from ``dest``. ``progress.update(n)`` is told
-    each range once it is written; ``source`` names the object in errors.
+    each range once it is written; ``source`` names the object in errors. With ``parts`` (the file's
+    declared part digests) every range is checked part by part instead, ``start`` must be a part boundary
+    whose prefix the caller verified, and no hasher is used.
     """
 
     dest: Path
@@ -98,6 +106,7 @@ class RangedFile:
     hasher: Any = None
     progress: Any = None
     source: str = "object"
+    parts: PartDigests | None = None
 
 
 class _Target(BatchFile):
@@ -118,7 +127,7 @@ class _Target(BatchFile):
     def _open_first(self) -> int:
         fd, have = _open_target(self.spec)
         try:
-            if self.hasher is None:
+            if self.hasher is None and self.spec.parts is None:
                 self.hasher = _hash_prefix(fd, self.spec.start, self.spec.dest) if self.spec.start else hashlib.sha256()
             # Only when there is something to cut: on ext4 a truncate to size 0, even of an empty new file,
             # marks the file to be flushed when it is closed (auto_da_alloc), which cost a 1 GiB download
@@ -197,7 +206,8 @@ def _open_target(spec: RangedFile) -> tuple[int, int]:
 
 def _fill(target: _Target, fd: int, offset: int, view: memoryview) -> None:
     """Read the range at ``offset`` into ``view`` and write it: piece by piece through the page cache, or
-    whole through ``O_DIRECT`` once it is complete. A failed write (a full disk) names the file written."""
+    whole through ``O_DIRECT`` once it is complete (and its parts checked). A failed write (a full disk)
+    names the file written."""
     try:
         _fill_range(target, fd, offset, view)
     except OSError as exc:
@@ -221,6 +231,8 @@ def _fill_range(target: _Target, fd: int, offset: int, view: memoryview) -> None
         raise VerificationFailed(
             f"{target.spec.source} returned {filled} bytes for the range at {offset}, expected {len(view)}",
             remedy="the source is shorter than its recorded size; check it")
+    if target.spec.parts is not None:  # before an O_DIRECT write; a piecewise write is rewritten on a retry
+        check_parts(target.spec.parts, offset, view, target.spec.source)
     if direct:
         target.write(fd, view, offset)
 
@@ -241,14 +253,15 @@ def download_batch(files: Sequence[RangedFile], *, concurrency: int = 8, range_s
     verify / fsync / rename; several files' commits may run at once, in any order) while later files
     keep downloading. The first failure, of a
     range or of ``finish``, stops the stream once the running work has returned and is raised; files
-    whose ``finish`` completed stay as it left them. Files are not fsynced here.
+    whose ``finish`` completed stay as it left them. Files are not fsynced here. A file with ``parts`` is
+    checked range by range by its workers (see the module docstring) and its digest is the declared one.
     """
     targets = [_Target(f) for f in files]
     items: list[tuple[int, int, int, bool]] = []
     for i, spec in enumerate(files):
         if not 0 <= spec.start <= spec.size:
             raise ValueError(f"resume offset {spec.start} is outside 0..{spec.size} for {spec.dest}")
-        spans = split_ranges(spec.start, spec.size, range_size) or [(spec.start, 0)]  # an empty rest still creates it
+        spans = ranges_of(spec.start, spec.size, range_size, spec.parts) or [(spec.start, 0)]  # an empty rest still creates it
         items += [(i, off, n, k == len(spans) - 1) for k, (off, n) in enumerate(spans)]
     digests: list[FileDigest | None] = [None] * len(files)
 
@@ -262,8 +275,14 @@ def download_batch(files: Sequence[RangedFile], *, concurrency: int = 8, range_s
         shift = offset % ALIGN
         buf = BUFFERS.take(shift + length, aligned=True)
         view = memoryview(buf)[shift:shift + length]
-        try:
+        def fill() -> None:
             retry_call(lambda: _fill(targets[i], fd, offset, view), retry_on=(TransientRead,))
+
+        try:
+            if targets[i].spec.parts is not None:
+                read_checked(fill)
+            else:
+                fill()
         except BaseException:
             view.release()
             BUFFERS.give(buf)
@@ -272,7 +291,8 @@ def download_batch(files: Sequence[RangedFile], *, concurrency: int = 8, range_s
 
     with open_stream(targets, concurrency) as stream:
         def complete(i: int) -> None:  # on the hashing thread, after the file's last bytes
-            digests[i] = FileDigest(files[i].size, targets[i].hasher.hexdigest())
+            parts = files[i].parts  # every range checked: the declared bytes
+            digests[i] = FileDigest(files[i].size, parts.sha256 if parts is not None else targets[i].hasher.hexdigest())
             if finish is not None:
                 stream.commit(finish, i, digests[i])
 
@@ -281,7 +301,11 @@ def download_batch(files: Sequence[RangedFile], *, concurrency: int = 8, range_s
             target = targets[i]
             if got is not None:
                 buf, view = got
-                stream.hashing.submit(target.hasher.update, view, after=lambda: BUFFERS.give(buf))
+                if target.spec.parts is not None:  # checked by its worker already
+                    view.release()
+                    BUFFERS.give(buf)
+                else:
+                    stream.hashing.submit(target.hasher.update, view, after=lambda: BUFFERS.give(buf))
                 if target.spec.progress is not None:
                     target.spec.progress.update(length)
             if last:

@@ -15,6 +15,7 @@ which costs more CPU than hashing the range.
 from __future__ import annotations
 
 import contextlib
+import logging
 import mmap
 import os
 import queue
@@ -25,7 +26,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from typing import Any, TypeVar
 
-from ...errors import StoreError
+from ...digest import PartDigests
+from ...errors import StoreError, VerificationFailed
 
 DEFAULT_RANGE_SIZE = 8 * 1024 * 1024
 MIN_PART_SIZE = 5 * 1024 * 1024  # S3's minimum for every part but the last
@@ -33,6 +35,8 @@ MAX_PARTS = 10_000
 # A worker writes what it received in pieces of this size, while they are still in the CPU cache.
 IO_PIECE = 256 * 1024
 MiB = 1024 * 1024
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -43,6 +47,49 @@ def split_ranges(start: int, end: int, range_size: int) -> list[tuple[int, int]]
     if range_size <= 0:
         raise ValueError("range_size must be positive")
     return [(off, min(range_size, end - off)) for off in range(start, end, range_size)]
+
+
+def ranges_of(start: int, end: int, range_size: int, parts: PartDigests | None) -> list[tuple[int, int]]:
+    """``split_ranges``; for a file with part digests, ranges of whole parts (as many as come nearest to
+    ``range_size``, at least one) from ``start``, which must be a part boundary (or ``end``), so that
+    each range is checked by the worker that received it."""
+    if parts is None:
+        return split_ranges(start, end, range_size)
+    if start % parts.part_size and start != end:
+        raise ValueError(f"offset {start} is not a part boundary of {parts.part_size}-byte parts")
+    return split_ranges(start, end, max(1, round(range_size / parts.part_size)) * parts.part_size)
+
+
+class PartMismatch(VerificationFailed):
+    """A range's bytes failed their part digest; the range is read once more before the file fails."""
+
+
+def check_parts(parts: PartDigests, offset: int, view: memoryview, source: str) -> None:
+    """Check every part ``view`` holds (from part boundary ``offset``); raise ``PartMismatch`` naming the
+    object and the byte range of the first that fails."""
+    bad = parts.first_mismatch(offset, view)
+    if bad is None:
+        return
+    index, got = bad
+    start, end = parts.span(index)
+    raise PartMismatch(
+        f"{source}: bytes {start}-{end - 1} (part {index + 1} of {len(parts.digests)}) hash to BLAKE3 {got.hex()}, "
+        f"its part digest is {parts.digests[index].hex()}",
+        remedy="the archived object is damaged; restore it from another copy or republish the artifact")
+
+
+def read_checked(read: Callable[[], None]) -> None:
+    """``read()`` (which fills a range and checks its parts) once more after a ``PartMismatch``; a second
+    mismatch is raised, saying the range was read twice."""
+    try:
+        read()
+        return
+    except PartMismatch as first:
+        log.warning("%s; reading the range again", first.message)
+    try:
+        read()
+    except PartMismatch as second:
+        raise PartMismatch(f"{second.message} (read twice)", remedy=second.remedy) from None
 
 
 def part_size_for(size: int, part_size: int) -> int:
