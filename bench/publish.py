@@ -17,6 +17,17 @@ artifact to a fresh prefix, and a publish SIGKILLed once half of ``model.pt``'s 
 report's ``sent_bytes``) and the rerun's wall time against the full one (its hashing pass included).
 
     python bench/publish.py --credentials .ckptflow/bench-servers/credentials-seaweedfs.json [--resume]
+
+The 8 GiB figure (``--large``: a 6 GiB ``model.pt`` and 32 shards of 64 MiB; any shapes with
+``--artifact``, repeatable, in the same rounds; raw boto3 runs only for artifacts of at most 2 GiB)
+against s5cmd, target ≤ 1.05×; each upload is deleted after its step (untimed) and the server asked
+to compact its volumes, so the rounds do not fill the disk. With ``--pin`` the server runs on CPU 0
+and every client on CPU 1. Unpinned, then pinned (the bench servers as ``make bench`` starts them)::
+
+    python tests/helpers/servers.py up --only seaweedfs --profile demo --root .ckptflow/bench-servers
+    flock /tmp/bench.lock python bench/publish.py --credentials .ckptflow/bench-servers/credentials-seaweedfs.json --large
+    flock /tmp/bench.lock python bench/publish.py --credentials .ckptflow/bench-servers/credentials-seaweedfs.json --large --pin
+    python tests/helpers/servers.py down --root .ckptflow/bench-servers
 """
 
 from __future__ import annotations
@@ -36,10 +47,15 @@ from boto3.s3.transfer import TransferConfig
 
 from benchlib import (
     MiB,
+    Server,
     add_artifact_args,
     add_raw_child_args,
+    artifact_shapes,
     interleaved,
     make_artifact,
+    make_shaped,
+    parse_shape,
+    print_ratios,
     raw_client,
     run_child,
     run_measured,
@@ -48,7 +64,10 @@ from benchlib import (
 from ckptflow.store import base
 from ckptflow.store.credentials import load_credentials
 from ckptflow.store.s3 import S3Store
-from peers import Measured, Peers, table
+from peers import GiB, Measured, Peers, table
+
+TARGET_VS_S5CMD = 1.05
+RAW_UP_TO = 2 * GiB  # raw boto3 runs for artifacts this size and smaller
 
 
 def _raw_child(args: argparse.Namespace) -> int:
@@ -59,7 +78,7 @@ def _raw_child(args: argparse.Namespace) -> int:
         multipart_threshold=base.DEFAULT_MULTIPART_THRESHOLD, multipart_chunksize=base.DEFAULT_PART_SIZE,
         max_concurrency=base.DEFAULT_CONCURRENCY,
     )
-    art = Path(args.artifact)
+    art = Path(args.src)
     for rel in json.loads(args.paths):
         raw.upload_file(str(art / rel), args.bucket, f"{args.prefix}/{rel}", Config=config)
     return 0
@@ -111,7 +130,7 @@ def _resume_figures(args: argparse.Namespace, creds) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_artifact_args(ap)
-    add_raw_child_args(ap, "--artifact", "--prefix")
+    add_raw_child_args(ap, "--src", "--prefix")
     ap.add_argument("--resume", action="store_true",
                     help="measure the rerun of a publish killed at half of model.pt's parts against a full publish")
     args = ap.parse_args()
@@ -122,53 +141,91 @@ def main() -> int:
         print(json.dumps(_resume_figures(args, load_credentials(args.credentials)), indent=2, sort_keys=True))
         return 0
 
+    shapes = args.artifact or ([parse_shape("8g")] if args.large else artifact_shapes(args))
     creds = load_credentials(args.credentials)
+    server = Server(args.credentials)
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
-    runs: dict[str, list[Measured]] = {"raw_boto3": [], "ckptflow": []}
+    runs: list[dict[str, list[Measured]]] = []
+    totals: list[int] = []
     with scratch_bucket(creds, "publish") as store, tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         bucket = store.bucket
         peers = Peers(creds, Path(tmp))
-        runs.update({name: [] for name in peers.tools})
-        art = make_artifact(Path(tmp), args.model_mib, args.shard_mib, args.shards)
-        files = [p for p in sorted(art.rglob("*")) if p.is_file() and p.name != "optim.pt"]
-        total = sum(p.stat().st_size for p in files)
-        paths = json.dumps([str(p.relative_to(art)) for p in files])
+        arts = []
+        for index, shape in enumerate(shapes):
+            art = make_shaped(Path(tmp) / f"src{index}", shape)
+            files = [p for p in sorted(art.rglob("*")) if p.is_file() and p.name != "optim.pt"]
+            totals.append(sum(p.stat().st_size for p in files))
+            runs.append({"ckptflow": [], **({"raw_boto3": []} if shape.nbytes <= RAW_UP_TO else {}),
+                         **{name: [] for name in peers.tools}})
+            arts.append((art, json.dumps([str(p.relative_to(art)) for p in files])))
 
-        def raw_side(run: int) -> None:
-            runs["raw_boto3"].append(run_measured([__file__, "--raw-child", "--credentials", args.credentials,
-                                                   "--bucket", bucket, "--paths", paths, "--artifact", str(art),
-                                                   "--prefix", f"raw/{run}"]))
+        def removed(prefix: str) -> None:
+            # Untimed: the upload goes, and the server compacts its volumes so the space comes back.
+            for obj in store.list(prefix):
+                store.delete(obj.key)
+            server.vacuum()
 
-        def ckptflow_side(run: int) -> None:
+        def raw_side(index: int, run: int) -> None:
+            art, paths = arts[index]
+            runs[index]["raw_boto3"].append(run_measured([__file__, "--raw-child", "--credentials", args.credentials,
+                                                          "--bucket", bucket, "--paths", paths, "--src", str(art),
+                                                          "--prefix", f"s{index}/raw/{run}"]))
+            removed(f"s{index}/raw/{run}/")
+
+        def ckptflow_side(index: int, run: int) -> None:
+            art = arts[index][0]
             (art / ".uploaded").unlink(missing_ok=True)
-            runs["ckptflow"].append(run_measured(["-m", "ckptflow", "publish", "--artifact-dir", str(art),
-                                                  "--upload-prefix", f"ck/{run}/checkpoints", "--bucket", bucket,
-                                                  "--credentials", args.credentials]))
+            runs[index]["ckptflow"].append(run_measured(["-m", "ckptflow", "publish", "--artifact-dir", str(art),
+                                                         "--upload-prefix", f"s{index}/ck/{run}/checkpoints",
+                                                         "--bucket", bucket, "--credentials", args.credentials]))
+            removed(f"s{index}/ck/{run}/")
 
-        def peer_side(name: str, run: int) -> None:
+        def peer_side(index: int, name: str, run: int) -> None:
+            art = arts[index][0]
             (art / ".uploaded").unlink(missing_ok=True)  # the peers copy the artifact's files, as ckptflow does
-            runs[name].append(peers.upload(name, art, bucket, f"{name}/{run}"))
+            runs[index][name].append(peers.upload(name, art, bucket, f"s{index}/{name}/{run}"))
+            removed(f"s{index}/{name}/{run}/")
 
-        for run in range(args.runs):
-            interleaved([partial(raw_side, run), partial(ckptflow_side, run),
-                         *(partial(peer_side, name, run) for name in peers.tools)], run)
-            print(f"run {run + 1}/{args.runs}: " + ", ".join(f"{k} {v[-1].wall:.2f}s {v[-1].cpu:.2f} CPU-s"
-                                                             for k, v in runs.items()), file=sys.stderr)
-    rows = table(runs, total)
-    raw_med, ck = rows["raw_boto3"]["median_wall_s"], rows["ckptflow"]
-    report = {
-        "artifact_mib": round(total / MiB),
-        "runs": args.runs,
-        "tools": rows,
-        "notes": peers.notes,
-        "ratio_time_ckptflow_vs_raw": round(ck["median_wall_s"] / raw_med, 3),
-        "publish_peak_rss_mib": ck["peak_rss_mib"],
-        "targets": {"ratio_time_vs_raw": 1.15, "ratio_time_vs_s5cmd": 1.1, "peak_rss_mib": 300},
-    }
-    if "s5cmd" in rows:
-        report["ratio_time_ckptflow_vs_s5cmd"] = ck["wall_vs_s5cmd"]
-        report["met"] = {"time_vs_s5cmd": ck["wall_vs_s5cmd"] <= 1.1, "peak_rss": ck["peak_rss_mib"] < 300}
-    print(json.dumps(report, indent=2, sort_keys=True))
+        with server.pinned(args.pin):
+            for run in range(args.runs):
+                steps = []
+                for index, got in enumerate(runs):
+                    steps += [partial(ckptflow_side, index, run), *(partial(peer_side, index, name, run)
+                                                                     for name in peers.tools)]
+                    if "raw_boto3" in got:
+                        steps.append(partial(raw_side, index, run))
+                interleaved(steps, run)
+                for shape, got in zip(shapes, runs, strict=True):
+                    print(f"run {run + 1}/{args.runs} {shape.label}: "
+                          + ", ".join(f"{k} {v[-1].wall:.2f}s {v[-1].cpu:.2f} CPU-s" for k, v in got.items()),
+                          file=sys.stderr)
+    reports, ratios = [], []
+    for shape, got, total in zip(shapes, runs, totals, strict=True):
+        rows = table(got, total)
+        ck = rows["ckptflow"]
+        report = {
+            "artifact": shape.label,
+            "artifact_mib": round(total / MiB),
+            "tools": rows,
+            "publish_peak_rss_mib": ck["peak_rss_mib"],
+            "targets": {"ratio_time_vs_raw": 1.15, "ratio_time_vs_s5cmd": TARGET_VS_S5CMD, "peak_rss_mib": 300},
+        }
+        if "raw_boto3" in rows:
+            report["ratio_time_ckptflow_vs_raw"] = round(ck["median_wall_s"] / rows["raw_boto3"]["median_wall_s"], 3)
+            ratios.append((f"publish {shape.label}: wall ckptflow / raw boto3", report["ratio_time_ckptflow_vs_raw"],
+                           "<= 1.15"))
+        if "s5cmd" in rows:
+            report["ratio_time_ckptflow_vs_s5cmd"] = ck["wall_vs_s5cmd"]
+            report["met"] = {"time_vs_s5cmd": ck["wall_vs_s5cmd"] <= TARGET_VS_S5CMD, "peak_rss": ck["peak_rss_mib"] < 300}
+            ratios += [(f"publish {shape.label}: wall {name} / s5cmd", row["wall_vs_s5cmd"],
+                        f"<= {TARGET_VS_S5CMD}" if name == "ckptflow" else None)
+                       for name, row in rows.items() if name != "s5cmd"]
+        ratios += [(f"publish {shape.label}: CPU-s per GiB {name}", row["median_cpu_s_per_gib"], None)
+                   for name, row in rows.items()]
+        reports.append(report)
+    print(json.dumps({"runs": args.runs, "pinned": args.pin, "notes": peers.notes, "artifacts": reports},
+                     indent=2, sort_keys=True), flush=True)
+    print_ratios(ratios, f"publish ({'pinned' if args.pin else 'unpinned'}), medians of {args.runs}")
     return 0
 
 
