@@ -701,3 +701,19 @@ def test_a_stopped_fetch_resumes_after_the_whole_parts_of_its_part_file_that_che
         assert resumed.get(MODEL, 0) == 0 and counting.spans("/" + MODEL) == [(0, MODEL_BYTES)]
     assert sum(end - start for start, end in model) == MODEL_BYTES - resumed.get(MODEL, 0)
     assert counting.whole_calls == []
+
+
+def test_a_pruned_artifact_whose_own_record_is_gone_republishes_with_the_archives_record(small):
+    """Payloads pruned, then the record beside the manifest deleted: the parts of the pruned payloads are
+    known only to the archive's record, which publish takes (bound by the remote declaration), so a rerun
+    is the same publication (skipped), never a refusal, and the record is back beside the manifest."""
+    art = small.artifact
+    record = art / part_digests_record.FILENAME
+    kept = record.read_bytes()
+    (art / "optim.pt").unlink()  # the sample's stale file, which prune would keep the artifact for
+    report = prune_verified([art], lambda dest: small.store)
+    assert report.removed and not (art / "model.pt").exists()
+    record.unlink()
+    result = publish_artifact(art, small.store, upload_prefix("small"), progress=False)
+    assert result.status == "skipped"
+    assert record.read_bytes() == kept

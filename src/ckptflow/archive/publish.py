@@ -55,7 +55,7 @@ from pathlib import Path
 from .. import testhooks
 from ..artifact import clear_stale_merge_marker, merge_in_progress
 from ..digest import FileDigest, sha256_bytes
-from ..errors import ConflictError, NotFound, Refused
+from ..errors import CkptflowError, ConflictError, NotFound, Refused
 from ..fsutil import atomic_write_bytes
 from ..progress import ByteProgress
 from ..records import declaration as declaration_record
@@ -67,6 +67,7 @@ from ..records.inventory import FileEntry
 from ..store.base import DEFAULT_MULTIPART_THRESHOLD, ObjectStore, UploadLog, server_checksums_of
 from ..store.uri import destination_label
 from .keys import artifact_prefix, object_key, upload_prefix_for
+from .part_digests import load_part_digests
 from .publish_inventory import LocalInventory, build_local_inventory
 from .verify import (
     READ_UNPROVEN,
@@ -294,8 +295,10 @@ def adopt_pruned(store: ObjectStore, prefix: str, artifact_dir: Path, inv: Local
 def declared_form(store: ObjectStore, prefix: str, artifact_dir: Path, inv: LocalInventory) -> LocalInventory:
     """``inv``, or ``inv`` without its part digests when the artifact was archived before they existed:
     its receipt binds that declaration (every destination of a receipt holds the same one), or the
-    declaration already at ``prefix`` is that one. Reads only (the receipt, and one GET)."""
-    if inv.part_digests_bytes is None:
+    declaration already at ``prefix`` is that one; or, for payloads pruned here whose parts the artifact's
+    own record no longer holds, ``inv`` with the parts the archive's record holds. Reads only (the
+    receipt, one GET, and the archive's record in that last case)."""
+    if inv.part_digests_bytes is None and not inv.pruned:
         return inv
     plain = inv.without_part_digests()
     receipt = receipt_record.belonging_receipt(artifact_dir)
@@ -308,7 +311,20 @@ def declared_form(store: ObjectStore, prefix: str, artifact_dir: Path, inv: Loca
         existing = store.get_bytes(object_key(prefix, declaration_record.FILENAME))
     except NotFound:
         return inv
-    return plain if existing == plain.declaration_bytes else inv
+    if existing == plain.declaration_bytes:
+        return plain
+    if inv.pruned and existing != inv.declaration_bytes:
+        # Payloads pruned here and the artifact's own record gone: the archive's record (bound by its
+        # declaration) holds their parts. Taken only if the declaration then comes out byte for byte.
+        try:
+            remote = declaration_record.parse_declaration(existing)
+            rebuilt = inv.with_pruned_parts(load_part_digests(store, prefix, remote.files))
+        except CkptflowError as exc:
+            log.info("%s: the archive's part digests cannot stand in for the pruned payloads: %s", artifact_dir, exc)
+            return inv
+        if rebuilt.declaration_bytes == existing:
+            return rebuilt
+    return inv
 
 
 def write_part_digests(artifact_dir: Path, inv: LocalInventory) -> None:

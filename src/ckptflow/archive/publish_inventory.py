@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..artifact import iteration_from_dir, refuse_unrestorable_names
-from ..digest import FileDigest, hash_files, part_digest_size, sha256_bytes
+from ..digest import FileDigest, PartDigests, hash_files, part_digest_size, sha256_bytes
 from ..errors import CkptflowError, NotFound, Refused, UnsafePath
 from ..fsutil import resolve_inside
 from ..records import LegacyRecord, merge_record
@@ -123,6 +123,15 @@ class LocalInventory:
     def files(self) -> tuple[FileEntry, ...]:
         return self.declaration.files
 
+    def with_pruned_parts(self, known: Mapping[str, PartDigests]) -> LocalInventory:
+        """This inventory with the part digests of its pruned payloads taken from ``known`` (the record an
+        archive holds, checked against its declaration) where it has none for them: the declaration an
+        earlier publication wrote when the artifact's own record is gone."""
+        entries = {e.path: e for e in self.declaration.files}
+        pruned = [entries[p] for p in self.pruned]
+        record = _with_known_parts(part_digests_record.from_digests(self.digests), pruned, known)
+        return _declare(self.manifest, self.manifest_bytes, self.digests, pruned, record)
+
     def without_part_digests(self) -> LocalInventory:
         """This inventory as a publication before part digests declared it: the same files, no part
         digests record (the form of an archive published so, kept when it is published again)."""
@@ -134,23 +143,29 @@ class LocalInventory:
                               declaration_record.encode_declaration(declaration), self.digests, self.pruned, None)
 
 
+def _with_known_parts(record, pruned: list[FileEntry], known: Mapping[str, PartDigests]):
+    """``record`` (None: empty) with the parts ``known`` holds for ``pruned`` payloads of the same size and
+    sha256 (never replacing one it has); None when it ends up empty."""
+    files = dict(record.files) if record is not None else {}
+    for entry in pruned:
+        parts = known.get(entry.path)
+        if entry.path not in files and parts is not None and (parts.size, parts.sha256) == (entry.size, entry.sha256):
+            files[entry.path] = parts
+    return part_digests_record.PartDigestRecord(tuple(files.items())) if files else None
+
+
 def _part_digests(artifact_dir: Path, digests: dict[str, FileDigest], pruned: list[FileEntry]):
     """The part digests record of this pass: every hashed file's, and those of pruned payloads as the
     artifact's own record holds them (when it does, for the same size and sha256); None when no file has
     any. An unreadable own record only loses the pruned files' parts (they are then verified by SHA-256)."""
     record = part_digests_record.from_digests(digests)
-    files = dict(record.files) if record is not None else {}
+    own: dict[str, PartDigests] = {}
     if pruned and part_digests_record.path_in(artifact_dir).is_file():
         try:
             own = part_digests_record.read_part_digests(artifact_dir).by_path()
         except (CkptflowError, OSError) as exc:
             log.warning("%s: the parts of its pruned payloads are not known: %s", artifact_dir, exc)
-            own = {}
-        for entry in pruned:
-            parts = own.get(entry.path)
-            if parts is not None and (parts.size, parts.sha256) == (entry.size, entry.sha256):
-                files[entry.path] = parts
-    return part_digests_record.PartDigestRecord(tuple(files.items())) if files else None
+    return _with_known_parts(record, pruned, own)
 
 
 def build_local_inventory(artifact_dir: Path, *, progress: bool | None = None,
@@ -177,11 +192,16 @@ def build_local_inventory(artifact_dir: Path, *, progress: bool | None = None,
     checked = _check_against_manifest(artifact_dir, manifest, digests, write)
     manifest_bytes = (manifest_record.path_in(artifact_dir).read_bytes() if write or checked is manifest
                       else manifest_record.encode_manifest(checked))
-    manifest = checked
+    return _declare(checked, manifest_bytes, digests, pruned, _part_digests(artifact_dir, digests, pruned))
+
+
+def _declare(manifest: manifest_record.Manifest, manifest_bytes: bytes, digests: dict[str, FileDigest],
+             pruned: list[FileEntry], parts) -> LocalInventory:
+    """The declaration of the hashed files, the pruned payloads, the manifest and the part digests record
+    ``parts`` (None: none), which must agree with it."""
     manifest_sha = sha256_bytes(manifest_bytes)
     entries = [FileEntry(p, d.size, d.sha256) for p, d in digests.items()] + pruned
     entries.append(FileEntry(manifest_record.FILENAME, len(manifest_bytes), manifest_sha))
-    parts = _part_digests(artifact_dir, digests, pruned)
     parts_bytes = None
     if parts is not None:
         parts.check_bound(entries, part_digests_record.FILENAME)  # a record that disagrees is never written
