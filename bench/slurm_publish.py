@@ -46,7 +46,7 @@ from helpers import slurm  # lives in tests/helpers: the test cluster's account 
 
 CLIENTS = ("sbatch", "squeue", "sacct", "scancel", "scontrol", "sinfo", "srun", "sacctmgr")
 STATUS_QUERIES = ("squeue", "sacct")
-FINISHED = re.compile(r" finished in ([0-9.]+) s$", re.M)
+FINISHED = re.compile(r"^finished in ([0-9.]+) s$", re.M)
 
 
 def ungrouped_profile(into: Path) -> Path:

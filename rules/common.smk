@@ -1,11 +1,13 @@
 import os
 from functools import cache
+from types import SimpleNamespace
 
 from snakemake.utils import validate
 
 from ckptflow import artifact as ckptflow_artifact
 from ckptflow import workflow_config as ckptflow_config
 from ckptflow import workflow_plan as ckptflow_plan
+from ckptflow import workflow_steps as ckptflow_steps
 from ckptflow.errors import CkptflowError, UsageError
 from ckptflow.records.manifest import FILENAME as MANIFEST
 from ckptflow.records.receipt import FILENAME as RECEIPT
@@ -388,4 +390,158 @@ def get_scrub_report(wildcards):
     """The scrub report of config scrub_subset: scrub/K-of-N.json, or scrub/all.json for every file."""
     return (
         f"{REPORTS}/scrub/{ckptflow_plan.scrub_slice_name(config['scrub_subset'])}.json"
+    )
+
+
+# ------------------------------------------------------------------ batches
+# publish, verify and prune run in batch jobs (the rules <step>_batch), one process per batch runs the step of
+# each of its artifacts (ckptflow.workflow_steps.batch_step), and the artifact's own rule, a local job,
+# writes its report and log from the outcome, or fails alone (finish_member). A batch's members are the
+# artifacts whose report is missing when Snakemake plans; they are written, with each one's rerun trigger,
+# to a file named by their digest, which the batch job (planned again on the node) reads back. A job
+# Snakemake reruns for another reason (a lost receipt, a restored payload, -R) reruns the batch its report
+# names (its other members' outcomes go unused), or runs the step itself when there is none.
+# Minutes of Slurm runtime per artifact of a batch (see the per-step runtimes in profiles/slurm).
+BATCH_MINUTES = {"publish": 30, "verify": 30, "prune": 15}
+
+
+def max_batches():
+    """Batch jobs of one step worth running at once: --jobs under a cluster executor, else --cores."""
+    nodes = workflow.resource_settings.nodes
+    if (
+        workflow.executor_plugin is not None
+        and not workflow.executor_plugin.common_settings.non_local_exec
+    ):
+        nodes = None
+    if not nodes or nodes >= 2**31:
+        nodes = workflow.resource_settings.cores
+    return max(1, int(nodes or 1))
+
+
+def batch_member(step, run, it):
+    """The rerun trigger the artifact's own rule gets (the batch records it with the artifact)."""
+    wildcards = SimpleNamespace(run=run, iteration=it)
+    if step == "publish":
+        return {"run": run, "iteration": it, "publication": get_publication(wildcards)}
+    if step == "prune":
+        return {"run": run, "iteration": it, "round": get_prune_round(wildcards)}
+    return {"run": run, "iteration": it}
+
+
+@cache
+def step_batches(step):
+    """{(run, iteration): batch name} of the artifacts of ``step`` whose report is missing, their member
+    files written under reports_dir/batches/<step>/."""
+    if step == "publish":
+        todo = [
+            (run, it)
+            for run, it in committed_artifacts()
+            if not receipt_belongs(run, it)
+            and not is_legacy(run, it)
+            and not os.path.exists(publish_report(run, it))
+        ]
+    else:
+        todo = [
+            (run, it)
+            for run, it in committed_artifacts()
+            if not os.path.exists(f"{REPORTS}/{step}/{run}/{it}.json")
+        ]
+    index = {}
+    for name, members in ckptflow_plan.batches(step, todo, max_batches()).items():
+        ckptflow_plan.write_batch_members(
+            batch_members_path(step, name),
+            [batch_member(step, run, it) for run, it in members],
+        )
+        index.update({member: name for member in members})
+    return index
+
+
+def batch_members_path(step, name):
+    return f"{REPORTS}/batches/{step}/{name}.members.json"
+
+
+def batch_outcomes_path(step, name):
+    return f"{REPORTS}/batches/{step}/{name}.json"
+
+
+def get_member_batch(step):
+    """Input function of a per-artifact rule: its batch's outcomes, or nothing outside a batch. Once the
+    report exists, the batch its report names (while that batch's member file is there): the set of input
+    files must stay what it was when the job ran, and a deleted temp() file alone reruns nothing.
+    """
+
+    def member_batch(wildcards):
+        own_report = f"{REPORTS}/{step}/{wildcards.run}/{wildcards.iteration}.json"
+        if os.path.exists(own_report):
+            name = ckptflow_plan.report_batch(own_report)
+            if (
+                name is None
+                or not os.path.exists(batch_members_path(step, name))
+                or reruns_alone(step, wildcards, own_report)
+            ):
+                return []
+        else:
+            name = step_batches(step).get((wildcards.run, wildcards.iteration))
+        return [] if name is None else [batch_outcomes_path(step, name)]
+
+    return member_batch
+
+
+def reruns_alone(step, wildcards, own_report):
+    """True when the job of an artifact with a report reruns on a trigger of its own (a lost receipt, a
+    restored payload, a newer publication): it runs its step itself rather than its old batch again."""
+    if step == "publish":
+        return not receipt_belongs(wildcards.run, wildcards.iteration)
+    if step == "prune":
+        return get_prune_round(wildcards) != ckptflow_plan.report_round(own_report)
+    done = os.path.getmtime(own_report)
+    return any(
+        os.path.exists(f) and os.path.getmtime(f) > done
+        for f in get_receipt_input(wildcards)
+    )
+
+
+def read_batch_members(step, name):
+    return ckptflow_plan.read_batch_members(batch_members_path(step, name))
+
+
+def get_batch_inputs(step):
+    """Input function of a batch rule: its member file, and what each member's own rule takes as input."""
+
+    def batch_inputs(wildcards):
+        members = read_batch_members(step, wildcards.batch)
+        inputs = []
+        for m in members:
+            w = SimpleNamespace(run=m["run"], iteration=m["iteration"])
+            if step == "publish":
+                inputs.append(f"{artifact_dir(m['run'], m['iteration'])}/{MANIFEST}")
+            else:
+                inputs.extend(get_receipt_input(w))
+            if step == "prune":
+                inputs.append(f"{REPORTS}/verify/{m['run']}/{m['iteration']}.json")
+        return {"members": batch_members_path(step, wildcards.batch), "done": inputs}
+
+    return batch_inputs
+
+
+def get_batch_runtime(step):
+    def batch_runtime(wildcards):
+        return BATCH_MINUTES[step] * len(read_batch_members(step, wildcards.batch))
+
+    return batch_runtime
+
+
+def finish_member(step, wildcards, input, output, log, **triggers):
+    """The body of a per-artifact rule (ckptflow.workflow_steps.finish_member)."""
+    batch = list(input.batch) if hasattr(input, "batch") else []
+    ckptflow_steps.member_job(
+        ckptflow_steps.finish_member,
+        step,
+        wildcards.run,
+        wildcards.iteration,
+        batch[0] if batch else None,
+        config,
+        output.report,
+        log[0],
+        **triggers,
     )

@@ -1,21 +1,43 @@
 # The outputs are step reports. The param round is the rerun trigger of a restore: the round the report
 # records, plus one while a payload file it removed is on disk again (ckptflow.workflow_plan.prune_round),
 # so a restored artifact is pending prune again, as a published one is.
+localrules:
+    prune,
+
+
+# prune is a local job: the prune runs in its batch job (prune_batch), or in this job when it has none
+# (see rules/common.smk, batches).
 rule prune:
     input:
         receipt=get_receipt_input,
         verified=f"{REPORTS}/verify/{{run}}/{{iteration}}.json",
+        batch=get_member_batch("prune"),
     output:
         report=f"{REPORTS}/prune/{{run}}/{{iteration}}.json",
     log:
         f"{LOGS}/prune/{{run}}/{{iteration}}.log",
-    conda:
-        "../environment.yml"
     params:
         credentials=config["credentials"],
         round=get_prune_round,
+    run:
+        finish_member("prune", wildcards, input, output, log, round=params.round)
+
+
+rule prune_batch:
+    input:
+        unpack(get_batch_inputs("prune")),
+    output:
+        outcomes=temp(f"{REPORTS}/batches/prune/{{batch}}.json"),
+    log:
+        f"{LOGS}/batches/prune/{{batch}}.log",
+    wildcard_constraints:
+        batch=r"[0-9a-f]{16}",
+    conda:
+        "../environment.yml"
+    resources:
+        runtime=get_batch_runtime("prune"),
     script:
-        "../scripts/prune.py"
+        "../scripts/batch.py"
 
 
 rule prune_keep_free:

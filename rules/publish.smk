@@ -6,23 +6,54 @@
 # publishes nothing and contacts no store (the report names the receipt's destination). An artifact
 # without one is re-derived at a destination its verify, publish or legacy-receipt report names when
 # the identical archive is there, else published to the configured bucket.
+localrules:
+    publish,
+
+
+# publish is a local job: the artifact's publication runs in its batch job (publish_batch, below), or in
+# this job when it has none (see rules/common.smk, batches).
 rule publish:
     input:
         manifest=f"{ARTIFACT}/{MANIFEST}",
+        batch=get_member_batch("publish"),
     output:
         report=f"{REPORTS}/publish/{{run}}/{{iteration}}.json",
     log:
         f"{LOGS}/publish/{{run}}/{{iteration}}.log",
-    conda:
-        "../environment.yml"
-    # The destination (bucket, credentials) is read from the config by the script: re-spelling the
-    # bucket or pointing new publications elsewhere must not rerun jobs. The one param is the rerun
-    # trigger of a lost receipt: the publication number its report records, plus one while the
-    # artifact has no receipt that belongs to it (so the report alone cannot hide a lost receipt).
+    # The destination (bucket, credentials) is read from the config: re-spelling the bucket or pointing
+    # new publications elsewhere must not rerun jobs. The one param is the rerun trigger of a lost
+    # receipt: the publication number its report records, plus one while the artifact has no receipt
+    # that belongs to it (so the report alone cannot hide a lost receipt).
     params:
         publication=get_publication,
+    run:
+        finish_member(
+            "publish",
+            wildcards,
+            input,
+            output,
+            log,
+            publication=params.publication,
+        )
+
+
+# The publications of many artifacts in one process: each artifact's outcome (report or one-line
+# error, and its log) goes to this temporary file, which the artifact's own publish job reads.
+rule publish_batch:
+    input:
+        unpack(get_batch_inputs("publish")),
+    output:
+        outcomes=temp(f"{REPORTS}/batches/publish/{{batch}}.json"),
+    log:
+        f"{LOGS}/batches/publish/{{batch}}.log",
+    wildcard_constraints:
+        batch=r"[0-9a-f]{16}",
+    conda:
+        "../environment.yml"
+    resources:
+        runtime=get_batch_runtime("publish"),
     script:
-        "../scripts/publish.py"
+        "../scripts/batch.py"
 
 
 rule publish_all:

@@ -1,16 +1,38 @@
+localrules:
+    verify,
+
+
+# verify is a local job: the verification runs in its batch job (verify_batch), or in this job when it
+# has none (see rules/common.smk, batches).
 rule verify:
     input:
         get_receipt_input,
+        batch=get_member_batch("verify"),
     output:
         report=f"{REPORTS}/verify/{{run}}/{{iteration}}.json",
     log:
         f"{LOGS}/verify/{{run}}/{{iteration}}.log",
-    conda:
-        "../environment.yml"
     params:
         credentials=config["credentials"],
+    run:
+        finish_member("verify", wildcards, input, output, log)
+
+
+rule verify_batch:
+    input:
+        unpack(get_batch_inputs("verify")),
+    output:
+        outcomes=temp(f"{REPORTS}/batches/verify/{{batch}}.json"),
+    log:
+        f"{LOGS}/batches/verify/{{batch}}.log",
+    wildcard_constraints:
+        batch=r"[0-9a-f]{16}",
+    conda:
+        "../environment.yml"
+    resources:
+        runtime=get_batch_runtime("verify"),
     script:
-        "../scripts/verify.py"
+        "../scripts/batch.py"
 
 
 rule verify_all:

@@ -283,3 +283,71 @@ def show_status(runs_root: str, reports_dir: str, stage_dir: str, teachers_dir: 
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(path, data)
     return status
+
+
+def batch_sizes(pending: int, max_batches: int, *, min_size: int = 10, max_size: int = 100) -> list[int]:
+    """How many artifacts each batch job of one step takes: ``pending`` artifacts spread evenly over at most
+    ``max_batches`` jobs (the jobs in flight), none smaller than ``min_size`` (a job's start-up is paid
+    once per batch) unless that leaves one, and none larger than ``max_size`` (a batch's runtime is the sum
+    of its artifacts'). Sizes differ by one at most; their sum is ``pending``."""
+    if pending <= 0:
+        return []
+    count = max(1, min(max_batches, pending // max(1, min_size)))
+    count = max(count, -(-pending // max_size))
+    base, extra = divmod(pending, count)
+    return [base + 1] * extra + [base] * (count - extra)
+
+
+def batches(step: str, members: Sequence[tuple[str, str]], max_batches: int) -> dict[str, list[tuple[str, str]]]:
+    """The batch jobs of one step: ``members`` (run, iteration), sorted and cut by ``batch_sizes``, each under
+    a name that is a digest of the step and its members (a plan with other members is another job)."""
+    ordered = sorted(members)
+    plan: dict[str, list[tuple[str, str]]] = {}
+    start = 0
+    for size in batch_sizes(len(ordered), max_batches):
+        chunk = ordered[start:start + size]
+        start += size
+        digest = hashlib.sha256(json.dumps([step, chunk]).encode()).hexdigest()[:16]
+        plan[digest] = chunk
+    return plan
+
+
+def write_batch_members(path: str | Path, members: Sequence[Mapping[str, Any]]) -> None:
+    """The member file of one batch job (its name is a digest of the members, so the content is the same
+    whenever the same batch is planned again)."""
+    data = encode_json(list(members))
+    path = Path(path)
+    try:
+        if path.read_bytes() == data:
+            return
+    except OSError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, data)
+
+
+def read_batch_members(path: str | Path) -> list[dict[str, Any]]:
+    """The members a planning wrote (``write_batch_members``); a batch whose file is gone is refused."""
+    try:
+        return json.loads(Path(path).read_bytes())
+    except (OSError, ValueError) as exc:
+        raise NotFound(f"batch member file {path} is unreadable ({exc})",
+                       remedy="run the same snakemake command again: planning writes it") from None
+
+
+def report_batch(report_path: str | Path) -> str | None:
+    """The batch a step report came from (``batch`` in the report), None for a job that ran alone."""
+    try:
+        name = json.loads(Path(report_path).read_bytes()).get("batch")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name if isinstance(name, str) else None
+
+
+def report_round(report_path: str | Path) -> int | None:
+    """The round a prune report records (``prune_round``), None when it records none."""
+    try:
+        value = json.loads(Path(report_path).read_bytes()).get("round")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) else None

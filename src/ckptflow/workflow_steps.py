@@ -17,8 +17,12 @@ in ``workflow_config``.
 from __future__ import annotations
 
 import contextlib
+import io
+import json
 import logging
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -31,8 +35,8 @@ from .jsonio import encode_json
 from .records import manifest as manifest_record
 from .records import receipt as receipt_record
 from .store.open import credentials_for, open_bucket_arg, store_factory
-from .workflow_config import exit_with, require_base, require_bucket
-from .workflow_plan import archive_uri_of, recorded_destinations
+from .workflow_config import error_line, exit_with, require_base, require_bucket
+from .workflow_plan import archive_uri_of, artifact_path, recorded_destinations, step_reports, upload_prefix
 
 log = logging.getLogger(__name__)
 
@@ -41,22 +45,33 @@ log = logging.getLogger(__name__)
 def step_log(path: str) -> Iterator[None]:
     """Send a step's logs and stderr to its rule's log file; a step that fails writes its traceback there
     before the file is closed (so the log says why), then the error goes on to Snakemake."""
-    with open(path, "w", encoding="utf-8") as log:
-        saved = sys.stderr
-        sys.stderr = log
-        handler = logging.StreamHandler(log)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-        root = logging.getLogger()
-        root.addHandler(handler)
-        root.setLevel(logging.INFO)
-        try:
-            yield
-        except BaseException:
-            traceback.print_exc(file=log)
-            raise
-        finally:
-            root.removeHandler(handler)
-            sys.stderr = saved
+    with open(path, "w", encoding="utf-8") as log, _log_to(log):
+        yield
+
+
+@contextlib.contextmanager
+def _log_to(log: Any) -> Iterator[None]:
+    """``step_log`` on an open text stream: logs, stderr and a failure's traceback go there; the last line
+    says how long the step took (``finished in S s``, or ``failed after S s``)."""
+    started = time.perf_counter()
+    saved = sys.stderr
+    sys.stderr = log
+    handler = logging.StreamHandler(log)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        yield
+    except BaseException:
+        traceback.print_exc(file=log)
+        log.write(f"failed after {time.perf_counter() - started:.3f} s\n")
+        raise
+    else:
+        log.write(f"finished in {time.perf_counter() - started:.3f} s\n")
+    finally:
+        root.removeHandler(handler)
+        sys.stderr = saved
 
 
 @contextlib.contextmanager
@@ -199,15 +214,17 @@ def publish_step(artifact_dir: str, upload_prefix: str, bucket: str | None, cred
     return report
 
 
-def verify_step(artifact_dir: str, credentials: str | None, report_path: str) -> dict[str, Any]:
-    """Verify one published artifact and write the report; a failed verification fails the job."""
+def verify_step(artifact_dir: str, credentials: str | None, report_path: str | None) -> dict[str, Any]:
+    """Verify one published artifact and write the report (unless ``report_path`` is None: a batch records
+    it); a failed verification fails the job."""
     from .archive.verify import verify_artifact
 
     result = verify_artifact(Path(artifact_dir), store_factory(credentials))
     if not result.ok:
         raise VerificationFailed(result.failure_line())
     report = result.to_report()
-    _write_report(report_path, report)
+    if report_path is not None:
+        _write_report(report_path, report)
     return report
 
 
@@ -226,16 +243,19 @@ def scrub_step(runs_root: str, credentials: str | None, slice_name: str, report_
     return report
 
 
-def prune_step(artifact_dir: str, credentials: str | None, report_path: str, *, round: int = 1) -> dict[str, Any]:
+def prune_step(artifact_dir: str, credentials: str | None, report_path: str | None, *,
+               round: int = 1) -> dict[str, Any]:
     """Prune one artifact if every check holds; a kept artifact is a result (in the report), not a failure.
-    ``round`` is the rule's rerun trigger (``workflow_plan.prune_round``), recorded in the report."""
+    ``round`` is the rule's rerun trigger (``workflow_plan.prune_round``), recorded in the report (a batch
+    passes no ``report_path`` and records both)."""
     from .archive.prune import prune_verified
 
     report = prune_verified([Path(artifact_dir)], store_factory(credentials)).to_report()
     if report["status"] == "failed":  # the archive no longer matches, or the local bytes are in no archive
         raise VerificationFailed(f"prune kept {artifact_dir}: {_errors(report)}",
                                  remedy="the artifact was kept; do what its reason says")
-    _write_round(report_path, report, round)
+    if report_path is not None:
+        _write_round(report_path, report, round)
     return report
 
 
@@ -297,3 +317,113 @@ def status_step(runs_root: str, reports_dir: str | None, stage_dir: str | None, 
     atomic_write_bytes(Path(out_txt), status.render().encode("utf-8"))
     return report
 
+
+
+# ------------------------------------------------------------------ batches
+#
+# Under Slurm a job pays for its submission, its scheduling and the start of Snakemake (twice: the batch
+# step and the job step) before any work; for a small artifact that is nearly all of its time. A batch job
+# (rule publish_batch, verify_batch, prune_batch) runs the step of many artifacts in one process, one
+# after another, each exactly as its own job would, and records each artifact's outcome (its report or
+# its one-line error, and its log) in the batch's output. The per-artifact rule (publish, verify, prune)
+# stays the target of its artifact: a local job that writes the report and the log from that outcome, or
+# fails with the artifact's own error; so one artifact's failure fails only its own target, and a rerun
+# retries only what has no report. The library's records (receipt, manifest) are written by the step
+# itself as it goes: a batch killed midway leaves each artifact published with its receipt or pending.
+
+
+def _batch_publish(member: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    artifact = artifact_path(config["runs_root"], member["run"], member["iteration"])
+    return publish_step(artifact, upload_prefix(artifact, member["run"]), config.get("bucket"),
+                        config.get("credentials"), None, publication=member["publication"],
+                        named_by=step_reports(config["reports_dir"], member["run"], member["iteration"]))
+
+
+def _batch_verify(member: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    return verify_step(artifact_path(config["runs_root"], member["run"], member["iteration"]),
+                       config.get("credentials"), None)
+
+
+def _batch_prune(member: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    return prune_step(artifact_path(config["runs_root"], member["run"], member["iteration"]),
+                      config.get("credentials"), None, round=member["round"])
+
+
+BATCH_STEPS = {"publish": _batch_publish, "verify": _batch_verify, "prune": _batch_prune}
+
+
+def batch_step(step: str, members: Sequence[Mapping[str, Any]], config: Mapping[str, Any],
+               out_path: str) -> dict[str, Any]:
+    """Run ``step`` (publish, verify, prune) for each member (``run``, ``iteration`` and the rerun trigger
+    of its own rule: ``publication`` or ``round``) in this process, one after another, and write the
+    outcomes to ``out_path``, the batch rule's output: per artifact ``{"status": "done", "report": ...}``
+    or ``{"status": "failed", "error": <one line>}``, and its ``log``. A member's failure is its outcome,
+    not the batch's; only an interruption (a signal, a killed job) ends the batch, without an output."""
+    run_one = BATCH_STEPS[step]
+    outcomes: dict[str, Any] = {}
+    for member in members:
+        key = f"{member['run']}/{member['iteration']}"
+        buffer = io.StringIO()
+        try:
+            with _log_to(buffer):
+                report = run_one(member, config)
+            outcome: dict[str, Any] = {"status": "done", "report": report}
+        except Exception as exc:  # noqa: BLE001  the member's failure is its own outcome, not the batch's
+            outcome = {"status": "failed", "error": error_line(exc, step)}
+        outcome["log"] = buffer.getvalue()
+        log.info("%s %s: %s%s", step, key, outcome["status"], f": {outcome['error']}" if "error" in outcome else "")
+        outcomes[key] = outcome
+    result = {"step": step, "outcomes": outcomes}
+    _write_report(out_path, result)
+    return result
+
+
+class BatchMemberFailed(CkptflowError):
+    """One artifact's step failed (in its batch job, or in its own job): its own target fails with the
+    step's one line, which names the artifact's log."""
+
+
+def member_job(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run a per-artifact rule's body in Snakemake's own process: a failure fails the job with its one line,
+    the line a script job's ``step_job`` prints, which Snakemake shows above its error block."""
+    try:
+        return fn(*args, **kwargs)
+    except BatchMemberFailed as exc:
+        raise StepFailed(f"ckptflow: {exc.message}") from None
+
+
+class StepFailed(Exception):
+    """A per-artifact job failed: the message is its one line."""
+
+
+_direct = threading.Lock()
+
+
+def finish_member(step: str, run: str, iteration: str, batch_path: str | None, config: Mapping[str, Any],
+                  report_path: str, log_path: str, *, publication: int = 1, round: int = 1) -> dict[str, Any]:
+    """The per-artifact rule's job (publish, verify, prune): take its artifact's outcome from its batch's
+    output and write the report and the log it recorded, or fail with the artifact's own error. Without a
+    batch (a rerun that Snakemake decides on after planning: a lost receipt, a restored payload, a changed
+    input) it runs the step itself, as its batch would have, one such job at a time in this process."""
+    if batch_path is None:
+        member = {"run": run, "iteration": iteration, "publication": publication, "round": round}
+        with _direct:
+            try:
+                with step_log(log_path):
+                    report = BATCH_STEPS[step](member, config)
+            except Exception as exc:
+                raise BatchMemberFailed(f"{error_line(exc, step)} (details: {log_path})") from exc
+    else:
+        outcome = json.loads(Path(batch_path).read_bytes())["outcomes"][f"{run}/{iteration}"]
+        atomic_write_bytes(Path(log_path), outcome["log"].encode("utf-8"))
+        if outcome["status"] != "done":
+            raise BatchMemberFailed(f"{outcome['error']} (details: {log_path})")
+        report = outcome["report"]
+        report["batch"] = Path(batch_path).name.removesuffix(".json")
+        if step == "publish":
+            report["publication"] = publication  # this job's trigger, whatever the batch recorded
+    if step == "prune":
+        _write_round(report_path, report, round)
+    else:
+        _write_report(report_path, report)
+    return report

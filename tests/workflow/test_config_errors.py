@@ -80,7 +80,7 @@ def test_publication_needs_a_bucket_and_credentials_that_parse(flow, tmp_path):
     assert f"config credentials: credentials file {bad}" in line and "--config credentials=" in line, line
     # A file:// archive needs no credentials: the steps would not read the file, nor does planning.
     planned = flow.planned("publish_all", bucket=f"file://{archive}", credentials=str(bad))
-    assert sorted(planned) == ["publish"] * 3 + ["publish_all"]
+    assert sorted(planned) == ["publish"] * 3 + ["publish_all", "publish_batch"]  # one batch of three
 
 
 @pytest.mark.slow

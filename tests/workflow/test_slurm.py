@@ -93,20 +93,23 @@ def test_publish_all_runs_every_job_under_slurm_verifies_and_then_has_nothing_to
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-5000:]
 
-    # The three publish jobs form one group job (one allocation); each is its own job step and rule job.
+    # The three publications run in one batch job (one Slurm job, one job step, one process); each
+    # artifact keeps its own rule job (a local one), report, receipt and log.
     ids = slurm_job_ids(out)
     assert len(ids) == 1, out[-5000:]
     rows = sacct(ids)
     assert rows and all(state == "COMPLETED" for _, _, state in rows), rows
     steps = [job for job, name, _ in rows if re.fullmatch(rf"{ids[0]}\.\d+", job)]
-    assert len(steps) == 3, rows
+    assert len(steps) == 1, rows
+    assert out.count("localrule publish:") == 3, out[-5000:]
     # The account and partition came from the site profile layered over the tracked one (which names none).
     charged = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "Account,Partition", "-j", ids[0]],
                              capture_output=True, text=True, check=True).stdout.split()
     assert charged == [f"{slurm.ACCOUNT}|{slurm.PARTITION}"], charged
     for art in arts:
         assert (art / ".uploaded").exists()
-        assert (tmp_path / "logs" / "publish" / RUN / f"{art.name}.log").exists()
+        assert (tmp_path / "reports" / "publish" / RUN / f"{art.name}.json").exists()
+        assert "finished in" in (tmp_path / "logs" / "publish" / RUN / f"{art.name}.log").read_text()
         assert_verified(art, seaweedfs_credentials_path)
 
     again = snakemake(tmp_path, "-n", "publish_all", config=config, env=env)
@@ -156,6 +159,93 @@ def test_a_publish_job_cancelled_mid_upload_fails_and_the_next_run_converges_wit
         after = tree_bytes(art)
         assert ".uploaded" in after
         assert {k: v for k, v in after.items() if k not in (".uploaded", ".posttrain-part-digests.json")} == before[art]
+        assert_verified(art, seaweedfs_credentials_path)
+    again = snakemake(tmp_path, "-n", "publish_all", config=config, env=env)
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_one_artifact_that_fails_its_publication_fails_only_its_own_target_and_the_rerun_retries_only_it(
+    slurm_cluster, tmp_path, seaweedfs_bucket, seaweedfs_credentials_path
+):
+    arts, config, env = _small_run(tmp_path, seaweedfs_bucket, seaweedfs_credentials_path, 3)
+    # One byte of the second artifact's model changes after sealing: its digest no longer matches the
+    # manifest, so its publication is refused; its batch-mates are published in the same batch job.
+    bad = arts[1] / "model.pt"
+    good_bytes = bad.read_bytes()
+    bad.write_bytes(bytes([good_bytes[0] ^ 0xFF]) + good_bytes[1:])
+    run = snakemake(tmp_path, "publish_all", config=config, env=env)
+    out = run.stdout + run.stderr
+    assert run.returncode != 0, out[-5000:]
+    ids = slurm_job_ids(out)
+    assert len(ids) == 1, out[-5000:]
+    assert all(state == "COMPLETED" for _, _, state in sacct(ids)), sacct(ids)  # the batch itself completed
+    assert "Error in rule publish:" in out and "Error in rule publish_batch" not in out, out[-5000:]
+    reports, logs = tmp_path / "reports" / "publish" / RUN, tmp_path / "logs" / "publish" / RUN
+    for art in (arts[0], arts[2]):
+        assert (art / ".uploaded").exists() and (reports / f"{art.name}.json").exists()
+        assert_verified(art, seaweedfs_credentials_path)
+    assert not (arts[1] / ".uploaded").exists() and not (reports / f"{arts[1].name}.json").exists()
+    assert "model.pt" in (logs / f"{arts[1].name}.log").read_text()
+
+    # Only the failed artifact is pending; with its bytes back, the rerun publishes it alone.
+    pending = snakemake(tmp_path, "-n", "publish_all", config=config, env=env)
+    assert pending.returncode == 0, pending.stderr[-3000:]
+    assert len(re.findall(r"^(?:local)?rule publish:$", pending.stdout, re.M)) == 1, pending.stdout[-3000:]
+    assert f"output: {reports}/{arts[1].name}.json" in pending.stdout, pending.stdout[-3000:]
+    bad.write_bytes(good_bytes)
+    rerun = snakemake(tmp_path, "publish_all", config=config, env=env)
+    assert rerun.returncode == 0, (rerun.stdout + rerun.stderr)[-5000:]
+    assert (rerun.stdout + rerun.stderr).count("localrule publish:") == 1
+    for art in arts:
+        assert_verified(art, seaweedfs_credentials_path)
+    again = snakemake(tmp_path, "-n", "publish_all", config=config, env=env)
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_a_batch_job_cancelled_mid_batch_leaves_each_artifact_published_with_its_receipt_or_pending(
+    slurm_cluster, tmp_path, seaweedfs_bucket, seaweedfs_credentials_path
+):
+    arts, config, env = _small_run(tmp_path, seaweedfs_bucket, seaweedfs_credentials_path, 3)
+    before = {art: tree_bytes(art) for art in arts}
+    pause = tmp_path / "paused"
+    # Each publication of the batch stops after its first payload object is stored: the first is let go,
+    # the second is cancelled there (one artifact published, one mid-upload, one not started).
+    paused_env = {**env, "CKPTFLOW_TEST_PAUSE_AT": "publish:after-payload", "CKPTFLOW_TEST_PAUSE_FILE": str(pause)}
+    log = tmp_path / "snakemake-cancelled.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(_snakemake_cmd(tmp_path, "publish_all", config=config), stdout=fh,
+                                stderr=subprocess.STDOUT, text=True, env={**os.environ, **paused_env})
+    try:
+        _wait_for(pause.exists, "the first publication paused mid-upload", proc, log)
+        pause.unlink()
+        _wait_for(pause.exists, "the second publication paused mid-upload", proc, log)
+        ids = slurm_job_ids(log.read_text())
+        assert len(ids) == 1, log.read_text()[-4000:]
+        subprocess.run(["scancel", *ids], check=True)
+        assert proc.wait(timeout=TIMEOUT + 30) != 0, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = log.read_text()
+    assert "Error in rule publish_batch" in out, out[-4000:]
+    assert any(state.startswith("CANCELLED") for _, _, state in sacct(ids)), sacct(ids)
+    published = [art for art in arts if (art / ".uploaded").exists()]
+    assert published == [arts[0]], published
+    assert_verified(arts[0], seaweedfs_credentials_path)
+    for art in arts[1:]:  # pending: no receipt, every file it had as it was
+        after = tree_bytes(art)
+        assert ".uploaded" not in after and {k: after.get(k) for k in before[art]} == before[art]
+    pending = snakemake(tmp_path, "-n", "publish_all", config=config, env=env)
+    assert pending.returncode == 0, pending.stderr[-3000:]
+    assert len(re.findall(r"^(?:local)?rule publish:$", pending.stdout, re.M)) == 2, pending.stdout[-3000:]
+
+    pause.unlink(missing_ok=True)
+    rerun = snakemake(tmp_path, "publish_all", config=config, env=env)
+    assert rerun.returncode == 0, (rerun.stdout + rerun.stderr)[-5000:]
+    for art in arts:
+        after = tree_bytes(art)
+        assert ".uploaded" in after and {k: after.get(k) for k in before[art]} == before[art]
         assert_verified(art, seaweedfs_credentials_path)
     again = snakemake(tmp_path, "-n", "publish_all", config=config, env=env)
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
