@@ -17,13 +17,14 @@ SLURM_UP ?= yes
 # collection alone: 11 CPU-s per worker without the cache, 8.7 with it).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup test test-fast test-core-legs demo lint bench servers-up servers-down s3-up s3-down slurm-up slurm-down clean
+.PHONY: setup test test-fast test-core-legs demo lint bench docs docs-pages servers-up servers-down s3-up s3-down slurm-up slurm-down clean
 
 setup: $(STAMP)
 
 # pyproject.toml declares ranges; constraints.txt is the lock the project is developed and tested with.
 # torch==2.13.0 is pinned there, so it is resolved in the same pip command as everything that depends
 # on it (transformers): pip takes the CPU build from local disk and never a newer torch.
+# The [docs] extra (MkDocs and Material) is part of it: the suite builds the site (tests/test_docs.py).
 # pip installs without compiling bytecode (--no-compile): compiling every file of every wheel took 38 s
 # of a fresh setup's 79, one file after another, for modules mostly never imported. Python writes the
 # bytecode of what is imported on first import instead; `make test` does that for the suite's imports
@@ -135,6 +136,16 @@ bench: setup
 	  echo "== bench/$$b.py $$flags" >&2; \
 	  $(BIN)/python bench/$$b.py --credentials .ckptflow/bench-servers/credentials-seaweedfs.json $$flags || exit $$?; \
 	done
+
+# The documentation site: mkdocs.yml and docs/, built offline with `mkdocs build --strict` (any warning
+# fails) into site/ (ignored by git); setup installs the [docs] extra. docs/reference/ is generated from the
+# parser, the schemas and the registry of destructive calls: `make docs-pages` rewrites it after one of them
+# changed (tests/test_docs.py fails until then).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --quiet --site-dir site
+
+docs-pages: setup
+	$(BIN)/python tests/helpers/docs_pages.py
 
 servers-up: setup
 	$(BIN)/python tests/helpers/servers.py up --root $(SERVERS_ROOT)

@@ -1,5 +1,5 @@
-"""The documentation cannot go stale: its generated reference pages are what the parser, the schemas and the
-registry of destructive calls say today.
+"""The documentation site cannot go stale: its generated reference pages are what the parser, the schemas and
+the registry of destructive calls say today, and it builds with ``mkdocs build --strict``, offline.
 
 The pages under docs/reference/ are written by tests/helpers/docs_pages.py (``make docs-pages``).
 """
@@ -7,8 +7,13 @@ The pages under docs/reference/ are written by tests/helpers/docs_pages.py (``ma
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 
-from helpers import docs_pages
+import yaml
+
+from helpers import REPO, docs_pages
 
 REGENERATE = "run `make docs-pages` (python tests/helpers/docs_pages.py) and commit docs/reference/"
 
@@ -34,3 +39,37 @@ def test_a_changed_option_makes_its_verbs_page_stale(tmp_path, monkeypatch):
 
     monkeypatch.setattr(cli, "build_parser", with_new_option)
     assert docs_pages.stale(tmp_path) == ["cli/verify.md"]
+
+
+def test_every_verb_has_a_reference_page_in_the_sites_navigation():
+    from ckptflow import cli
+
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text(encoding="utf-8"))
+
+    def pages(nav):
+        for item in nav:
+            for value in item.values() if isinstance(item, dict) else [item]:
+                yield from pages(value) if isinstance(value, list) else [value]
+
+    listed = set(pages(config["nav"]))
+    assert {f"reference/cli/{verb}.md" for verb in cli.VERBS} <= listed
+    assert {f"reference/{path}" for path in docs_pages.pages()} <= listed
+
+
+def test_the_site_needs_nothing_from_the_network():
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text(encoding="utf-8"))
+    assert config["theme"]["font"] is False, "Material fetches its fonts from a font service unless font: false"
+    assert config["plugins"] == ["search"], "a plugin may download at build time (social cards, privacy)"
+
+
+def test_site_builds_strict_offline_without_a_warning(tmp_path):
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1",
+           # Any download would go through a proxy that refuses it.
+           "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9",
+           "http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9", "NO_PROXY": "", "no_proxy": ""}
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "WARNING" not in done.stderr, done.stderr
+    assert (tmp_path / "site" / "index.html").is_file()
+    assert (tmp_path / "site" / "reference" / "cli" / "publish" / "index.html").is_file()

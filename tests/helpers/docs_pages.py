@@ -46,7 +46,7 @@ def escape(text: str) -> str:
     out, last = [], 0
     for match in _CODE_SPAN.finditer(text):
         out.append(_escape_plain(text[last : match.start()]))
-        out.append(match.group(0).replace("|", "\\|"))
+        out.append(match.group(0))
         last = match.end()
     out.append(_escape_plain(text[last:]))
     return "".join(out)
@@ -58,8 +58,7 @@ def _escape_plain(text: str) -> str:
 
 
 def code(text: str) -> str:
-    """A code span for a table cell (a pipe escaped for the table, a backtick inside fenced by two)."""
-    text = text.replace("|", "\\|")
+    """A code span (a backtick inside fenced by two); a table reads a pipe inside one as text."""
     return f"`` {text} ``" if "`" in text else f"`{text}`"
 
 
