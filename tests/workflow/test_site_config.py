@@ -89,3 +89,32 @@ def test_the_tracked_slurm_profile_names_no_account_or_partition_and_the_site_te
     # A later --profile replaces default-resources whole: the template carries the tracked values too.
     assert site["default-resources"] == {**tracked["default-resources"], "slurm_account": "my-account",
                                          "slurm_partition": "my-partition"}
+
+
+def test_the_slurm_profile_s_rates_and_waits_are_what_snakemake_applies_under_the_workflow_profile(tmp_path):
+    """Snakemake layers profiles/default (the workflow profile) over every --profile, key by key: what its
+    own argument parsing makes of the documented command line is the cluster profile's values."""
+    from snakemake.cli import parse_args
+
+    from helpers import slurm
+
+    tracked = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text(encoding="utf-8"))
+    site = slurm.site_profile(tmp_path)
+    _, args = parse_args(["-s", str(REPO / "Snakefile"), "--profile", str(REPO / "profiles" / "slurm"),
+                          "--profile", str(site), "publish_all"])
+    assert tracked["max-jobs-per-second"] == 2 and tracked["max-status-checks-per-second"] == 1
+    for key in ("max-jobs-per-second", "max-status-checks-per-second", "latency-wait", "jobs", "cores",
+                "keep-going", "force-use-threads"):
+        assert getattr(args, key.replace("-", "_")) == tracked[key], key
+    assert "groups" not in tracked and "group-components" not in tracked  # batch jobs instead
+
+
+@pytest.mark.parametrize("pending, most", [(1, 20), (9, 20), (10, 20), (200, 20), (1000, 20), (5000, 20), (200, 2),
+                                           (1000, 2), (37, 3)])
+def test_a_backlog_is_spread_over_at_most_the_jobs_in_flight_in_batches_of_10_to_100(pending, most):
+    from ckptflow.workflow_plan import batch_sizes
+
+    sizes = batch_sizes(pending, most)
+    assert sum(sizes) == pending and max(sizes) - min(sizes) <= 1
+    assert max(sizes) <= 100 and (len(sizes) == 1 or min(sizes) >= 10), sizes
+    assert len(sizes) <= most or max(sizes) >= 99, sizes  # more jobs only when 100 each is not enough
