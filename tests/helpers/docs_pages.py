@@ -131,7 +131,8 @@ def cli_pages() -> dict[str, str]:
         page = [*_header(f"ckptflow {verb}", "the parser of `ckptflow`"), escape(help_text[:1].upper() + help_text[1:]) + ".", ""]
         if sub.description:
             page += [escape(sub.description), ""]
-        page += ["```text", _usage(sub), "```", "", *_option_rows(sub), ""]
+        page += ["```text", _usage(sub), "```", "", *_option_rows(sub), "",
+                 f"What it does and when it refuses: [the command line](../../command-line.md#{verb}).", ""]
         pages[f"cli/{verb}.md"] = "\n".join(page)
     pages["cli/index.md"] = "\n".join([*index, ""])
     return pages
@@ -190,9 +191,15 @@ def _fields_table(schema: dict) -> list[str]:
     return ["| field | type | required | meaning |", "| --- | --- | --- | --- |", *rows, ""]
 
 
+_RECORD_FILE = re.compile(r"(?:^|(?<= ))(\.[a-z][\w-]*(?:\.[a-z][\w-]*)*)(?=[:, ])")  # the record's file name
+
+
 def _schema_section(name: str, level: str = "##") -> list[str]:
     schema = json.loads((SCHEMAS / f"{name}.schema.json").read_text(encoding="utf-8"))
-    lines = [f"{level} {schema.get('title', name)}", "", f"Schema: `{name}.schema.json`.", "",
+    title = schema.get("title", name)
+    named = _RECORD_FILE.search(schema.get("description", "").split(". ", 1)[0])
+    heading = f"`{named.group(1)}` ({title})" if named and not name.startswith("report_") else title
+    lines = [f"{level} {heading}", "", f"Schema: `{name}.schema.json`.", "",
              escape(schema.get("description", "")), ""]
     lines += _fields_table(schema)
     if "if" in schema:
