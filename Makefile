@@ -170,4 +170,4 @@ slurm-down:
 	$(BIN)/python tests/helpers/slurm.py down --root $(SLURM_ROOT)
 
 clean: servers-down s3-down slurm-down
-	rm -rf .ckptflow .pytest_cache .ruff_cache
+	rm -rf .ckptflow .pytest_cache .ruff_cache site

@@ -247,7 +247,8 @@ def readme_section(text: str) -> str | None:
 
 def main(argv: list[str]) -> int:
     if argv != ["--readme"]:
-        sys.stderr.write("usage: python tests/helpers/destructive.py --readme   (rewrites the README's guarantees block)\n")
+        sys.stderr.write("usage: python tests/helpers/destructive.py --readme   (rewrites the README's guarantees block "
+                         "and the documentation's registry page)\n")
         return 2
     text = README.read_text(encoding="utf-8")
     current = readme_section(text)
@@ -255,6 +256,10 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"{README}: no guarantees block; add the two marker lines where it belongs:\n{BEGIN}\n{END}\n")
         return 1
     README.write_text(text.replace(current, render_guarantees(read_registry())), encoding="utf-8")
+    sys.path.insert(0, str(REPO / "tests"))
+    from helpers import docs_pages  # here: it imports this module
+
+    docs_pages.write_pages(["destructive-calls.md"])
     return 0
 
 

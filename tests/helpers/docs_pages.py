@@ -295,12 +295,18 @@ def main(argv: list[str]) -> int:
     for old in REFERENCE.rglob("*.md") if REFERENCE.is_dir() else []:
         if old.relative_to(REFERENCE).as_posix() not in expected:
             old.unlink()  # a page of a verb or schema that is gone
-    for path, text in expected.items():
+    write_pages(list(expected), expected)
+    return 0
+
+
+def write_pages(paths: list[str], expected: dict[str, str] | None = None) -> None:
+    """Rewrites the named generated pages (``destructive.py --readme`` rewrites the registry's this way)."""
+    expected = pages() if expected is None else expected
+    for path in paths:
         target = REFERENCE / path
         target.parent.mkdir(parents=True, exist_ok=True)
-        if not target.is_file() or target.read_text(encoding="utf-8") != text:
-            target.write_text(text, encoding="utf-8")
-    return 0
+        if not target.is_file() or target.read_text(encoding="utf-8") != expected[path]:
+            target.write_text(expected[path], encoding="utf-8")
 
 
 if __name__ == "__main__":
