@@ -102,9 +102,10 @@ def test_the_slurm_profile_s_rates_and_waits_are_what_snakemake_applies_under_th
     site = slurm.site_profile(tmp_path)
     _, args = parse_args(["-s", str(REPO / "Snakefile"), "--profile", str(REPO / "profiles" / "slurm"),
                           "--profile", str(site), "publish_all"])
-    assert tracked["max-jobs-per-second"] == 2 and tracked["max-status-checks-per-second"] == 1
-    for key in ("max-jobs-per-second", "max-status-checks-per-second", "latency-wait", "jobs", "cores",
-                "keep-going", "force-use-threads"):
+    # Snakemake 9 takes the submission rate from max-jobs-per-timespan (default 100/1s), not max-jobs-per-second.
+    rate = args.max_jobs_per_timespan
+    assert (rate.max_jobs, rate.timespan) == (2, 1) and tracked["max-status-checks-per-second"] == 1
+    for key in ("max-status-checks-per-second", "latency-wait", "jobs", "cores", "keep-going", "force-use-threads"):
         assert getattr(args, key.replace("-", "_")) == tracked[key], key
     assert "groups" not in tracked and "group-components" not in tracked  # batch jobs instead
 
