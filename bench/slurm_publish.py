@@ -1,13 +1,12 @@
-"""Where the time of ``publish_all`` (and ``prune_all``) goes for many small artifacts: Slurm with job groups,
-Slurm without, and local.
+"""Where the time of ``publish_all`` (and ``prune_all``) goes for many small artifacts: Slurm and local.
 
 Each mode publishes its own fresh copy of the same tree (``--artifacts`` committed artifacts of a few KB,
 built as bench/dryrun.py builds them) to its own ``file://`` archive, as a whole ``snakemake`` process:
-``--profile profiles/slurm`` (its groups), the same profile without ``groups`` / ``group-components`` (one
-Slurm job per artifact), and ``profiles/default`` (local, ``cores: 2``); ``--targets publish_all,prune_all``
-then prunes the same tree (verify and prune jobs), timed on its own. The Slurm modes layer the test cluster's
-site profile (its account and partition, tests/helpers/slurm.py) over the tracked one, as a user layers
-theirs. It needs the single-node Slurm (``make slurm-up``); one run per mode and target (it is long).
+``grouped``, ``--profile profiles/slurm`` (batch jobs: many artifacts per Slurm job), and ``local``,
+``profiles/default`` (``cores: 2``); ``--targets publish_all,prune_all`` then prunes the same tree (verify
+and prune jobs), timed on its own. The Slurm mode layers the test cluster's site profile (its account and
+partition, tests/helpers/slurm.py) over the tracked one, as a user layers theirs. It needs the single-node
+Slurm (``make slurm-up``); one run per mode and target (it is long).
 
 Per mode and target it reports the wall time; the time to the first ``sbatch``; the Slurm commands the
 submit host sent (``sbatch`` submissions, ``squeue``/``sacct`` status queries, every Slurm command: counts,
@@ -17,7 +16,7 @@ their mean rate; each Slurm job's wait in the queue and its run time (``sacct`` 
 the time of each artifact inside a job (the ``finished in`` line of each rule job's log, else the job
 step's ``sacct`` elapsed time). It prints a table on stderr and one JSON object on stdout.
 
-    python bench/slurm_publish.py [--artifacts 100] [--modes grouped,ungrouped,local]
+    python bench/slurm_publish.py [--artifacts 100] [--modes grouped,local]
                                   [--targets publish_all[,prune_all]]
 """
 
@@ -37,8 +36,6 @@ from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
-import yaml
-
 from dryrun import REPO, SNAKEMAKE, build_tree
 
 sys.path.insert(0, str(REPO / "tests"))
@@ -47,15 +44,6 @@ from helpers import slurm  # lives in tests/helpers: the test cluster's account 
 CLIENTS = ("sbatch", "squeue", "sacct", "scancel", "scontrol", "sinfo", "srun", "sacctmgr")
 STATUS_QUERIES = ("squeue", "sacct")
 FINISHED = re.compile(r"^finished in ([0-9.]+) s$", re.M)
-
-
-def ungrouped_profile(into: Path) -> Path:
-    profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
-    profile.pop("groups", None)
-    profile.pop("group-components", None)
-    into.mkdir(parents=True)
-    (into / "config.yaml").write_text(yaml.safe_dump(profile))
-    return into
 
 
 def client_shims(into: Path, calls: Path) -> Path:
@@ -201,7 +189,7 @@ def table(result: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--artifacts", type=int, default=100)
-    parser.add_argument("--modes", default="grouped,ungrouped,local")
+    parser.add_argument("--modes", default="grouped,local")
     parser.add_argument("--targets", default="publish_all")
     parser.add_argument("--keep", type=Path, help="work in this new directory and keep it (logs, reports)")
     args = parser.parse_args()
@@ -211,8 +199,7 @@ def main() -> int:
         if args.keep:
             args.keep.mkdir(parents=True)
             tmp = str(args.keep.resolve())
-        profiles = {"grouped": REPO / "profiles" / "slurm", "ungrouped": ungrouped_profile(Path(tmp) / "ungrouped"),
-                    "local": REPO / "profiles" / "default"}
+        profiles = {"grouped": REPO / "profiles" / "slurm", "local": REPO / "profiles" / "default"}
         for mode in args.modes.split(","):
             result[mode] = bench_mode(Path(tmp) / mode, mode, profiles[mode], args.artifacts, targets)
     print(table(result), file=sys.stderr)
