@@ -104,7 +104,7 @@ def test_the_slurm_profile_s_rates_and_waits_are_what_snakemake_applies_under_th
                           "--profile", str(site), "publish_all"])
     # Snakemake 9 takes the submission rate from max-jobs-per-timespan (default 100/1s), not max-jobs-per-second.
     rate = args.max_jobs_per_timespan
-    assert (rate.max_jobs, rate.timespan) == (2, 1) and tracked["max-status-checks-per-second"] == 1
+    assert (rate.max_jobs, rate.timespan) == (20, 1) and tracked["max-status-checks-per-second"] == 1
     for key in ("max-status-checks-per-second", "latency-wait", "jobs", "cores", "keep-going", "force-use-threads"):
         assert getattr(args, key.replace("-", "_")) == tracked[key], key
     assert "groups" not in tracked and "group-components" not in tracked  # batch jobs instead
