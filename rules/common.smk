@@ -489,7 +489,8 @@ def get_member_batch(step):
 
 def reruns_alone(step, wildcards, own_report):
     """True when the job of an artifact with a report reruns on a trigger of its own (a lost receipt, a
-    restored payload, a newer publication): it runs its step itself rather than its old batch again."""
+    restored payload, a newer publication): it runs its step itself rather than its old batch again.
+    """
     if step == "publish":
         return not receipt_belongs(wildcards.run, wildcards.iteration)
     if step == "prune":
