@@ -85,4 +85,4 @@ def test_a_verify_from_the_command_line_is_what_status_shows(tmp_path):
     assert run_cli("verify", "--artifact-dir", str(art), env=env).returncode == 1
     report = _verified(root)
     assert report["rows"][0]["verified"]["state"] == "failed" and report["counts"]["verified"] == 0
-    assert "1 of 7 objects were not ok" in report["rows"][0]["verified"]["detail"]
+    assert "1 of 8 objects were not ok" in report["rows"][0]["verified"]["detail"]

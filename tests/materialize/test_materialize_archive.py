@@ -176,7 +176,7 @@ def test_a_build_from_the_archive_fetches_only_the_model_and_a_full_fetch_comple
     model_size = (art / "model.pt").stat().st_size
     assert built.fetch["downloaded"] == ["model.pt"] and built.fetch["downloaded_bytes"] == model_size
     payload_gets = sorted({k.removeprefix(ARTIFACT_PREFIX + "/") for k in gets.keys} - {
-        ".posttrain-checkpoint-artifact.json", ".posttrain-archive.json"})
+        ".posttrain-checkpoint-artifact.json", ".posttrain-archive.json", ".posttrain-part-digests.json"})
     assert payload_gets == ["model.pt"]  # no GET of optim/ or trainer.pt
     # The teacher is the one the local artifact's model.pt builds.
     local = materialize(ckpt_dir=art, base=models.base(), out=tmp_path / "local-teacher", **DEFAULTS)

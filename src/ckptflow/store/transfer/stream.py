@@ -85,7 +85,7 @@ def read_checked(read: Callable[[], None]) -> None:
         read()
         return
     except PartMismatch as first:
-        log.warning("%s; reading the range again", first.message)
+        log.info("%s; reading the range again", first.message)
     try:
         read()
     except PartMismatch as second:
