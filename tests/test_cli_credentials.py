@@ -145,11 +145,11 @@ def test_the_terminal_summary_shows_the_source_on_one_line(seaweedfs_bucket, sea
     _no_key_shown(shown, seaweedfs_credentials_path)
 
 
-def test_readme_lists_the_sources_in_the_order_the_code_tries_them():
+def test_the_docs_list_the_sources_in_the_order_the_code_tries_them():
     from ckptflow.store.credentials import SOURCES_IN_ORDER
 
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme.split("\n## Credentials\n", 1)[1].split("\n## ", 1)[0]
+    page = (REPO / "docs" / "object-stores.md").read_text(encoding="utf-8")
+    section = page.split("\n## Credentials\n", 1)[1].split("\n## ", 1)[0]
     order = section.split("first match wins", 1)[1]
     at = [order.index(name) for name in ("`--credentials FILE`", "`CKPTFLOW_CREDENTIALS`", "botocore's standard chain")]
     assert at == sorted(at), section

@@ -1,7 +1,7 @@
 """Every call that removes, truncates or replaces bytes is registered with its proof and the test that shows it.
 
 The calls are found from the code (tests/helpers/destructive.py, ast); the registry is
-tests/destructive_calls.txt; the README's guarantees section is generated from the registry.
+tests/destructive_calls.txt; the documentation's registry page is generated from the registry.
 """
 
 from __future__ import annotations
@@ -10,20 +10,17 @@ import ast
 import re
 
 from helpers.destructive import (
-    README,
     REGISTRY,
     REPO,
     Site,
     classify,
     find_sites,
     read_registry,
-    readme_section,
-    render_guarantees,
 )
 
 REGISTER = (
     "add an entry to tests/destructive_calls.txt (file :: function :: call xN, then what/proof/test/by), "
-    "then run `python tests/helpers/destructive.py --readme`"
+    "then run `make docs-pages`"
 )
 
 
@@ -111,10 +108,10 @@ def test_registry_sites_are_unique():
     assert all(isinstance(s, Site) for s in sites)
 
 
-def test_readme_guarantees_section_is_generated_from_the_registry():
-    section = readme_section(README.read_text(encoding="utf-8"))
-    assert section is not None, f"{README.name} has no guarantees block"
-    assert section == render_guarantees(read_registry()), (
-        f"{README.name}'s guarantees block differs from {REGISTRY.name}: "
-        "run `python tests/helpers/destructive.py --readme`"
-    )
+def test_registry_page_is_generated_from_the_registry():
+    from helpers import docs_pages
+
+    page = REPO / "docs" / "reference" / "destructive-calls.md"
+
+    assert page.read_text(encoding="utf-8") == docs_pages.destructive_calls_page(), (
+        f"{page.relative_to(REPO)} differs from {REGISTRY.name}: run `make docs-pages`")

@@ -4,7 +4,7 @@
   the verb's one-line help, its usage and every option with its help;
 - ``config.md``: every key of the workflow configuration, from ``schemas/config.schema.json``;
 - ``destructive-calls.md``: the registry of destructive calls (``tests/destructive_calls.txt``), rendered by
-  ``destructive.render_guarantees``, the renderer of the README's guarantees block;
+  ``destructive.render_guarantees``;
 - ``records.md`` and ``reports.md``: each on-disk record and each verb's JSON report (title, description and
   fields), from ``src/ckptflow/schemas/*.schema.json``.
 
@@ -300,7 +300,7 @@ def main(argv: list[str]) -> int:
 
 
 def write_pages(paths: list[str], expected: dict[str, str] | None = None) -> None:
-    """Rewrites the named generated pages (``destructive.py --readme`` rewrites the registry's this way)."""
+    """Rewrites the named generated pages."""
     expected = pages() if expected is None else expected
     for path in paths:
         target = REFERENCE / path
