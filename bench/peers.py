@@ -52,14 +52,15 @@ def _hwm_kib(pid: int) -> int:
     return 0
 
 
-def measured(argv: list[str], env: dict[str, str] | None = None) -> Measured:
+def measured(argv: list[str], env: dict[str, str] | None = None, *, discard: bool = False) -> Measured:
     """Run ``argv``; its wall time, CPU seconds (``wait4``), peak RSS (``VmHWM`` sampled every 20 ms) and
-    stdout. A failure stops the benchmark with the tool's stderr."""
+    stdout (``discard``: stdout goes to /dev/null). A failure stops the benchmark with the tool's stderr."""
     import subprocess
 
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t = time.perf_counter()
-        proc = subprocess.Popen([*_CLIENT_PREFIX, *argv], stdout=out, stderr=err, env={**os.environ, **(env or {})})
+        proc = subprocess.Popen([*_CLIENT_PREFIX, *argv], stdout=subprocess.DEVNULL if discard else out, stderr=err,
+                                env={**os.environ, **(env or {})})
         peak = 0
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -138,6 +139,13 @@ class Peers:
         if self.durable:
             got = flushed(got, [p for p in Path(dest).rglob("*") if p.is_file()])
         return got
+
+    def read(self, bucket: str, prefix: str) -> Measured:
+        """Every object under ``prefix`` read and thrown away, nothing checked or written: ``s5cmd cat`` of
+        the prefix (its concurrent ranged GETs, default concurrency and part size) into /dev/null. What the
+        server and the connection deliver: no verified read can be faster."""
+        return measured([self.tools["s5cmd"], "--endpoint-url", self.endpoint, "cat", f"s3://{bucket}/{prefix}/*"],
+                        self.env, discard=True)
 
     def listing(self, name: str, bucket: str, prefix: str) -> Measured:
         """Every object under ``prefix`` listed with its size and time (``s5cmd ls``, ``rclone lsl``)."""

@@ -7,7 +7,10 @@ removed locally (the manifest and receipt stay, as after ``prune-verified``), so
 source copy. Both sides are the real command in a child process: the scrub reads every object back
 through fetch's concurrent ranged GETs and checks the ranges as they arrive, writing nothing; fetch
 does the same and writes every byte (``.part`` files, flushed, renamed). Fetch is measured durable
-(its default) and without flushing payloads (``CKPTFLOW_FSYNC=0``). Targets: the scrub's time ≤ 0.6 ×
+(its default) and without flushing payloads (``CKPTFLOW_FSYNC=0``). Beside them, the read with nothing
+checked or written: ``s5cmd cat`` of the artifact's prefix into /dev/null (what the server and the
+connection deliver; no verified read can be faster, so scrub / s5cmd cat near 1 means the scrub runs at
+the server's rate). Targets: the scrub's time ≤ 0.6 ×
 fetch's (durable), the scrub's client CPU ≤ 0.5 s per GiB.
 
 The one-file figure: an artifact that is one large ``model.pt`` (``--one-file``, default 1536 MiB;
@@ -53,7 +56,7 @@ from benchlib import (
 from ckptflow.archive.publish import publish_artifact
 from ckptflow.records import receipt as receipt_record
 from ckptflow.store.credentials import load_credentials
-from peers import GiB, Measured, cores_model, hash_rates, table
+from peers import GiB, Measured, Peers, cores_model, hash_rates, table
 
 TARGET = 0.6
 CPU_TARGET = 0.5  # verify --read-data, client CPU-s per GiB
@@ -88,10 +91,12 @@ def main() -> int:
                 shutil.rmtree(target) if target.is_dir() else target.unlink()
             uri = f"s3://{store.bucket}/bench{index}/run/20260101T000000Z/checkpoint_artifacts/iter_000001"
             published.append((art, uri, sum(f.size for f in files)))
+        peers = Peers(creds, Path(tmp))
+        reader = "s5cmd" in peers.tools  # the unverified read: what the server delivers
         if one_runs:
             one_art, _, one_total = published.pop()
         for _, _, total in published:
-            runs.append({"scrub": [], "fetch": [], "fetch_nofsync": []})
+            runs.append({"scrub": [], "fetch": [], "fetch_nofsync": [], **({"s5cmd_cat": []} if reader else {})})
             totals.append(total)
 
         def scrub(art: Path, total: int, into: list[Measured], env: dict[str, str] | None = None) -> None:
@@ -109,12 +114,16 @@ def main() -> int:
             runs[index]["fetch" if fsync else "fetch_nofsync"].append(got)
             shutil.rmtree(stage)
 
+        def read_raw(index: int, uri: str) -> None:
+            bucket, prefix = uri.removeprefix("s3://").split("/", 1)
+            runs[index]["s5cmd_cat"].append(peers.read(bucket, prefix))
+
         with server.pinned(args.pin):
             for run in range(args.runs):
                 steps = []
                 for index, (art, uri, total) in enumerate(published):
                     steps += [partial(scrub, art, total, runs[index]["scrub"]), partial(fetch, index, uri, run, True),
-                              partial(fetch, index, uri, run, False)]
+                              partial(fetch, index, uri, run, False), *([partial(read_raw, index, uri)] if reader else [])]
                 steps += [partial(scrub, one_art, one_total, one_runs[f"hash_threads_{n}"],
                                   {"CKPTFLOW_HASH_THREADS": str(n)}) for n in threads if one_runs]
                 interleaved(steps, run)
@@ -125,8 +134,9 @@ def main() -> int:
             rates = hash_rates()
     reports, rows = [], []
     for shape, got, total in zip(shapes, runs, totals, strict=True):
-        tools = table(got, total)
+        tools = table(got, total, reference="s5cmd_cat" if "s5cmd_cat" in got else "fetch")
         ratio = tools["scrub"]["median_wall_s"] / tools["fetch"]["median_wall_s"]
+        raw = tools["scrub"]["median_wall_s"] / tools["s5cmd_cat"]["median_wall_s"] if "s5cmd_cat" in got else None
         cpu = tools["scrub"]["median_cpu_s_per_gib"]
         reports.append({
             "artifact": shape.label,
@@ -135,6 +145,7 @@ def main() -> int:
             "ratio_time_scrub_vs_fetch": round(ratio, 3),
             "ratio_time_scrub_vs_fetch_nofsync": round(tools["scrub"]["median_wall_s"]
                                                        / tools["fetch_nofsync"]["median_wall_s"], 3),
+            "ratio_time_scrub_vs_s5cmd_cat": None if raw is None else round(raw, 3),
             "scrub_cpu_s_per_gib": cpu,
             "scrub_peak_rss_mib": tools["scrub"]["peak_rss_mib"],
             "targets": {"ratio_time_scrub_vs_fetch": TARGET, "scrub_cpu_s_per_gib": CPU_TARGET},
@@ -143,6 +154,9 @@ def main() -> int:
         rows += [(f"scrub {shape.label}: wall scrub / fetch", round(ratio, 3), f"<= {TARGET}"),
                  (f"scrub {shape.label}: wall scrub / fetch (no fsync)",
                   reports[-1]["ratio_time_scrub_vs_fetch_nofsync"], None),
+                 *([(f"scrub {shape.label}: wall scrub / s5cmd cat (unverified, nothing written)", round(raw, 3), None),
+                    (f"scrub {shape.label}: s5cmd cat CPU-s per GiB", tools["s5cmd_cat"]["median_cpu_s_per_gib"], None)]
+                   if raw is not None else []),
                  (f"scrub {shape.label}: verify CPU-s per GiB", cpu, f"<= {CPU_TARGET}"),
                  (f"scrub {shape.label}: fetch CPU-s per GiB", tools["fetch"]["median_cpu_s_per_gib"], None)]
     one_file = None
