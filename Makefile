@@ -17,7 +17,7 @@ SLURM_UP ?= yes
 # collection alone: 11 CPU-s per worker without the cache, 8.7 with it).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup test test-fast test-core-legs demo lint bench docs docs-pages servers-up servers-down s3-up s3-down slurm-up slurm-down clean
+.PHONY: setup test test-fast test-core-legs demo lint bench docs docs-pages docs-examples servers-up servers-down s3-up s3-down slurm-up slurm-down clean
 
 setup: $(STAMP)
 
@@ -146,6 +146,13 @@ docs: setup
 
 docs-pages: setup
 	$(BIN)/python tests/helpers/docs_pages.py
+
+# The sample outputs the pages include (docs/examples/*.txt): the quick start's checkpoint sealed, probed,
+# published, verified, pruned, restored, listed and fetched for real on a terminal, against a SeaweedFS of
+# its own on free loopback ports (stopped after), with what varies between runs replaced by placeholders.
+# tests/test_docs_examples.py fails when a verb's output changes until this is run again.
+docs-examples: setup
+	$(BIN)/python tests/helpers/docs_examples.py
 
 servers-up: setup
 	$(BIN)/python tests/helpers/servers.py up --root $(SERVERS_ROOT)

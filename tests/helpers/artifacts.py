@@ -12,9 +12,9 @@ UPLOAD_PREFIX = "proj/group/run1/20261129T000000Z/checkpoints"
 ARTIFACT_PREFIX = "proj/group/run1/20261129T000000Z/checkpoint_artifacts/iter_000300"
 
 
-def make_artifact(root: Path, *, iteration: int = 300, model_bytes: int = 300_000, shards: int = 3, seed: int = 0) -> Path:
-    """``<root>/checkpoint_artifacts/iter_N`` with model.pt, a DCP optim/ and a stale unselected optim.pt."""
-    art = root / "checkpoint_artifacts" / f"iter_{iteration:06d}"
+def write_payloads(art: Path, *, model_bytes: int = 300_000, shards: int = 3, seed: int = 0) -> Path:
+    """``art`` (created) holding what a trainer saves there, not sealed: model.pt and a DCP optim/ (its
+    .metadata and ``shards`` shards), the same bytes for the same arguments."""
     (art / "optim").mkdir(parents=True)
     rnd = random.Random(seed)
     with open(art / "model.pt", "wb") as fh:  # in pieces: randbytes takes at most 2**31 bits at once
@@ -23,6 +23,13 @@ def make_artifact(root: Path, *, iteration: int = 300, model_bytes: int = 300_00
     (art / "optim" / ".metadata").write_bytes(rnd.randbytes(777))
     for i in range(shards):
         (art / "optim" / f"__{i}_0.distcp").write_bytes(rnd.randbytes(50_000 + i))
+    return art
+
+
+def make_artifact(root: Path, *, iteration: int = 300, model_bytes: int = 300_000, shards: int = 3, seed: int = 0) -> Path:
+    """``<root>/checkpoint_artifacts/iter_N`` with model.pt, a DCP optim/ and a stale unselected optim.pt."""
+    art = write_payloads(root / "checkpoint_artifacts" / f"iter_{iteration:06d}", model_bytes=model_bytes,
+                         shards=shards, seed=seed)
     (art / "optim.pt").write_bytes(b"stale, not selected by the manifest")
     seal_artifact(art, iteration, [ComponentSpec("model", "model.pt"), ComponentSpec("optim", "optim")], progress=False)
     return art

@@ -103,12 +103,14 @@ def take_turns_at_a_lock(args: tuple[str, ...], holding_at: str, lock_wait_at: s
 
 
 def run_on_terminal(*args: str, env: dict | None = None, timeout: float = 300,
-                    stderr_terminal: bool = False, columns: int | None = None) -> subprocess.CompletedProcess:
+                    stderr_terminal: bool = False, columns: int | None = None,
+                    cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run one verb with stdout on a pseudo-terminal (the child sees ``isatty()``), stderr on a pipe, or
     on the same terminal with ``stderr_terminal`` (then ``.stderr`` is empty and ``.stdout`` holds both).
     The terminal does not turn ``\\n`` into ``\\r\\n``, so ``.stdout`` is byte for byte what was written.
     ``columns`` sets the terminal's window size (and drops ``COLUMNS``/``LINES`` from the environment, so
-    the child reads the size from the terminal, as it would in a real one)."""
+    the child reads the size from the terminal, as it would in a real one). ``cwd``: the working directory
+    (default: the checkout)."""
     master, slave = os.openpty()
     child_env = _env(env)
     if columns is not None:
@@ -143,7 +145,7 @@ def run_on_terminal(*args: str, env: dict | None = None, timeout: float = 300,
     null = os.open(os.devnull, os.O_RDONLY)
     try:
         argv = [sys.executable, "-m", "ckptflow", *args]
-        proc = preloaded.start_ckptflow_attached(argv, cwd=REPO, env=child_env, stdin=null, stdout=slave,
+        proc = preloaded.start_ckptflow_attached(argv, cwd=cwd or REPO, env=child_env, stdin=null, stdout=slave,
                                                  stderr=slave if stderr_terminal else err_write, kind=_kind(args))
         for fd in (slave, err_write):  # the verb holds them now; its end is their end
             if fd != -1:
