@@ -1,0 +1,63 @@
+"""The sample outputs the documentation shows (docs/examples/, included by the pages) are what the verbs print
+today: tests/helpers/docs_examples.py takes the quick start's checkpoint through its life again, on the
+running SeaweedFS, and every committed sample must equal what it gives, byte for byte."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, docs_examples
+
+
+@pytest.mark.seaweedfs
+@pytest.mark.slow
+def test_every_committed_sample_is_what_the_verbs_print_today(seaweedfs_credentials_path: Path):
+    samples = docs_examples.generate(seaweedfs_credentials_path)
+    stale = docs_examples.differ(samples)
+    shown = []
+    for name in stale:
+        committed = docs_examples.EXAMPLES / name
+        was = committed.read_text(encoding="utf-8") if committed.is_file() else "(no such file)\n"
+        now = samples.get(name, "(not written)\n")
+        shown.append(f"--- docs/examples/{name}, committed\n{was}--- today\n{now}")
+    assert not stale, (f"{', '.join(f'docs/examples/{name}' for name in stale)}: not what the verbs print today; "
+                       f"{docs_examples.REGENERATE}\n" + "".join(shown))
+
+
+def test_each_committed_sample_is_a_terminals_summary_with_nothing_of_the_run_that_wrote_it():
+    samples = {path.name: path.read_text(encoding="utf-8") for path in docs_examples.EXAMPLES.glob("*.txt")}
+    assert sorted(samples) == sorted(f"{s.name}.txt" for s in docs_examples.SAMPLES)
+    for name, text in samples.items():
+        assert not text.lstrip().startswith("{"), f"{name}: a JSON report, not the summary\n{text}"
+        assert "/tmp/" not in text and "ckptflow-docs-examples-" not in text, f"{name}\n{text}"
+        assert not re.search(r"127\.0\.0\.1:\d", text) and not re.search(r"\d\.\d\d s\n", text), f"{name}\n{text}"
+    assert samples["publish.txt"].startswith("published 3 payload files, ")
+    assert "  credentials  env:CKPTFLOW_CREDENTIALS $PWD/.ckptflow/s3/credentials-seaweedfs.json\n" in samples["publish.txt"]
+    assert " <age> ago " in samples["status.txt"]
+
+
+def test_every_include_of_a_page_names_a_sample_the_generator_writes():
+    included = {match for page in (REPO / "docs").rglob("*.md")
+                for match in re.findall(r'^--8<-- "examples/([^"]+)"$', page.read_text(encoding="utf-8"), re.M)}
+    assert included <= {f"{s.name}.txt" for s in docs_examples.SAMPLES}, "a page includes a sample nobody writes"
+    assert included, "no page includes a sample"
+
+
+def _status(ages: tuple[str, str], width: int) -> str:
+    """The compact status table as ``status/render.py`` aligns it, the ARCHIVE column ``width`` wide."""
+    cells = [f"verified {age}".ljust(width) for age in ages]
+    return (f"ckptflow status of runs\n  ITER  LOCAL      MERGED  {'ARCHIVE'.ljust(width)}  PRUNED  STAGED  TEACHER     SIZE\n"
+            "myproj/sft/run1/20261201T120000Z\n"
+            f"  100   committed  —       {cells[0]}  —       —       —        343 KiB\n"
+            f"  200   committed  —       {cells[1]}  —       —       —        343 KiB\n"
+            "2 iterations in 1 run: 2 committed\n")
+
+
+def test_the_placeholders_keep_a_table_aligned_whatever_the_ages(tmp_path):
+    expected = _status(("<age> ago", "<age> ago"), 18).replace("of runs", "of $PWD/runs")
+    for ages, width in ((("12s ago", "3m ago"), 16), (("2s ago", "1h ago"), 15)):
+        table = _status(ages, width).replace("of runs", f"of {tmp_path}/runs")
+        assert docs_examples.normalise(table, workdir=tmp_path, bucket="b") == expected
