@@ -83,7 +83,8 @@ _SHARED_REF = re.compile(r"[a-z0-9_]+\.schema\.json")
 def _validator(name: str) -> jsonschema.protocols.Validator:
     schema = load_schema(name)
     cls = jsonschema.validators.validator_for(schema)
-    cls.check_schema(schema)
+    # No check_schema here: the schemas are package data, each checked against its metaschema by
+    # tests/records/test_records_schemas.py; checking them again in every process cost a verb 0.08 CPU-s.
     return cls(_inline_local_refs(schema, schema.get("$defs", {})))
 
 
