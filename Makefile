@@ -149,8 +149,10 @@ docs-pages: setup
 
 # The sample outputs the pages include (docs/examples/*.txt): the quick start's checkpoint sealed, probed,
 # published, verified, pruned, restored, listed and fetched for real on a terminal, against a SeaweedFS of
-# its own on free loopback ports (stopped after), with what varies between runs replaced by placeholders.
-# tests/test_docs_examples.py fails when a verb's output changes until this is run again.
+# its own on free loopback ports (stopped after), and the workflow's refusals before planning (snakemake -n
+# with a site file), with what varies between runs replaced by placeholders; then README.md's sample block
+# (between its two HTML comments) from docs/examples/publish.txt. tests/test_docs_examples.py fails when a
+# verb's output changes until this is run again.
 docs-examples: setup
 	$(BIN)/python tests/helpers/docs_examples.py
 

@@ -23,13 +23,24 @@ def test_every_committed_sample_is_what_the_verbs_print_today(seaweedfs_credenti
         was = committed.read_text(encoding="utf-8") if committed.is_file() else "(no such file)\n"
         now = samples.get(name, "(not written)\n")
         shown.append(f"--- docs/examples/{name}, committed\n{was}--- today\n{now}")
-    assert not stale, (f"{', '.join(f'docs/examples/{name}' for name in stale)}: not what the verbs print today; "
-                       f"{docs_examples.REGENERATE}\n" + "".join(shown))
+    stale = [f"docs/examples/{name}" for name in stale]
+    readme = docs_examples.README.read_text(encoding="utf-8")
+    if docs_examples.readme(readme, samples[docs_examples.README_SAMPLE]) != readme:
+        stale.append("README.md")
+    assert not stale, f"{', '.join(stale)}: not what the verbs print today; {docs_examples.REGENERATE}\n" + "".join(shown)
+
+
+def test_the_readmes_sample_is_the_committed_publish_sample():
+    readme = docs_examples.README.read_text(encoding="utf-8")
+    sample = (docs_examples.EXAMPLES / docs_examples.README_SAMPLE).read_text(encoding="utf-8")
+    assert docs_examples.readme(readme, sample) == readme, (
+        f"README.md: its sample (after {docs_examples.README_BEGIN}) is not docs/examples/{docs_examples.README_SAMPLE}; "
+        f"{docs_examples.REGENERATE}")
 
 
 def test_each_committed_sample_is_a_terminals_summary_with_nothing_of_the_run_that_wrote_it():
     samples = {path.name: path.read_text(encoding="utf-8") for path in docs_examples.EXAMPLES.glob("*.txt")}
-    assert sorted(samples) == sorted(f"{s.name}.txt" for s in docs_examples.SAMPLES)
+    assert sorted(samples) == sorted([*(f"{s.name}.txt" for s in docs_examples.SAMPLES), docs_examples.CONFIG_ERRORS_FILE])
     for name, text in samples.items():
         assert not text.lstrip().startswith("{"), f"{name}: a JSON report, not the summary\n{text}"
         assert "/tmp/" not in text and "ckptflow-docs-examples-" not in text, f"{name}\n{text}"
@@ -37,13 +48,18 @@ def test_each_committed_sample_is_a_terminals_summary_with_nothing_of_the_run_th
     assert samples["publish.txt"].startswith("published 3 payload files, ")
     assert "  credentials  env:CKPTFLOW_CREDENTIALS $PWD/.ckptflow/s3/credentials-seaweedfs.json\n" in samples["publish.txt"]
     assert " <age> ago " in samples["status.txt"]
+    # each dry run's command line, then the one line it was refused with
+    lines = samples[docs_examples.CONFIG_ERRORS_FILE].splitlines()
+    assert [line.split()[1] for line in lines[::2]] == ["snakemake"] * len(docs_examples.CONFIG_ERRORS), lines
+    assert all(line.startswith("ckptflow: ") for line in lines[1::2]) and len(lines) == 2 * len(docs_examples.CONFIG_ERRORS)
 
 
-def test_every_include_of_a_page_names_a_sample_the_generator_writes():
+def test_every_sample_the_generator_writes_is_included_by_a_page_and_every_include_names_one():
     included = {match for page in (REPO / "docs").rglob("*.md")
                 for match in re.findall(r'^--8<-- "examples/([^"]+)"$', page.read_text(encoding="utf-8"), re.M)}
-    assert included <= {f"{s.name}.txt" for s in docs_examples.SAMPLES}, "a page includes a sample nobody writes"
-    assert included, "no page includes a sample"
+    written = {f"{s.name}.txt" for s in docs_examples.SAMPLES} | {docs_examples.CONFIG_ERRORS_FILE}
+    assert included <= written, f"a page includes a sample nobody writes: {sorted(included - written)}"
+    assert written <= included, f"a sample no page shows: {sorted(written - included)}"
 
 
 def _status(ages: tuple[str, str], width: int) -> str:

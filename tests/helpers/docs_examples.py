@@ -11,8 +11,16 @@ only), and must exit as the sample says (0, with nothing on stderr, but for a re
 placeholder (``normalise``: the working directory, the cache, the bucket, the port, digests, times and
 durations), so the same inputs give byte-identical files.
 
-    python tests/helpers/docs_examples.py            # make docs-examples: rewrites docs/examples/
-    python tests/helpers/docs_examples.py --check    # lists the samples that differ, exit 1
+The workflow's checks before planning are shown the same way (``CONFIG_ERRORS``): in that working
+directory, once a second checkpoint is sealed there (``iter_000200``, not published), with a site file
+copied from ``config/site.example.yaml`` (relative directories, no bucket, no credentials, neither in the
+environment), the real ``snakemake -n`` of the checkout's ``Snakefile`` is refused before it plans, and
+``config-errors.txt`` holds each command line (as a user types it there) and the one ``ckptflow: ...``
+line it printed. The README shows one sample too, ``publish.txt``, between two HTML comments
+(``README_BEGIN``, ``README_END``); ``readme`` rewrites that block from the sample.
+
+    python tests/helpers/docs_examples.py            # make docs-examples: rewrites docs/examples/ and README.md's sample
+    python tests/helpers/docs_examples.py --check    # lists what differs (samples, README.md), exit 1
 
 Both start a SeaweedFS of their own on free loopback ports (``servers.py``'s ``local`` profile, the one
 ``make s3-up`` starts, under a temporary directory) and stop it by its PID. ``tests/test_docs_examples.py``
@@ -24,9 +32,11 @@ verb whose output changes fails that test until this is run again and the files 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import uuid
@@ -36,12 +46,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: tests/ holds the helpers
 
-from helpers import REPO, servers
-from helpers.artifacts import write_payloads
+import yaml
+
+from helpers import REPO, preloaded, servers
+from helpers.artifacts import make_artifact, write_payloads
 from helpers.cli import run_on_terminal
 
 EXAMPLES = REPO / "docs" / "examples"
-REGENERATE = "run `make docs-examples` (python tests/helpers/docs_examples.py) and commit docs/examples/"
+README = REPO / "README.md"
+REGENERATE = "run `make docs-examples` (python tests/helpers/docs_examples.py) and commit docs/examples/ and README.md"
 
 # The quick start's names: the user's bucket (make s3-up's), run, artifact and probe prefix.
 BUCKET = "ckptflow-local"
@@ -78,6 +91,24 @@ SAMPLES = (
     # a training job's guard: a step-0 restart over the committed (model and optimizer only) artifact
     Sample("resume-check-refused", ("resume-check", "--attempt-dir", f"runs/{RUN}"), exit=1),
 )
+
+
+# The workflow's checks before planning: each a dry run from the quick start's working directory, once its
+# run holds a second committed iteration, iter_000200, not yet published (and iter_000100, published),
+# with the site file SITE there, refused before Snakemake plans a job.
+SNAKEMAKE = Path(sys.executable).with_name("snakemake")
+SITE = "site.yaml"
+CONFIG_ERRORS = (
+    ("--config", "bucekt=s3://my-checkpoints", "--", "publish_all"),  # a misspelt key
+    ("--", "publish_all"),  # the site file names no bucket, nor does CKPTFLOW_BUCKET
+    ("--", "merge_experts"),  # a target that acts on one iteration, without iter
+)
+CONFIG_ERRORS_FILE = "config-errors.txt"
+
+# README.md's one sample: the fenced block between these two lines is docs/examples/README_SAMPLE.
+README_SAMPLE = "publish.txt"
+README_BEGIN = f"<!-- {README_SAMPLE}: written by `make docs-examples` from docs/examples/{README_SAMPLE} -->"
+README_END = f"<!-- end of docs/examples/{README_SAMPLE} -->"
 
 
 # ------------------------------------------------------------------------------------------- normalise
@@ -157,9 +188,50 @@ def _run(sample: Sample, workdir: Path, bucket: str) -> str:
     return normalise(proc.stdout, workdir=workdir, bucket=bucket)
 
 
+def _site(workdir: Path) -> None:
+    """``SITE`` in ``workdir``: the template with the runs root and the workflow's directories relative to
+    the working directory, and neither bucket nor credentials."""
+    site = yaml.safe_load((REPO / "config" / "site.example.yaml").read_text(encoding="utf-8"))
+    site.update(runs_root="runs", bucket=None, credentials=None, reports_dir="reports", logs_dir="logs",
+                stage_dir="stage", teachers_dir="teachers")
+    (workdir / SITE).write_text(yaml.safe_dump(site, sort_keys=False), encoding="utf-8")
+
+
+def _snakemake(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``argv`` (a Snakemake dry run) in ``cwd``, forked from this process's Snakemake template
+    (tests/helpers/preloaded.py) as the workflow tests run it, else started as usual. A dry run runs no
+    job, so it is forked without the launcher of script jobs (``preloaded.snakemake`` would first wait
+    for the ckptflow templates to import torch)."""
+    template = preloaded._usable("snakemake", env)
+    if template is None:
+        return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return template.run(argv, str(cwd), env, 300)
+
+
+def _config_errors(workdir: Path) -> str:
+    """``CONFIG_ERRORS`` run in ``workdir``: each command line as typed there (``$ snakemake -s
+    <checkout>/Snakefile --configfile site.yaml -n ...``) and the one ``ckptflow:`` line it printed."""
+    make_artifact(workdir / "runs" / RUN, iteration=200, model_bytes=1000, shards=1)
+    _site(workdir)
+    env = {**os.environ, "CKPTFLOW_BUCKET": "", "CKPTFLOW_CREDENTIALS": "", "CKPTFLOW_CACHE_DIR": str(workdir / "cache"),
+           "CKPTFLOW_PROGRESS": "0"}
+    shown = []
+    for args in CONFIG_ERRORS:
+        typed = ("snakemake", "-s", str(REPO / "Snakefile"), "--configfile", SITE, "-n", *args)
+        done = _snakemake([str(SNAKEMAKE), *typed[1:]], workdir, env)
+        lines = [line for line in done.stderr.splitlines() if line.startswith("ckptflow: ")]
+        if done.returncode != 1 or len(lines) != 1 or "Traceback" in done.stdout + done.stderr:
+            raise RuntimeError(f"docs example {CONFIG_ERRORS_FILE}: `{' '.join(typed)}` exited {done.returncode}, "
+                               f"not refused in one line\n{done.stdout}{done.stderr}")
+        shown += [f"$ {' '.join(typed).replace(str(REPO), '<checkout>')}", lines[0]]
+    return "\n".join(shown) + "\n"
+
+
 def _life(workdir: Path, bucket: str) -> dict[str, str]:
     write_payloads(workdir / ARTIFACT, shards=1)
-    return {f"{sample.name}.txt": _run(sample, workdir, bucket) for sample in SAMPLES}
+    samples = {f"{sample.name}.txt": _run(sample, workdir, bucket) for sample in SAMPLES}
+    samples[CONFIG_ERRORS_FILE] = normalise(_config_errors(workdir), workdir=workdir, bucket=bucket)
+    return samples
 
 
 def generate(credentials: Path | None = None) -> dict[str, str]:
@@ -194,7 +266,17 @@ def differ(samples: dict[str, str], examples: Path = EXAMPLES) -> list[str]:
                   or (examples / name).read_text(encoding="utf-8") != samples[name])
 
 
-def write(samples: dict[str, str], examples: Path = EXAMPLES) -> None:
+def readme(text: str, sample: str) -> str:
+    """README.md's ``text`` with its sample block (the lines between ``README_BEGIN`` and ``README_END``) a
+    ``text`` fence holding ``sample``; a README without both markers, once each, is an error."""
+    if text.count(f"{README_BEGIN}\n") != 1 or text.count(f"\n{README_END}\n") != 1:
+        raise ValueError(f"README.md: the sample block must be enclosed by the lines {README_BEGIN} and {README_END}")
+    head, rest = text.split(f"{README_BEGIN}\n")
+    _, tail = rest.split(f"\n{README_END}\n")
+    return f"{head}{README_BEGIN}\n```text\n{sample}```\n{README_END}\n{tail}"
+
+
+def write(samples: dict[str, str], examples: Path = EXAMPLES, readme_path: Path = README) -> None:
     examples.mkdir(parents=True, exist_ok=True)
     for old in examples.glob("*.txt"):
         if old.name not in samples:
@@ -202,17 +284,24 @@ def write(samples: dict[str, str], examples: Path = EXAMPLES) -> None:
     for name, text in samples.items():
         if not (examples / name).is_file() or (examples / name).read_text(encoding="utf-8") != text:
             (examples / name).write_text(text, encoding="utf-8")
+    current = readme_path.read_text(encoding="utf-8")
+    if readme(current, samples[README_SAMPLE]) != current:
+        readme_path.write_text(readme(current, samples[README_SAMPLE]), encoding="utf-8")
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="list the samples that differ from docs/examples/, exit 1")
+    parser.add_argument("--check", action="store_true", help="list the samples (and README.md's) that differ from what the verbs print, exit 1")
     args = parser.parse_args(argv)
     samples = generate()
     if args.check:
-        for name in differ(samples):
-            sys.stderr.write(f"docs/examples/{name} is not what the verbs print today; {REGENERATE}\n")
-        return 1 if differ(samples) else 0
+        stale = [f"docs/examples/{name}" for name in differ(samples)]
+        current = README.read_text(encoding="utf-8")
+        if readme(current, samples[README_SAMPLE]) != current:
+            stale.append("README.md")
+        for name in stale:
+            sys.stderr.write(f"{name} is not what the verbs print today; {REGENERATE}\n")
+        return 1 if stale else 0
     write(samples)
     return 0
 
