@@ -1,6 +1,7 @@
-"""The sample outputs the documentation shows (docs/examples/, included by the pages) are what the verbs print
-today: tests/helpers/docs_examples.py takes the quick start's checkpoint through its life again, on the
-running SeaweedFS, and every committed sample must equal what it gives, byte for byte."""
+"""The sample outputs the documentation shows (docs/examples/, included by the pages, and README.md's one
+block) are what the verbs and the workflow's checks print today: tests/helpers/docs_examples.py takes the
+quick start's checkpoint through its life again, on the running SeaweedFS, then dry-runs the workflow into
+its refusals, and every committed sample must equal what it gives, byte for byte."""
 
 from __future__ import annotations
 
