@@ -102,6 +102,16 @@ def test_extra_local_file_not_in_the_receipt_blocks_pruning(published, qualified
     assert all((published / p).exists() for p in PAYLOAD)
 
 
+def test_an_unpublished_artifact_is_kept_saying_to_publish_it_first(published, qualified):
+    (published / "optim.pt").unlink()
+    receipt_record.path_in(published).unlink()
+    report = prune_verified([published], store_for(qualified))
+    reason = report.kept[0]["reason"]
+    assert report.removed == [] and reason.startswith("not published: no receipt .uploaded")
+    assert f"ckptflow publish --artifact-dir {published}" in reason
+    assert all((published / p).exists() for p in PAYLOAD)
+
+
 def test_legacy_text_receipt_never_authorizes_pruning(published, qualified):
     (published / "optim.pt").unlink()
     receipt_record.path_in(published).write_text("uploaded 2024-01-01\n")

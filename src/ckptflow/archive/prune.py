@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..artifact import ITER_DIR_RE, clear_stale_merge_marker, stale_merge_marker
-from ..errors import CkptflowError
+from ..errors import CkptflowError, NotFound
 from ..fsutil import walk_files
 from ..lock import held_by, readers_of
 from ..records import manifest as manifest_record
@@ -153,6 +153,9 @@ def _plan_one(artifact_dir: Path, store_for, read: str, progress: bool | None,
         raise _Keep(f"legacy plain-text {receipt_record.FILENAME} proves no destination or digest; publish again to write a receipt")
     try:
         receipt = receipt_record.read_receipt(artifact_dir)
+    except NotFound:
+        raise _Keep(f"not published: no receipt {receipt_record.FILENAME}; publish it first "
+                    f"(ckptflow publish --artifact-dir {artifact_dir})") from None
     except CkptflowError as exc:
         raise _Keep(f"no valid receipt: {exc}") from None
     try:  # a destination named that the receipt does not list: the operator's proof cannot be had
