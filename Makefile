@@ -169,7 +169,7 @@ s3-up: setup
 	@$(BIN)/python tests/helpers/servers.py up --only seaweedfs --profile local --root $(S3_ROOT) >/dev/null
 
 s3-down:
-	@$(BIN)/python tests/helpers/servers.py down --root $(S3_ROOT) >/dev/null
+	@$(BIN)/python tests/helpers/servers.py down --profile local --root $(S3_ROOT) >/dev/null
 
 # The single-node Slurm alone (root; installs slurm-wlm munge slurmdbd mariadb-server when missing).
 slurm-up: setup

@@ -80,6 +80,7 @@ def test_s3_up_serves_s3_on_loopback_with_credentials_that_probe_passes_and_s3_d
 
         down = _make("s3-down", root)
         assert down.returncode == 0, down.stdout + down.stderr
+        assert down.stderr == f"stopped the local S3 on {entry['endpoint_url']} (PID {entry['pid']})\n", down.stderr
         assert not servers.is_running(entry)
         assert _listening(entry["port"]) == []
         assert not servers.state_path(root).exists()
@@ -93,3 +94,5 @@ def test_s3_up_serves_s3_on_loopback_with_credentials_that_probe_passes_and_s3_d
         down = _make("s3-down", root)
     assert down.returncode == 0, down.stdout + down.stderr
     assert not servers.state_path(root).exists()
+    again = _make("s3-down", root)  # nothing left to stop: said so, not an error
+    assert again.returncode == 0 and again.stderr.startswith("no local S3 was running"), again.stderr

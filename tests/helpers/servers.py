@@ -486,13 +486,14 @@ def up(root: Path, profile: Profile, only: str | None = None) -> dict:
     return state
 
 
-def down(root: Path) -> None:
+def down(root: Path) -> list[dict]:
+    """Stop every server recorded under ``root`` by its PID; the entries of those it stopped."""
     state = read_state(root)
-    errors = []
+    errors, stopped = [], []
     for name, entry in list(state.get("servers", {}).items()):
         try:
             stop(entry)
-            del state["servers"][name]
+            stopped.append(state["servers"].pop(name))
         except ServerError as exc:
             errors.append(f"{name}: {exc}")
     if state_path(root).exists():
@@ -502,6 +503,7 @@ def down(root: Path) -> None:
             state_path(root).unlink()
     if errors:
         raise ServerError("; ".join(errors))
+    return stopped
 
 
 def status(root: Path) -> dict:
@@ -524,8 +526,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "up":
             result = up(root, profile, args.only)
         elif args.command == "down":
-            down(root)
+            stopped = down(root)
             result = {"root": str(root), "stopped": True}
+            if args.profile == "local":
+                sys.stderr.write("".join(f"stopped the local S3 on {e.get('endpoint_url')} (PID {e.get('pid')})\n"
+                                         for e in stopped) or f"no local S3 was running (nothing recorded in {root})\n")
         else:
             result = status(root)
     except ServerError as exc:
