@@ -202,10 +202,7 @@ def _snakemake(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Co
     (tests/helpers/preloaded.py) as the workflow tests run it, else started as usual. A dry run runs no
     job, so it is forked without the launcher of script jobs (``preloaded.snakemake`` would first wait
     for the ckptflow templates to import torch)."""
-    template = preloaded._usable("snakemake", env)
-    if template is None:
-        return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    return template.run(argv, str(cwd), env, 300)
+    return preloaded.snakemake_planning(argv, cwd=cwd, env=env)
 
 
 def _config_errors(workdir: Path) -> str:

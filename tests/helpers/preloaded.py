@@ -489,6 +489,17 @@ def snakemake(argv: list[str], *, env: dict[str, str], timeout: float = 600) -> 
     return template.run(argv, os.getcwd(), env, timeout, executable=_job_launcher(env))
 
 
+def snakemake_planning(argv: list[str], *, cwd: str | Path, env: dict[str, str],
+                       timeout: float = 300) -> subprocess.CompletedProcess:
+    """``snakemake`` for a command that runs no job (a dry run, a refusal before planning) in ``cwd``:
+    forked from the Snakemake template without the script jobs' launcher, so it never waits for the
+    ckptflow templates to import torch."""
+    template = _usable("snakemake", env)
+    if template is None:
+        return _exec(argv, str(cwd), env, timeout)
+    return template.run(argv, str(cwd), env, timeout)
+
+
 _launchers: dict[str, str] = {}
 
 
