@@ -53,15 +53,20 @@ class FileDigest:
     blake3_parts: tuple[bytes, ...] | None = field(default=None, compare=False, repr=False)
 
 
+def grown_part_size(size: int, part_size: int, max_parts: int) -> int:
+    """``part_size`` grown (to a whole MiB) just enough that ``size`` bytes fit in ``max_parts`` parts."""
+    needed = -(-size // max_parts)
+    if needed <= part_size:
+        return part_size
+    mib = 1024 * 1024
+    return -(-needed // mib) * mib
+
+
 def part_digest_size(size: int) -> int:
     """The BLAKE3 part size of a file of ``size`` bytes: ``PART_DIGEST_SIZE``, grown to a whole MiB just
     enough that the file has at most ``MAX_PART_DIGESTS`` parts. It depends on the size alone (never on
     the destination), so every copy of an artifact has the same part digests."""
-    needed = -(-size // MAX_PART_DIGESTS)
-    if needed <= PART_DIGEST_SIZE:
-        return PART_DIGEST_SIZE
-    mib = 1024 * 1024
-    return -(-needed // mib) * mib
+    return grown_part_size(size, PART_DIGEST_SIZE, MAX_PART_DIGESTS)
 
 
 def blake3_digest(view) -> bytes:

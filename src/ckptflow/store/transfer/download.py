@@ -40,12 +40,10 @@ from .stream import (
     DEFAULT_RANGE_SIZE,
     IO_PIECE,
     BatchFile,
-    TransientRead,
     check_parts,
     open_stream,
     ranges_of,
-    read_checked,
-    retry_call,
+    read_range,
 )
 
 # O_DIRECT writes need offsets, lengths and buffers aligned to the device's logical block (512 or 4096).
@@ -275,14 +273,8 @@ def download_batch(files: Sequence[RangedFile], *, concurrency: int = 8, range_s
         shift = offset % ALIGN
         buf = BUFFERS.take(shift + length, aligned=True)
         view = memoryview(buf)[shift:shift + length]
-        def fill() -> None:
-            retry_call(lambda: _fill(targets[i], fd, offset, view), retry_on=(TransientRead,))
-
         try:
-            if targets[i].spec.parts is not None:
-                read_checked(fill)
-            else:
-                fill()
+            read_range(lambda: _fill(targets[i], fd, offset, view), checked=targets[i].spec.parts is not None)
         except BaseException:
             view.release()
             BUFFERS.give(buf)

@@ -31,12 +31,10 @@ from ..base import RangeReader
 from .stream import (
     BUFFERS,
     DEFAULT_RANGE_SIZE,
-    TransientRead,
     check_parts,
     open_stream,
     ranges_of,
-    read_checked,
-    retry_call,
+    read_range,
 )
 
 READ_PIECE = 1024 * 1024
@@ -89,14 +87,8 @@ def hash_batch(objects: Sequence[HashedObject], *, concurrency: int = 8,
             return None
         buf = BUFFERS.take(length)
         view = memoryview(buf)[:length]
-        def read() -> None:
-            retry_call(lambda: _read_range(objects[i], offset, view), retry_on=(TransientRead,))
-
         try:
-            if objects[i].parts is not None:
-                read_checked(read)
-            else:
-                read()
+            read_range(lambda: _read_range(objects[i], offset, view), checked=objects[i].parts is not None)
         except (NotFound, VerificationFailed) as exc:  # this object only: the scrub reports it and goes on
             failed[i] = exc
             view.release()

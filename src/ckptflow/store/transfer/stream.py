@@ -26,7 +26,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from typing import Any, TypeVar
 
-from ...digest import PartDigests
+from ...digest import PartDigests, grown_part_size
 from ...errors import StoreError, VerificationFailed
 
 DEFAULT_RANGE_SIZE = 8 * 1024 * 1024
@@ -78,27 +78,30 @@ def check_parts(parts: PartDigests, offset: int, view: memoryview, source: str) 
         remedy="the archived object is damaged; restore it from another copy or republish the artifact")
 
 
-def read_checked(read: Callable[[], None]) -> None:
-    """``read()`` (which fills a range and checks its parts) once more after a ``PartMismatch``; a second
-    mismatch is raised, saying the range was read twice."""
+def read_range(fill: Callable[[], None], *, checked: bool) -> None:
+    """``fill()`` (which reads one range, and checks its parts when ``checked``), fetched again after a
+    ``TransientRead`` (``retry_call``). A checked range is read once more after a ``PartMismatch``; a
+    second mismatch is raised, saying the range was read twice."""
+    def attempt() -> None:
+        retry_call(fill, retry_on=(TransientRead,))
+
+    if not checked:
+        attempt()
+        return
     try:
-        read()
+        attempt()
         return
     except PartMismatch as first:
         log.info("%s; reading the range again", first.message)
     try:
-        read()
+        attempt()
     except PartMismatch as second:
         raise PartMismatch(f"{second.message} (read twice)", remedy=second.remedy) from None
 
 
 def part_size_for(size: int, part_size: int) -> int:
     """``part_size`` grown (to a whole MiB) just enough that ``size`` fits in ``MAX_PARTS`` parts."""
-    needed = -(-size // MAX_PARTS)
-    if needed <= part_size:
-        return part_size
-    mib = 1024 * 1024
-    return -(-needed // mib) * mib
+    return grown_part_size(size, part_size, MAX_PARTS)
 
 
 def retry_call(fn: Callable[[], T], *, retry_on: tuple[type[BaseException], ...], attempts: int = 4,
