@@ -335,19 +335,21 @@ def read_batch_members(path: str | Path) -> list[dict[str, Any]]:
                        remedy="run the same snakemake command again: planning writes it") from None
 
 
-def report_batch(report_path: str | Path) -> str | None:
-    """The batch a step report came from (``batch`` in the report), None for a job that ran alone."""
+def _report_value(report_path: str | Path, key: str, kind: type) -> Any:
+    """``key`` of the step report at ``report_path`` when it is a ``kind``; None when the report is
+    missing or unreadable, or holds no such value."""
     try:
-        name = json.loads(Path(report_path).read_bytes()).get("batch")
+        value = json.loads(Path(report_path).read_bytes()).get(key)
     except (OSError, ValueError, AttributeError):
         return None
-    return name if isinstance(name, str) else None
+    return value if isinstance(value, kind) else None
+
+
+def report_batch(report_path: str | Path) -> str | None:
+    """The batch a step report came from (``batch`` in the report), None for a job that ran alone."""
+    return _report_value(report_path, "batch", str)
 
 
 def report_round(report_path: str | Path) -> int | None:
     """The round a prune report records (``prune_round``), None when it records none."""
-    try:
-        value = json.loads(Path(report_path).read_bytes()).get("round")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value if isinstance(value, int) else None
+    return _report_value(report_path, "round", int)
