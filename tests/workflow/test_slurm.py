@@ -8,6 +8,7 @@ not up fails with the command to start it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -124,29 +125,44 @@ def _wait_for(check, what: str, proc: subprocess.Popen, log: Path, timeout: floa
         time.sleep(0.2)
 
 
-def test_a_publish_job_cancelled_mid_upload_fails_and_the_next_run_converges_with_nothing_lost(
-    slurm_cluster, tmp_path, seaweedfs_bucket, seaweedfs_credentials_path
-):
-    arts, config, env = _small_run(tmp_path, seaweedfs_bucket, seaweedfs_credentials_path, 2)
-    before = {art: tree_bytes(art) for art in arts}
+@contextlib.contextmanager
+def _paused_publish_all(tmp_path: Path, config: dict, env: dict):
+    """``publish_all`` started in the background with every publication pausing after its first payload
+    object is stored (the job's environment reaches the job step: the profile's sbatch exports it), until
+    the pause file it yields is removed; yields the process, its log and that file. A process still
+    running on the way out is killed."""
     pause = tmp_path / "paused"
-    # Every publish job stops after its first payload object is stored (the job's environment reaches
-    # the job step: the profile's sbatch exports it), so the cancel lands in the middle of the upload.
     paused_env = {**env, "CKPTFLOW_TEST_PAUSE_AT": "publish:after-payload", "CKPTFLOW_TEST_PAUSE_FILE": str(pause)}
     log = tmp_path / "snakemake-cancelled.log"
     with open(log, "w") as fh:
         proc = subprocess.Popen(_snakemake_cmd(tmp_path, "publish_all", config=config), stdout=fh,
                                 stderr=subprocess.STDOUT, text=True, env={**os.environ, **paused_env})
     try:
+        yield proc, log, pause
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _nothing_left_to_publish(tmp_path: Path, config: dict, env: dict) -> None:
+    again = snakemake(tmp_path, "-n", "publish_all", config=config, env=env)
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_a_publish_job_cancelled_mid_upload_fails_and_the_next_run_converges_with_nothing_lost(
+    slurm_cluster, tmp_path, seaweedfs_bucket, seaweedfs_credentials_path
+):
+    arts, config, env = _small_run(tmp_path, seaweedfs_bucket, seaweedfs_credentials_path, 2)
+    before = {art: tree_bytes(art) for art in arts}
+    # Every publish job stops after its first payload object is stored, so the cancel lands in the
+    # middle of the upload.
+    with _paused_publish_all(tmp_path, config, env) as (proc, log, pause):
         _wait_for(pause.exists, "a publish job paused mid-upload", proc, log)
         ids = slurm_job_ids(log.read_text())
         assert ids, log.read_text()[-4000:]
         subprocess.run(["scancel", *ids], check=True)
         assert proc.wait(timeout=TIMEOUT + 30) != 0, log.read_text()[-4000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     out = log.read_text()
     assert "Error in group publish_batch" in out or "Error in rule publish" in out, out[-4000:]
     assert any(state.startswith("CANCELLED") for _, _, state in sacct(ids)), sacct(ids)
@@ -160,8 +176,7 @@ def test_a_publish_job_cancelled_mid_upload_fails_and_the_next_run_converges_wit
         assert ".uploaded" in after
         assert {k: v for k, v in after.items() if k not in (".uploaded", ".posttrain-part-digests.json")} == before[art]
         assert_verified(art, seaweedfs_credentials_path)
-    again = snakemake(tmp_path, "-n", "publish_all", config=config, env=env)
-    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+    _nothing_left_to_publish(tmp_path, config, env)
 
 
 def test_one_artifact_that_fails_its_publication_fails_only_its_own_target_and_the_rerun_retries_only_it(
@@ -198,8 +213,7 @@ def test_one_artifact_that_fails_its_publication_fails_only_its_own_target_and_t
     assert (rerun.stdout + rerun.stderr).count("localrule publish:") == 1
     for art in arts:
         assert_verified(art, seaweedfs_credentials_path)
-    again = snakemake(tmp_path, "-n", "publish_all", config=config, env=env)
-    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+    _nothing_left_to_publish(tmp_path, config, env)
 
 
 def test_a_batch_job_cancelled_mid_batch_leaves_each_artifact_published_with_its_receipt_or_pending(
@@ -207,15 +221,9 @@ def test_a_batch_job_cancelled_mid_batch_leaves_each_artifact_published_with_its
 ):
     arts, config, env = _small_run(tmp_path, seaweedfs_bucket, seaweedfs_credentials_path, 3)
     before = {art: tree_bytes(art) for art in arts}
-    pause = tmp_path / "paused"
     # Each publication of the batch stops after its first payload object is stored: the first is let go,
     # the second is cancelled there (one artifact published, one mid-upload, one not started).
-    paused_env = {**env, "CKPTFLOW_TEST_PAUSE_AT": "publish:after-payload", "CKPTFLOW_TEST_PAUSE_FILE": str(pause)}
-    log = tmp_path / "snakemake-cancelled.log"
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(_snakemake_cmd(tmp_path, "publish_all", config=config), stdout=fh,
-                                stderr=subprocess.STDOUT, text=True, env={**os.environ, **paused_env})
-    try:
+    with _paused_publish_all(tmp_path, config, env) as (proc, log, pause):
         _wait_for(pause.exists, "the first publication paused mid-upload", proc, log)
         pause.unlink()
         _wait_for(pause.exists, "the second publication paused mid-upload", proc, log)
@@ -223,10 +231,6 @@ def test_a_batch_job_cancelled_mid_batch_leaves_each_artifact_published_with_its
         assert len(ids) == 1, log.read_text()[-4000:]
         subprocess.run(["scancel", *ids], check=True)
         assert proc.wait(timeout=TIMEOUT + 30) != 0, log.read_text()[-4000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     out = log.read_text()
     assert "Error in rule publish_batch" in out, out[-4000:]
     assert any(state.startswith("CANCELLED") for _, _, state in sacct(ids)), sacct(ids)
@@ -247,8 +251,7 @@ def test_a_batch_job_cancelled_mid_batch_leaves_each_artifact_published_with_its
         after = tree_bytes(art)
         assert ".uploaded" in after and {k: after.get(k) for k in before[art]} == before[art]
         assert_verified(art, seaweedfs_credentials_path)
-    again = snakemake(tmp_path, "-n", "publish_all", config=config, env=env)
-    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+    _nothing_left_to_publish(tmp_path, config, env)
 
 
 def test_materialize_teacher_under_slurm_builds_from_the_archive_and_the_teacher_loads(
