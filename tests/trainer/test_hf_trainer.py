@@ -104,6 +104,13 @@ def test_trainer_checkpoints_become_published_artifacts_that_resume_as_if_never_
                 time.sleep(0.05)
             if n == 2:
                 flag.unlink()
+        # iter 2's publication runs in the background while iter 4 is paused: the preemption comes once it
+        # is done (its receipt written), so the requeue has exactly iter 4 left to catch up on.
+        deadline = time.monotonic() + 300
+        while not receipt_record.path_in(art(run_dir, 2)).is_file():
+            assert proc.poll() is None, proc.communicate()[1][-4000:]
+            assert time.monotonic() < deadline, "iter 2's background publication never finished"
+            time.sleep(0.05)
         os.killpg(proc.pid, signal.SIGKILL)
     finally:
         if proc.poll() is None:
