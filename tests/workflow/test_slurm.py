@@ -125,12 +125,29 @@ def _wait_for(check, what: str, proc: subprocess.Popen, log: Path, timeout: floa
         time.sleep(0.2)
 
 
+def _paused_on(pause: Path, art: Path, proc: subprocess.Popen, log: Path, what: str) -> None:
+    """Wait until the publication of ``art`` is paused, letting go every pause of another artifact (each
+    stored payload object of a publication reaches the pause point, and the pause file names the artifact
+    whose publication wrote it)."""
+    def there() -> bool:
+        try:
+            text = pause.read_text()
+        except FileNotFoundError:
+            return False
+        if f"/{art.name}\n" in text:
+            return True
+        if text.endswith("\n"):  # a whole line, naming another artifact
+            pause.unlink()
+        return False
+    _wait_for(there, what, proc, log)
+
+
 @contextlib.contextmanager
 def _paused_publish_all(tmp_path: Path, config: dict, env: dict):
-    """``publish_all`` started in the background with every publication pausing after its first payload
-    object is stored (the job's environment reaches the job step: the profile's sbatch exports it), until
-    the pause file it yields is removed; yields the process, its log and that file. A process still
-    running on the way out is killed."""
+    """``publish_all`` started in the background with every publication pausing after each payload object
+    it stores (the job's environment reaches the job step: the profile's sbatch exports it), until the
+    pause file it yields is removed; yields the process, its log and that file. A process still running on
+    the way out is killed."""
     pause = tmp_path / "paused"
     paused_env = {**env, "CKPTFLOW_TEST_PAUSE_AT": "publish:after-payload", "CKPTFLOW_TEST_PAUSE_FILE": str(pause)}
     log = tmp_path / "snakemake-cancelled.log"
@@ -221,12 +238,13 @@ def test_a_batch_job_cancelled_mid_batch_leaves_each_artifact_published_with_its
 ):
     arts, config, env = _small_run(tmp_path, seaweedfs_bucket, seaweedfs_credentials_path, 3)
     before = {art: tree_bytes(art) for art in arts}
-    # Each publication of the batch stops after its first payload object is stored: the first is let go,
-    # the second is cancelled there (one artifact published, one mid-upload, one not started).
+    # Each publication of the batch stops after every payload object it stores: the first is let go
+    # each time, the second is cancelled at its first stop (one artifact published, one mid-upload, one
+    # not started).
     with _paused_publish_all(tmp_path, config, env) as (proc, log, pause):
         _wait_for(pause.exists, "the first publication paused mid-upload", proc, log)
-        pause.unlink()
-        _wait_for(pause.exists, "the second publication paused mid-upload", proc, log)
+        _paused_on(pause, arts[1], proc, log, "the second publication paused mid-upload")
+        assert (arts[0] / ".uploaded").exists()
         ids = slurm_job_ids(log.read_text())
         assert len(ids) == 1, log.read_text()[-4000:]
         subprocess.run(["scancel", *ids], check=True)

@@ -216,8 +216,8 @@ def _upload_payloads(
     total = sum(e.size for e in todo)
     uploaded: list[str] = []
     with ByteProgress(total, "publish upload", progress) as bar:
-        def stored(_key: str) -> None:
-            testhooks.reached("publish:after-payload")
+        def stored(_key: str) -> None:  # reached once per payload object, by whichever thread stored it
+            testhooks.reached("publish:after-payload", subject=prefix)
 
         def upload(entry: FileEntry) -> str:
             store.put_file(
