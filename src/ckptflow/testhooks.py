@@ -7,7 +7,8 @@ so a test can act while it waits (kill it, stop a server, run a racing process).
 the point and, where the caller names one, the subject (e.g. the artifact's key prefix), so a test whose
 process reaches a point many times (once per payload object, once per artifact of a batch) can tell which
 it is. Points are named ``<step>:<moment>``, e.g. ``publish:after-declaration``. Both variables may hold
-several points separated by commas. ``CKPTFLOW_TEST_DISABLE=<guard>`` switches off a named guard (``disabled``), so a test can show that
+several points separated by commas.
+``CKPTFLOW_TEST_DISABLE=<guard>`` switches off a named guard (``disabled``), so a test can show that
 correctness does not depend on it (``materialize:lock``, ``merge:lock``: the per-output locks).
 """
 

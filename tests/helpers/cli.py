@@ -11,6 +11,7 @@ import sys
 import termios
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from . import REPO, preloaded
@@ -73,6 +74,18 @@ def start_cli(*args: str, env: dict | None = None) -> subprocess.Popen | preload
     its own interpreter."""
     argv = [sys.executable, "-m", "ckptflow", *args]
     return preloaded.start_ckptflow(argv, cwd=REPO, env=_env(env), kind=_kind(args))
+
+
+def wait_until(check: Callable[[], bool], proc: subprocess.Popen, what: str, timeout: float = 120,
+               detail: Callable[[], str] | None = None) -> None:
+    """Wait until ``check()`` holds while ``proc`` runs; fail when it exited first (``detail()``, e.g. its
+    stderr, goes into the message) or after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert proc.poll() is None or check(), \
+            f"the process exited ({proc.returncode}) before {what}{f': {detail()}' if detail else ''}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
 
 
 def wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:

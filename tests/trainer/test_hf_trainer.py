@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ from ckptflow.records import manifest as manifest_record
 from ckptflow.records import receipt as receipt_record
 from ckptflow.store.local import LocalStore
 from helpers import REPO
-from helpers.cli import run_cli
+from helpers.cli import run_cli, wait_until
 from helpers.tiny_models import build_tiny_base
 
 RUN = "proj/grp/run1/20261129T000000Z"
@@ -96,21 +95,17 @@ def test_trainer_checkpoints_become_published_artifacts_that_resume_as_if_never_
     proc = train(base, run_dir, *flags, wait=False,
                  env={"CKPTFLOW_TEST_PAUSE_AT": PAUSE, "CKPTFLOW_TEST_PAUSE_FILE": str(flag)})
     try:
+        def stderr() -> str:
+            return proc.communicate()[1][-4000:]
+
         for n in (2, 4):  # iter 2 goes on; the job is preempted (kill -9) right after sealing iter 4
-            deadline = time.monotonic() + 300
-            while not flag.exists():
-                assert proc.poll() is None, proc.communicate()[1][-4000:]
-                assert time.monotonic() < deadline, "the export never reached its pause point"
-                time.sleep(0.05)
+            wait_until(flag.exists, proc, f"the export of iter {n} reached its pause point", 300, stderr)
             if n == 2:
                 flag.unlink()
         # iter 2's publication runs in the background while iter 4 is paused: the preemption comes once it
         # is done (its receipt written), so the requeue has exactly iter 4 left to catch up on.
-        deadline = time.monotonic() + 300
-        while not receipt_record.path_in(art(run_dir, 2)).is_file():
-            assert proc.poll() is None, proc.communicate()[1][-4000:]
-            assert time.monotonic() < deadline, "iter 2's background publication never finished"
-            time.sleep(0.05)
+        wait_until(receipt_record.path_in(art(run_dir, 2)).is_file, proc,
+                   "iter 2's background publication wrote its receipt", 300, stderr)
         os.killpg(proc.pid, signal.SIGKILL)
     finally:
         if proc.poll() is None:

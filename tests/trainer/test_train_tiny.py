@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO
+from helpers.cli import wait_until
 from helpers.trees import tree_bytes
 
 RUN = "proj/grp/run1/20261129T000000Z"
@@ -27,14 +28,6 @@ def start(run_dir: Path, out: Path, *args: str, env: dict | None = None) -> subp
             [sys.executable, str(EXAMPLE), "--run-dir", str(run_dir), *args], stdout=stdout, stderr=stderr,
             cwd=REPO, env={**os.environ, "CKPTFLOW_PROGRESS": "0", **(env or {})},
         )
-
-
-def wait_until(check, proc: subprocess.Popen, what: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert proc.poll() is None or check(), f"the example exited ({proc.returncode}) before {what}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 @pytest.mark.slow

@@ -172,8 +172,8 @@ def test_a_publish_job_cancelled_mid_upload_fails_and_the_next_run_converges_wit
 ):
     arts, config, env = _small_run(tmp_path, seaweedfs_bucket, seaweedfs_credentials_path, 2)
     before = {art: tree_bytes(art) for art in arts}
-    # Every publish job stops after its first payload object is stored, so the cancel lands in the
-    # middle of the upload.
+    # Every publication stops after each payload object it stores, so the cancel at the first stop lands
+    # in the middle of the upload.
     with _paused_publish_all(tmp_path, config, env) as (proc, log, pause):
         _wait_for(pause.exists, "a publish job paused mid-upload", proc, log)
         ids = slurm_job_ids(log.read_text())
