@@ -46,8 +46,9 @@ lint: setup
 # Starts SeaweedFS (real S3) and s3rver (a server that ignores If-None-Match) on 127.0.0.1, runs the lint,
 # then starts a single-node Slurm (tests/helpers/slurm.py: installs its Debian packages when missing, needs root), runs
 # the whole suite, and stops Slurm's daemons and both servers by PID (side by side) whatever pytest's outcome; exits with
-# pytest's status. Where Slurm cannot run (not root, no apt-get) the slurm tests skip, except under CI
-# (the variable CI set), where they must run: there a Slurm that does not come up fails `make test`.
+# pytest's status. Where Slurm cannot run (not root, no apt-get) or does not come up (slurm.py prints one line
+# naming the reason and the remedy) the slurm tests skip with that line, except under CI (the variable CI
+# set), where they must run: there a Slurm that does not come up fails `make test`.
 # The suite runs on PYTEST_WORKERS pytest-xdist workers (`--dist loadgroup`: the `alone` tests go, one
 # after another, to one worker, the `slurm` tests to another; tests/conftest.py). The order keeps both
 # cores busy: the core legs' environments install, one after another and at a lower priority, while
@@ -81,7 +82,7 @@ test:
 	echo "make test: lint done $$(elapsed) s after the start" >&2; \
 	if [ "$(SLURM_UP)" = yes ]; then \
 	  $(BIN)/python tests/helpers/slurm.py up --root $(SLURM_ROOT) >/dev/null; rc=$$?; \
-	  if [ $$rc -eq 3 ] && [ -z "$${CI:-}" ]; then echo "make test: Slurm cannot run here; the slurm tests skip" >&2; \
+	  if [ $$rc -ne 0 ] && [ -z "$${CI:-}" ]; then echo "make test: the single-node Slurm is not up (the line above says why); the slurm tests skip" >&2; \
 	  elif [ $$rc -ne 0 ]; then wait; exit $$rc; fi; \
 	fi; \
 	wait; \

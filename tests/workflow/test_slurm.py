@@ -2,8 +2,9 @@
 
 Slurm comes from ``tests/helpers/slurm.py up`` (state in ``<repo>/.ckptflow/slurm`` or
 ``$CKPTFLOW_TEST_SLURM``). These tests skip only where the machine cannot run Slurm (not root, or no
-apt-get to install it); with ``CI`` set they fail instead, and a machine that could run it but where it is
-not up fails with the command to start it.
+apt-get to install it) or where ``slurm.py up`` failed (with the one line it left, naming the reason and the
+remedy); with ``CI`` set they fail instead, and a machine that could run it but where it is not up fails
+with the command to start it.
 """
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ def slurm_cluster() -> dict:
     reason = slurm.cannot_run_reason()
     if reason and not os.environ.get("CI"):
         pytest.skip(f"Slurm tests skipped: this machine cannot run Slurm ({reason})")
+    failure = slurm.up_failure(root)
+    if failure:
+        message = f"the single-node Slurm under {root} did not start: {failure}"
+        if not os.environ.get("CI"):
+            pytest.skip(f"Slurm tests skipped: {message}")
+        pytest.fail(message, pytrace=False)
     pytest.fail(f"the single-node Slurm is not running under {root}; start it with `make slurm-up` "
                 f"(or run `make test`){f' ({reason})' if reason else ''}", pytrace=False)
 
