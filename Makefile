@@ -164,7 +164,8 @@ servers-down:
 	$(BIN)/python tests/helpers/servers.py down --root $(SERVERS_ROOT)
 
 # A local S3 to try ckptflow on: SeaweedFS on free 127.0.0.1 ports (never the tests' or the demo's fixed
-# ones), a random secret, its credentials file and data under S3_ROOT; s3-down stops it by its PID.
+# ones), a random secret, its credentials file and data under S3_ROOT, kept across restarts (a port taken
+# meanwhile is refused by name, never drawn again); s3-down stops it by its PID.
 S3_ROOT ?= .ckptflow/s3
 s3-up: setup
 	@$(BIN)/python tests/helpers/servers.py up --only seaweedfs --profile local --root $(S3_ROOT) >/dev/null

@@ -6,7 +6,8 @@ may delete ``checkpoint-N`` meanwhile. ``--resume auto`` resumes from the run's 
 (``resume_point``; a pruned one is refused, naming ``ckptflow restore``). The model is any causal LM
 directory (``--model``); the data are random token ids. Prints one JSON line (main process only): the
 resume point, the exported iterations and the publication outcomes. Exit 3: refused (a start behind a
-committed artifact, a pruned resume point, a destination ``--preflight`` rejects), nothing trained.
+committed artifact, a pruned resume point, a destination the preflight rejects: on by default with
+``--bucket``, ``--preflight off`` skips it), nothing trained.
 
     python examples/train_hf_trainer.py --model BASE --run-dir runs/proj/grp/run1/20261129T000000Z \\
         --steps 6 --save-every 2 --save-total-limit 1 --bucket my-bucket --credentials creds.json
@@ -41,8 +42,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--bucket", help="upload to this bucket (name, s3://B, gs://B, file:///DIR); none: no upload")
     p.add_argument("--credentials")
     p.add_argument("--upload-prefix", help="<project>/<group>/<run>/<ts>/checkpoints (default: derived)")
-    p.add_argument("--preflight", choices=("off", "on", "strict"), default="off",
-                   help="check the destination at train begin (strict: an unreachable endpoint fails too)")
+    p.add_argument("--preflight", choices=("off", "on", "strict"), default="on",
+                   help="with --bucket: check the destination at train begin, before the first step (default on; "
+                   "strict: an unreachable endpoint fails too; off: no check)")
     return p.parse_args(argv)
 
 

@@ -13,8 +13,12 @@ Under ``torchrun`` it runs on every rank (``--parallel ddp``, the default there,
 resume point, checks the destination and publishes; every rank writes its optimizer shards), and rank 0
 alone prints the JSON line.
 
-    torchrun --nproc-per-node 2 examples/train_tiny.py --parallel fsdp --run-dir ... --components \\
-        model,optimizer,trainer_state --bucket file:///tmp/archive
+Each save holds one of three plans (``--components``): ``model``, ``model,optimizer`` or the full plan
+``model,optimizer,trainer_state``, the default, the one a requeued job resumes from. When ``--bucket`` is
+given, the destination is checked before step 1 (``preflight``; ``--preflight off`` skips it): a missing
+bucket, rejected credentials or a prefix of another run exit 3 on every rank before any step.
+
+    torchrun --nproc-per-node 2 examples/train_tiny.py --parallel fsdp --run-dir ... --bucket file:///tmp/archive
 
     python examples/train_tiny.py --run-dir runs/proj/grp/run1/20261129T000000Z --steps 8 --save-every 2 \\
         --bucket my-bucket --credentials creds.json --upload-prefix proj/grp/run1/20261129T000000Z/checkpoints
@@ -51,15 +55,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--run-dir", required=True, help="the attempt directory <run>/<ts>")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--save-every", type=int, default=2)
-    p.add_argument("--components", choices=sorted(PLANS), default="model")
+    p.add_argument("--components", choices=list(PLANS), default="model,optimizer,trainer_state", metavar="PLAN",
+                   help="what each save holds, one of three plans: " + " | ".join(PLANS)
+                   + " (default: the full plan, the one a requeue resumes from)")
     p.add_argument("--step-seconds", type=float, default=0.0, help="extra time per step (simulated work)")
     p.add_argument("--resume", choices=("auto", "off"), default="auto")
     p.add_argument("--resume-path")
     p.add_argument("--bucket", help="upload to this bucket (name, s3://B, gs://B, file:///DIR); none: no upload")
     p.add_argument("--credentials")
     p.add_argument("--upload-prefix", help="<project>/<group>/<run>/<ts>/checkpoints")
-    p.add_argument("--preflight", choices=("off", "on", "strict"), default="off",
-                   help="check the upload destination before step 1 (strict: an unreachable endpoint fails too)")
+    p.add_argument("--preflight", choices=("off", "on", "strict"), default="on",
+                   help="with --bucket: check the upload destination before step 1 (default on; strict: an "
+                   "unreachable endpoint fails too; off: no check)")
     p.add_argument("--parallel", choices=("none", "ddp", "fsdp"),
                    help="none: one process; ddp / fsdp: every rank of torchrun (gloo); default ddp under torchrun")
     args = p.parse_args(argv)
@@ -151,10 +158,11 @@ def train(args: argparse.Namespace) -> int:
         sys.stderr.write(f"train_tiny: {exc}\n")
         return 3
     upload = UploadSettings(enabled=bool(args.bucket), bucket=args.bucket, credentials=args.credentials,
-                            prefix=args.upload_prefix)
+                            prefix=args.upload_prefix, preflight=args.preflight != "off",
+                            strict=args.preflight == "strict")
     try:
-        if args.preflight != "off":  # collective: rank 0 checks, every rank gets its outcome
-            preflight(run_dir, upload, strict=args.preflight == "strict")
+        if upload.enabled and upload.preflight:  # collective: rank 0 checks, every rank gets its outcome
+            preflight(run_dir, upload)
     except Refused as exc:
         sys.stderr.write(f"train_tiny: {exc}\n")
         return 3

@@ -4,6 +4,7 @@ demo's fixed ones), its credentials file under S3_ROOT usable by ckptflow as it 
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 from pathlib import Path
 
@@ -96,3 +97,66 @@ def test_s3_up_serves_s3_on_loopback_with_credentials_that_probe_passes_and_s3_d
     assert not servers.state_path(root).exists()
     again = _make("s3-down", root)  # nothing left to stop: said so, not an error
     assert again.returncode == 0 and again.stderr.startswith("no local S3 was running"), again.stderr
+
+
+def _listener(port: int) -> socket.socket:
+    """Another process's server on ``port`` of 127.0.0.1 (a listening socket; the kernel accepts for it)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the stopped server's connections may linger
+    sock.bind(("127.0.0.1", port))
+    sock.listen()
+    return sock
+
+
+@pytest.mark.slow
+def test_a_restart_with_a_port_taken_refuses_naming_it_and_keeps_the_endpoint_its_receipts_name(tmp_path: Path):
+    root = tmp_path / "s3"
+    art = tmp_path / "runs" / "proj" / "grp" / "run1" / "20261201T000000Z" / "checkpoint_artifacts" / "iter_000001"
+    art.mkdir(parents=True)
+    (art / "model.pt").write_bytes(b"weights" * 1000)
+    assert run_cli("seal", "--artifact-dir", str(art), "--iteration", "1", "model=model.pt").returncode == 0
+    up = _make("s3-up", root)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        entry = servers.read_state(root)["servers"]["seaweedfs"]
+        creds = Path(entry["credentials"])
+        said, kept = creds.read_text(encoding="utf-8"), (root / servers.LOCAL_PROFILE).read_text(encoding="utf-8")
+        published = run_cli("publish", "--artifact-dir", str(art), "--bucket", entry["bucket"],
+                            "--credentials", str(creds))
+        assert published.returncode == 0, published.stderr
+        assert _make("s3-down", root).returncode == 0
+        profile = servers.Profile(**json.loads(kept))
+
+        for port, named in ((profile.s3, f"{profile.s3} (s3)"),
+                            (profile.master + servers.GRPC_OFFSET, f"{profile.master + servers.GRPC_OFFSET} (master gRPC)")):
+            with _listener(port):
+                refused = _make("s3-up", root)
+                assert refused.returncode != 0, refused.stdout + refused.stderr
+                line = refused.stderr.strip()
+                assert f"port {named} on 127.0.0.1 is taken by another process" in line, line
+                assert f"keeps its endpoint http://127.0.0.1:{profile.s3} and key" in line, line
+                assert "run `make s3-up` again" in line and "S3_ROOT=<a new directory>" in line, line
+                assert profile.secret_key not in refused.stdout + refused.stderr
+                assert not servers.read_state(root)["servers"]  # nothing started
+                assert creds.read_text(encoding="utf-8") == said  # the endpoint and key the user exported
+                assert (root / servers.LOCAL_PROFILE).read_text(encoding="utf-8") == kept
+
+        restart = _make("s3-up", root)  # the port is free again: the same endpoint, the same key, the same data
+        assert restart.returncode == 0, restart.stdout + restart.stderr
+        assert servers.read_state(root)["servers"]["seaweedfs"]["endpoint_url"] == entry["endpoint_url"]
+        assert creds.read_text(encoding="utf-8") == said
+        verified = run_cli("verify", "--artifact-dir", str(art), "--credentials", str(creds))
+        assert verified.returncode == 0, verified.stderr  # the receipt's endpoint is the server's
+    finally:
+        assert _make("s3-down", root).returncode == 0
+
+
+def test_a_data_directory_without_its_profile_is_never_given_a_new_endpoint(tmp_path: Path):
+    root = tmp_path / "s3"
+    (root / "seaweedfs" / "data").mkdir(parents=True)
+    (root / "seaweedfs" / "data" / "1.dat").write_bytes(b"")
+    with pytest.raises(servers.ServerError) as exc:
+        servers.local_profile(root)
+    assert f"{root / servers.LOCAL_PROFILE} (the ports and key its receipts name) is missing" in str(exc.value)
+    assert "S3_ROOT=<a new directory>" in str(exc.value)
+    assert not (root / servers.LOCAL_PROFILE).exists()

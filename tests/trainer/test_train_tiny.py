@@ -83,16 +83,45 @@ def test_background_publication_and_a_failed_upload_published_later(tmp_path, se
 
 
 @pytest.mark.slow
-def test_requeue_restart_over_a_committed_artifact_is_refused_and_nothing_touched(tmp_path):
+def test_a_requeue_with_the_example_defaults_resumes_from_the_committed_artifact(tmp_path):
+    """The requeue the docs describe, with nothing but the run's own flags: the default plan is the full one,
+    so the killed job's artifact is a resume point."""
     run_dir = tmp_path / "runs" / RUN
     out = tmp_path / "out.txt"
-    proc = start(run_dir, out, "--steps", "8", "--save-every", "2",
+    proc = start(run_dir, out, "--steps", "6", "--save-every", "2", env={"CKPTFLOW_TEST_KILL_AT": "trainer:after-save"})
+    assert proc.wait(300) == -9  # killed right after committing iter 2, as a preempted job
+    proc = start(run_dir, out, "--steps", "6", "--save-every", "2")  # the requeue: the same command
+    assert proc.wait(300) == 0, out.with_suffix(".err").read_text()
+    lines = out.read_text().splitlines()
+    assert lines[0].startswith("step 3 ")  # resumed from iter 2, not from step 0
+    assert json.loads(lines[-1])["saved"] == [4, 6]
+
+
+def test_the_example_names_its_three_component_plans():
+    shown = subprocess.run([sys.executable, str(EXAMPLE), "--help"], capture_output=True, text=True, cwd=REPO,
+                           timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    help_text = " ".join(shown.stdout.split())
+    assert "--components PLAN" in help_text
+    assert "one of three plans: model | model,optimizer | model,optimizer,trainer_state" in help_text
+    wrong = subprocess.run([sys.executable, str(EXAMPLE), "--run-dir", "x", "--components", "optimizer"],
+                           capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert wrong.returncode == 2
+    assert "(choose from 'model', 'model,optimizer', 'model,optimizer,trainer_state')" in wrong.stderr
+
+
+@pytest.mark.slow
+def test_requeue_restart_over_a_committed_model_only_artifact_is_refused_and_nothing_touched(tmp_path):
+    run_dir = tmp_path / "runs" / RUN
+    out = tmp_path / "out.txt"
+    model_only = ("--components", "model")
+    proc = start(run_dir, out, "--steps", "8", "--save-every", "2", *model_only,
                  env={"CKPTFLOW_TEST_KILL_AT": "trainer:after-save"})
     assert proc.wait(300) == -9  # killed right after committing iter 2, as a preempted job
     art = run_dir / "checkpoint_artifacts" / "iter_000002"
     assert (art / ".posttrain-checkpoint-artifact.json").exists()
     before = tree_bytes(tmp_path / "runs")
-    proc = start(run_dir, out, "--steps", "8", "--save-every", "2", "--resume", "auto")  # the requeue
+    proc = start(run_dir, out, "--steps", "8", "--save-every", "2", *model_only, "--resume", "auto")  # the requeue
     assert proc.wait(300) == 3
     err = out.with_suffix(".err").read_text()
     assert f"refusing to start in attempt directory {run_dir}" in err and "step-0 restart" in err

@@ -4,6 +4,7 @@ the local artifact kept."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shlex
@@ -14,6 +15,7 @@ from trainer_helpers import tiny_training
 
 import ckptflow.trainer.publish as trainer_publish_module
 from ckptflow.archive.publish import publish_artifact
+from ckptflow.errors import PreflightFailed
 from ckptflow.records.receipt import read_receipt
 from ckptflow.store.base import DEFAULT_MULTIPART_THRESHOLD
 from ckptflow.store.open import open_bucket_arg
@@ -160,17 +162,24 @@ def test_a_publication_racing_publish_and_prune_of_its_artifact_reports_it_archi
 
 def test_the_trainer_derives_the_prefix_and_refuses_a_contradicting_one_like_the_cli(tmp_path, caplog):
     """No prefix: the run's own (the artifact's path in the runs layout). A prefix of another attempt:
-    refused by name with the derived prefix as the remedy, nothing archived, the artifact kept."""
+    refused by name with the derived prefix as the remedy, nothing archived, the artifact kept; by the
+    preflight of the first save (on by default), and without a preflight in the log."""
     run = tmp_path / "runs" / "proj" / "grp" / "run1" / "20261201T000000Z"
     (tmp_path / "store").mkdir()
     bucket = f"file://{tmp_path / 'store'}"
     model, _ = tiny_training()
     wrong = UploadSettings(enabled=True, bucket=bucket, prefix="proj/grp/run1/20261130T000000Z/checkpoints")
-    with caplog.at_level(logging.ERROR, logger="ckptflow"):
+    with pytest.raises(PreflightFailed) as exc:
         save_and_publish(run, 10, {"model": model}, wrong)
+    assert "pass --upload-prefix proj/grp/run1/20261201T000000Z/checkpoints" in str(exc.value)
+    assert f"{artifact_dir_for(run, 10)} is committed and kept" in str(exc.value)
+    unchecked = dataclasses.replace(wrong, preflight=False)
+    with caplog.at_level(logging.ERROR, logger="ckptflow"):
+        save_and_publish(run, 15, {"model": model}, unchecked)
     assert wait_for_publications(run, timeout=60) == [] and list((tmp_path / "store").iterdir()) == []
     assert "--upload-prefix proj/grp/run1/20261201T000000Z/checkpoints" in caplog.text
     assert not (artifact_dir_for(run, 10) / ".uploaded").exists()
+    assert not (artifact_dir_for(run, 15) / ".uploaded").exists()
     derived = UploadSettings(enabled=True, bucket=bucket)
     save_and_publish(run, 20, {"model": model}, derived)
     [outcome] = wait_for_publications(run, timeout=120)

@@ -18,6 +18,10 @@ AWS chain for ``s3``) and opens with ``open_store``, ``open_uri`` or ``open_dest
   store the caller opened (refused when it does not hold the URI) or one opened from the URI.
 * ``open_destination(destination, creds)``: reopen the store a receipt or probe record names, and
   ``check_destination``: the one check that a store is the one a record was written against.
+* ``bounds=RequestBounds(...)`` (``open_store``, ``open_bucket_arg``): how long one request of the store
+  may take at most, for a check that must answer in seconds whatever the endpoint does (``CHECK_BOUNDS``,
+  the trainer's preflight); without it a store keeps its backend's defaults (S3: 8 attempts, botocore's
+  60 s to connect and 60 s per read), made for transfers that must get through.
 
 Every credentials file resolved and every store opened here notes where its credentials came from
 (``CredentialsSource``: a path or botocore's method, never a key); ``credentials_used()`` is the latest
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import Refused, UsageError
@@ -47,6 +52,36 @@ BUCKET_ENV = "CKPTFLOW_BUCKET"
 
 
 CredentialsArg = str | os.PathLike[str] | None  # the raw --credentials value
+
+
+@dataclass(frozen=True)
+class RequestBounds:
+    """At most ``attempts`` tries of one request, each waiting at most ``connect_s`` to connect and
+    ``read_s`` for each read of the answer (a server that accepts connections and never answers included)."""
+
+    connect_s: float
+    read_s: float
+    attempts: int
+
+    def worst_case_s(self) -> float:
+        """The longest one request can take: every attempt timing out, and the longest backoff between them."""
+        from .s3_retries import longest_backoff  # botocore's backoff; loaded only when asked
+
+        return self.attempts * (self.connect_s + self.read_s) + longest_backoff(self.attempts)
+
+    def s3_options(self) -> dict[str, Any]:
+        return {"connect_timeout": self.connect_s, "read_timeout": self.read_s, "max_attempts": self.attempts}
+
+    def gcs_options(self) -> dict[str, Any]:
+        # GCS's own create-once requests (timeouts, attempts) and the S3-interop client it builds for the
+        # rest (timeouts; its attempts stay the store's, under the caller's own deadline where it has one)
+        return {"timeout": (self.connect_s, self.read_s), "max_attempts": self.attempts,
+                "connect_timeout": self.connect_s, "read_timeout": self.read_s}
+
+
+# A check before work (the trainer's preflight): a few seconds per request, whatever the endpoint does
+# (21 s at worst: two attempts timing out after 5 s + 5 s, and at most 1 s of backoff between them).
+CHECK_BOUNDS = RequestBounds(connect_s=5.0, read_s=5.0, attempts=2)
 
 # Where the credentials of this process's latest store came from (see credentials_used).
 _used: CredentialsSource | None = None
@@ -92,12 +127,13 @@ def open_store(
     credentials: Credentials | None = None,
     *,
     bucket: str | None = None,
+    bounds: RequestBounds | None = None,
     **options: Any,
 ) -> ObjectStore:
     """The store for a URI (``s3://b/p``, ``gs://b/p``, ``file:///dir``) or for ``scheme`` + ``bucket``.
 
     ``options`` go to the backend's constructor (``part_size``, ``concurrency``, ...). ``file://``
-    ignores any credentials given.
+    ignores any credentials given, and ``bounds`` (it makes no network request).
     """
     if isinstance(uri_or_scheme, StoreURI):
         scheme, name = uri_or_scheme.scheme, uri_or_scheme.bucket
@@ -121,19 +157,21 @@ def open_store(
 
         if credentials is None:
             _note(CredentialsSource(FROM_CHAIN))  # named even when opening fails (partial keys)
-        store = S3Store(name, credentials, **options)
+        store = S3Store(name, credentials, **(bounds.s3_options() if bounds else {}), **options)
         if credentials is None:
             _note(CredentialsSource(FROM_CHAIN, method=store.credentials_method))
         return store
     from .gcs import GCSStore  # written separately; imported only when a gs:// store is asked for
 
-    return GCSStore(name, credentials, **options)
+    return GCSStore(name, credentials, **(bounds.gcs_options() if bounds else {}), **options)
 
 
-def open_bucket_arg(bucket: str | None, credentials_arg: CredentialsArg, **options: Any) -> ObjectStore:
+def open_bucket_arg(bucket: str | None, credentials_arg: CredentialsArg, *, bounds: RequestBounds | None = None,
+                    **options: Any) -> ObjectStore:
     """The store for ``--bucket`` (a name → S3, or an ``s3://``, ``gs://``, ``file://`` URI), else
     ``$CKPTFLOW_BUCKET``, with ``--credentials`` (else ``$CKPTFLOW_CREDENTIALS``) where the scheme uses them;
-    refused (``NotFound``, naming it) when the bucket or ``file://`` root does not exist."""
+    refused (``NotFound``, naming it) when the bucket or ``file://`` root does not exist. ``bounds``: see
+    ``open_store``."""
     bucket = bucket or os.environ.get(BUCKET_ENV) or None
     if not bucket:
         raise UsageError("no bucket given",
@@ -142,7 +180,7 @@ def open_bucket_arg(bucket: str | None, credentials_arg: CredentialsArg, **optio
     if uri.key:
         raise UsageError(f"--bucket {bucket!r} names a key inside the bucket",
                          remedy="pass the bucket alone; keys come from --prefix")
-    store = open_store(uri, credentials_for(uri, credentials_arg), **options)
+    store = open_store(uri, credentials_for(uri, credentials_arg), bounds=bounds, **options)
     store.require_bucket()  # before any write: a server may create a missing bucket at the first PUT
     return store
 

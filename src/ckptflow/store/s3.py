@@ -125,6 +125,8 @@ class S3Store:
         download_range_size: int | None = None,
         max_attempts: int = 8,
         part_checksums: bool = True,
+        connect_timeout: float = 60.0,
+        read_timeout: float = 60.0,
     ):
         if not isinstance(bucket, str) or not bucket or "/" in bucket:
             raise UsageError(f"bucket name {bucket!r} is empty or contains '/'", remedy="pass a bare bucket name")
@@ -140,6 +142,8 @@ class S3Store:
                max_attempts) < 1:
             raise UsageError("concurrency, list_page_size, download_concurrency, download_range_size, "
                              "multipart_threshold and max_attempts must be >= 1")
+        if min(connect_timeout, read_timeout) <= 0:
+            raise UsageError("connect_timeout and read_timeout must be > 0")
         self.bucket = bucket
         self.scheme = scheme
         self.multipart_threshold = multipart_threshold
@@ -158,7 +162,11 @@ class S3Store:
         config = Config(
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
-            retries={"mode": "standard", "max_attempts": max_attempts},
+            # total_max_attempts counts the first try too (botocore's "max_attempts" would add one more)
+            retries={"mode": "standard", "total_max_attempts": max_attempts},
+            # botocore's 60 s each by default; a check before work (RequestBounds) asks for a few seconds
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
             s3={"addressing_style": "path" if path_style else "auto"},
             max_pool_connections=2 * max(concurrency, download_concurrency) + 2,
             # A fixed User-Agent: botocore otherwise rebuilds and sanitizes its default one twice per

@@ -22,6 +22,11 @@ log = logging.getLogger(__name__)
 _MAX_BACKOFF, _TRANSIENT_SCALE, _THROTTLING_SCALE = 20.0, 0.05, 1.0
 
 
+def longest_backoff(max_attempts: int) -> float:
+    """The longest total wait botocore may add between ``max_attempts`` attempts of one request (throttled)."""
+    return max_backoff(max_attempts, _THROTTLING_SCALE)
+
+
 def max_backoff(max_attempts: int, scale: float) -> float:
     """The longest total wait between ``max_attempts`` attempts (botocore's jitter only shortens it)."""
     return sum(min(scale * 2**i, _MAX_BACKOFF) for i in range(max(max_attempts - 1, 0)))

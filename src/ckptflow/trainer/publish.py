@@ -61,7 +61,9 @@ class UploadSettings:
     bucket: str | None = None  # a bucket name (S3) or s3://B, gs://B, file:///DIR
     credentials: str | None = None  # path of the credentials JSON (never its content)
     prefix: str | None = None  # <project>/<group>/<run>/<ts>/checkpoints; None: derived from the artifact's path
-    preflight: bool = False  # the first save_and_publish of a run checks the destination first (trainer.preflight)
+    # trainer.preflight checks the destination before the first step (a loop's own call, the HF callback's
+    # train begin, else the run's first save_and_publish); False: no check, an explicit choice
+    preflight: bool = True
     strict: bool = False  # preflight: an endpoint that cannot be reached fails too (else a warning)
 
     def prefix_for(self, artifact_dir: Path | str) -> str:
