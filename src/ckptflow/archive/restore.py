@@ -131,6 +131,10 @@ def restore_artifact(artifact_dir: Path | str, store_for, *, dry_run: bool = Fal
     chosen = select_destinations(receipt, destinations, str(receipt_path))
     hashed: dict[str, tuple[tuple, FileDigest]] = {}
     skipped: list[tuple[receipt_record.ReceiptDestination, CkptflowError | OSError]] = []
+    # What a destination that failed mid-download had put in place, verified: this run's work all the same.
+    earlier_missing: list[str] | None = None
+    earlier_downloaded: list[str] = []
+    earlier_bytes = 0
     for n, dest in enumerate(chosen, 1):
         try:
             result = _restore_from(artifact_dir, receipt.at(dest), receipt_path, manifest_path, store_for,
@@ -138,12 +142,23 @@ def restore_artifact(artifact_dir: Path | str, store_for, *, dry_run: bool = Fal
                                    hashed=hashed)
         except _Unusable as exc:
             skipped.append((dest, exc.error))
+            earlier_missing = earlier_missing if earlier_missing is not None else exc.missing
+            earlier_downloaded += exc.downloaded
+            earlier_bytes += exc.downloaded_bytes
             if n < len(chosen):
                 log.warning("%s cannot serve the restore of %s (%s); trying the next destination %s lists",
                             destination_label(dest, dest.prefix), artifact_dir, exc.error, receipt_path.name)
             continue
         result.destination = dest
         result.skipped = [{"destination": d.to_dict(), "detail": str(e)} for d, e in skipped]
+        if earlier_downloaded:
+            result.downloaded = sorted({*result.downloaded, *earlier_downloaded})
+            result.downloaded_bytes += earlier_bytes
+            result.reused = sorted(set(result.reused) - set(earlier_downloaded))
+            if earlier_missing is not None:
+                result.missing = earlier_missing
+            if result.status == "already-local":
+                result.status = "restored"
         return result
     if len(skipped) == 1:
         raise skipped[0][1]
@@ -151,11 +166,16 @@ def restore_artifact(artifact_dir: Path | str, store_for, *, dry_run: bool = Fal
 
 
 class _Unusable(Exception):
-    """The destination being tried cannot serve the restore: ``error`` says why (the next one is tried)."""
+    """The destination being tried cannot serve the restore: ``error`` says why (the next one is tried).
+    A download that failed part way says what it had judged missing and put in place, verified, by then."""
 
-    def __init__(self, error: CkptflowError | OSError):
+    def __init__(self, error: CkptflowError | OSError, *, missing: list[str] | None = None,
+                 downloaded: list[str] | None = None, downloaded_bytes: int = 0):
         super().__init__(str(error))
         self.error = error
+        self.missing = missing
+        self.downloaded = downloaded or []
+        self.downloaded_bytes = downloaded_bytes
 
 
 # What a destination that cannot serve raises once its records were read: an object missing or not the
@@ -221,7 +241,9 @@ def _restore_from(artifact_dir: Path, receipt: receipt_record.Receipt, receipt_p
                 store, plan.prefix, artifact_dir, todo, where=plan.where, progress=progress, no_clobber=True,
                 parts=plan.part_digests)
         except _SOURCE_ERRORS as exc:  # files verified and put in place by then stay; the next destination has the rest
-            raise _Unusable(exc) from exc
+            placed = [e for e in todo if stage.files_in_place(artifact_dir, [e])]
+            raise _Unusable(exc, missing=result.missing, downloaded=[e.path for e in placed],
+                            downloaded_bytes=sum(e.size for e in placed)) from exc
         result.downloaded = sorted(e.path for e in todo)
     gone = [e.path for e in plan.payloads if not stage.files_in_place(artifact_dir, [e])]
     if gone:
