@@ -49,7 +49,7 @@ def summarize(report: dict[str, Any], elapsed: float | None) -> str:
     return block(headline, [
         ("artifact", report["artifact_dir"]),
         ("from", report["source_uri"]),
-        *[("skipped", f"{destination_uri(d['destination'])}: {d['detail']}") for d in report["skipped_destinations"]],
+        *[("skipped", f"{destination_uri(d['destination'])}: {d['detail']}") for d in report.get("skipped_destinations", ())],
         ("downloaded", files_bytes(len(report["downloaded"]), report["downloaded_bytes"]) + resumed
          if report["status"] == "restored" else None),
         ("kept", f"{plural(len(report['reused']), 'verified payload file')}" if report["reused"] else None),
