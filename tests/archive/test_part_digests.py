@@ -591,6 +591,11 @@ def test_without_a_usable_record_fetch_and_restore_check_the_whole_file_sha256_a
     restored = restore_artifact(art, lambda dest: small.store, progress=False)
     assert restored.status == "restored" and restored.downloaded == [MODEL]
     assert (art / MODEL).read_bytes() == original[MODEL]
+    if not small.s3:  # the CLI says it once, on stderr, and the run succeeds
+        proc = run_cli("fetch", "--artifact-uri", small.uri, "--dst", str(tmp_path / "cli-stage"))
+        assert proc.returncode == 0 and proc.report["status"] == "fetched", proc.stderr[-2000:]
+        assert [line for line in proc.stderr.splitlines() if RECORD in line and "whole-file SHA-256" in line] != []
+        assert proc.stderr.count(RECORD) == 1, proc.stderr
 
     result = verify_artifact(small.artifact, lambda dest: small.store, read_data=True)
     rows = {o.path: o for o in result.objects}
