@@ -30,8 +30,8 @@ from .errors import CkptflowError, ConflictError, MissingExtra, OutOfSpace, Refu
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 # Order is the order of `ckptflow --help`.
-VERBS = ["seal", "merge", "publish", "verify", "prune-verified", "restore", "fetch", "materialize", "probe", "status",
-         "ls", "resume-check", "retain-checkpoints", "gc-uploads"]
+VERBS = ["seal", "merge", "publish", "verify", "prune-verified", "restore", "repair-part-digests", "fetch", "materialize",
+         "probe", "status", "ls", "resume-check", "retain-checkpoints", "gc-uploads"]
 
 
 class _ArgumentError(SystemExit):

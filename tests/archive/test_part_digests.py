@@ -36,7 +36,7 @@ from ckptflow.archive.scrub import scrub_runs_root
 from ckptflow.archive.stage import verified_prefix
 from ckptflow.archive.verify import verify_artifact
 from ckptflow.digest import PartDigests, hash_threads, part_digest_size, sha256_bytes
-from ckptflow.errors import InvalidRecord, NotFound, StoreError, VerificationFailed
+from ckptflow.errors import InvalidRecord, StoreError, VerificationFailed
 from ckptflow.fsutil import walk_files
 from ckptflow.records import declaration as declaration_record
 from ckptflow.records import manifest as manifest_record
@@ -535,7 +535,10 @@ def test_check_bound_refuses_a_file_the_declaration_does_not_list_or_describes_o
         extra.check_bound(inv.files, RECORD)
 
 
-def tamper(arch: Archive, how: str) -> None:
+def tamper(arch: Archive, how: str, tmp_path: Path | None = None) -> None:
+    """Damage the archive's part digests record: ``missing`` (deleted), ``tampered`` (one hex digit changed,
+    same size, on S3 the same sha256 metadata: HEAD still passes), ``truncated`` (its first half), ``foreign``
+    (another artifact's record, published at another prefix of the same store)."""
     if how == "missing":
         if arch.s3:
             arch.store._client.delete_object(Bucket=arch.store.bucket, Key=arch.key(RECORD))
@@ -543,6 +546,16 @@ def tamper(arch: Archive, how: str) -> None:
             (arch.store.root / arch.key(RECORD)).unlink()
         return
     data = arch.read(RECORD)
+    if how == "truncated":
+        put_over(arch, RECORD, data[:len(data) // 2])
+        return
+    if how == "foreign":
+        other = make_artifact(tmp_path / "other" / "run1", seed=7)
+        publish_artifact(other, arch.store, upload_prefix("other"), progress=False)
+        foreign = (other / RECORD).read_bytes()
+        assert foreign != data
+        put_over(arch, RECORD, foreign)
+        return
     at = re.search(rb'"parts": \[\s*"', data).end()  # a hex digit of the first part digest
     other = data[:at] + (b"0" if data[at:at + 1] != b"0" else b"1") + data[at + 1:]
     if arch.s3:  # same size and the same sha256 metadata: HEAD still passes
@@ -552,21 +565,37 @@ def tamper(arch: Archive, how: str) -> None:
         (arch.store.root / arch.key(RECORD)).write_bytes(other)
 
 
-@pytest.mark.parametrize(("how", "error", "state"), [("tampered", VerificationFailed, "mismatch"),
-                                                      ("missing", NotFound, "missing")])
-def test_a_record_that_is_not_the_declared_one_is_refused_by_fetch_and_reported_by_verify(small, how, error, state,
-                                                                                        tmp_path):
-    tamper(small, how)
+HOWS = [("tampered", "mismatch"), ("missing", "missing"), ("truncated", "mismatch"), ("foreign", "mismatch")]
+
+
+@pytest.mark.parametrize(("how", "state"), HOWS)
+def test_without_a_usable_record_fetch_and_restore_check_the_whole_file_sha256_and_verify_reports_it(
+        small, how, state, tmp_path, caplog):
+    """Every payload intact, the record deleted, truncated, tampered with or replaced by another artifact's:
+    fetch and restore read the archive with one warning naming the record, every file checked by the
+    whole-file SHA-256 the declaration binds (a flipped payload byte is still caught); verify --read-data
+    reports the record in its own row and proves every payload."""
+    tamper(small, how, tmp_path)
     where = str(small.store.destination.uri(small.key(RECORD)))
-    with pytest.raises(error) as err:
-        fetch_artifact(small.uri, tmp_path / "stage", store=small.store, progress=False)
-    assert where in str(err.value)
-    assert not (tmp_path / "stage" / small.artifact.name / MODEL).exists()
+    original = {p: (small.artifact / p).read_bytes() for p in PAYLOADS}
+
+    caplog.set_level("WARNING", logger="ckptflow")
+    fetched = fetch_artifact(small.uri, tmp_path / "stage", store=small.store, progress=False)
+    assert fetched.status == "fetched" and fetched.plan.part_digests == {}
+    assert {p: (fetched.path / p).read_bytes() for p in PAYLOADS} == original
+    warned = [r.getMessage() for r in caplog.records if where in r.getMessage()]
+    assert len(warned) == 1 and "whole-file SHA-256" in warned[0] and "repair-part-digests" in warned[0], warned
+
     art = link_copy(small.artifact, tmp_path / "elsewhere")
     (art / MODEL).unlink()
-    with pytest.raises(error) as err:
-        restore_artifact(art, lambda dest: small.store, progress=False)
-    assert where in str(err.value) and not (art / MODEL).exists()
+    restored = restore_artifact(art, lambda dest: small.store, progress=False)
+    assert restored.status == "restored" and restored.downloaded == [MODEL]
+    assert (art / MODEL).read_bytes() == original[MODEL]
+    if not small.s3:  # the CLI says it once, on stderr, and the run succeeds
+        proc = run_cli("fetch", "--artifact-uri", small.uri, "--dst", str(tmp_path / "cli-stage"))
+        assert proc.returncode == 0 and proc.report["status"] == "fetched", proc.stderr[-2000:]
+        assert [line for line in proc.stderr.splitlines() if RECORD in line and "whole-file SHA-256" in line] != []
+        assert proc.stderr.count(RECORD) == 1, proc.stderr
 
     result = verify_artifact(small.artifact, lambda dest: small.store, read_data=True)
     rows = {o.path: o for o in result.objects}
@@ -575,11 +604,68 @@ def test_a_record_that_is_not_the_declared_one_is_refused_by_fetch_and_reported_
     # Every other object is verified by its whole-file SHA-256.
     assert {p: o.state for p, o in rows.items() if p != RECORD} == {p: "ok" for p in rows if p != RECORD}
     assert all(rows[p].bytes_read == (small.artifact / p).stat().st_size for p in PAYLOADS)
-    if how == "tampered" and small.form == "file":  # and the CLI says so
-        proc = run_cli("verify", "--artifact-dir", str(small.artifact), "--read-data")
-        assert proc.returncode == 1 and proc.report["status"] == "failed", proc.stderr[-2000:]
-        bad = {o["path"]: o["state"] for o in proc.report["objects"] if o["state"] != "ok"}
-        assert bad == {RECORD: "mismatch"}
+
+    # Without the record a damaged payload is still caught, by its whole-file SHA-256.
+    small.flip(MODEL, 1234)
+    with pytest.raises(VerificationFailed, match=r"model\.pt"):
+        fetch_artifact(small.uri, tmp_path / "stage2", store=small.store, progress=False)
+    assert not (tmp_path / "stage2" / small.artifact.name / MODEL).exists()
+
+
+@pytest.mark.parametrize(("how", "state"), HOWS)
+def test_repair_part_digests_puts_the_record_back_from_the_local_copy(small, how, state, tmp_path, request):
+    """``ckptflow repair-part-digests``: a dry run says what it would put back and writes nothing; the run puts
+    the local copy back (it is the declared bytes), verify --read-data passes again and a fetch reads by the
+    parts again, with no warning; a second run finds it intact."""
+    creds = ["--credentials", str(request.getfixturevalue("seaweedfs_credentials_path"))] if small.s3 else []
+    tamper(small, how, tmp_path)
+    before = None if how == "missing" else small.read(RECORD)
+    args = ["--artifact-dir", str(small.artifact), *creds]
+
+    plan = run_cli("repair-part-digests", *args, "--dry-run")
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    jsonschema_validate(plan.report)
+    assert plan.report["status"] == "dry-run"
+    assert [(d["state"], d["repaired"]) for d in plan.report["destinations"]] == [
+        ("missing" if how == "missing" else "damaged", False)]
+    assert (None if how == "missing" else small.read(RECORD)) == before  # nothing written
+
+    proc = run_cli("repair-part-digests", *args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    jsonschema_validate(proc.report)
+    assert proc.report["status"] == "repaired" and proc.report["destinations"][0]["repaired"]
+    assert small.read(RECORD) == (small.artifact / RECORD).read_bytes()
+    assert verify_artifact(small.artifact, lambda dest: small.store, read_data=True).ok
+
+    fetched = fetch_artifact(small.uri, tmp_path / "stage", store=small.store, progress=False)
+    assert set(fetched.plan.part_digests) == set(PAYLOADS)  # checked part by part again
+
+    again = run_cli("repair-part-digests", *args)
+    assert again.returncode == 0 and again.report["status"] == "intact", again.stderr[-2000:]
+
+
+def test_repair_part_digests_refuses_a_local_copy_that_is_not_the_declared_record(small, tmp_path):
+    """A local copy that differs from the declared bytes (or none at all) is refused by name before anything
+    is written: the damaged object stays as it was."""
+    if small.s3:
+        pytest.skip("the refusal is local; file:// shows it")
+    tamper(small, "truncated")
+    damaged_bytes = small.read(RECORD)
+    local = small.artifact / RECORD
+    local.write_bytes(local.read_bytes() + b" ")
+    proc = run_cli("repair-part-digests", "--artifact-dir", str(small.artifact))
+    assert proc.returncode == 1 and str(local) in proc.stderr and "nothing was written" in proc.stderr, proc.stderr
+    assert small.read(RECORD) == damaged_bytes
+    local.unlink()
+    proc = run_cli("repair-part-digests", "--artifact-dir", str(small.artifact))
+    assert proc.returncode == 1 and f"{local} does not exist" in proc.stderr, proc.stderr
+    assert small.read(RECORD) == damaged_bytes
+
+
+def jsonschema_validate(report) -> None:
+    from ckptflow.jsonio import validate
+
+    validate(report, "report_repair_part_digests", what="repair-part-digests report")
 
 
 # --- cores, and resuming ---------------------------------------------------------------------------------

@@ -343,3 +343,108 @@ def test_a_restore_lock_left_by_a_killed_holder_is_removed_by_the_next_restore_t
     again = restore(art, args)
     assert again.returncode == 0 and again.report["status"] == "already-local", again.stderr
     assert not lock.exists() and not list(art.parent.glob(f".{lock.name}*"))
+
+
+# ------------------------------------------------------------------ a receipt that lists several destinations
+
+
+def two_copies(tmp_path, b_store=None):
+    """An artifact published to a ``file://`` root A, then to B (another ``file://`` root unless ``b_store``) with
+    ``--add-destination``, and its payloads freed on A's proof alone (``prune-verified --destination A``). The
+    receipt names B first (the current destination), then A."""
+    a_root = tmp_path / "A"
+    a_root.mkdir()
+    a = LocalStore(a_root)
+    if b_store is None:
+        (tmp_path / "B").mkdir()
+        b_store = LocalStore(tmp_path / "B")
+    art = published(tmp_path / "run1", a)
+    publish_artifact(art, b_store, UPLOAD_PREFIX, progress=False, add_destination=True)
+    original = file_bytes(art)
+    receipt = receipt_record.read_receipt(art)
+    assert receipt.destination == receipt_record.ReceiptDestination.at(b_store.destination, receipt.destination.prefix)
+    assert [d.endpoint for d in receipt.earlier_destinations] == [str(a_root)]
+    assert run_probe(a, "scratch").record.passed
+    pruned = run_cli("prune-verified", "--paths", str(art), "--destination", f"file://{a_root}")
+    assert pruned.returncode == 0 and pruned.report["removed"][0]["files"] == PAYLOADS, pruned.stderr
+    return art, original, a_root
+
+
+def served_by_a(proc, art, original, a_root, b_where: str, why: str):
+    """The restore succeeded from A after B was tried and skipped, naming B and why, in the report, the human
+    summary and one warning."""
+    from ckptflow.commands import summary
+
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    validate(proc.report, "report_restore", what="restore report")
+    assert proc.report["status"] == "restored" and file_bytes(art) == original
+    assert proc.report["destination"]["endpoint"] == str(a_root)
+    assert proc.report["source_uri"].startswith(f"file://{a_root}/")
+    [skipped] = proc.report["skipped_destinations"]
+    assert b_where in json.dumps(skipped["destination"]) and why in skipped["detail"], skipped
+    assert proc.report["downloaded"] == PAYLOADS == proc.report["missing"]
+    warned = [line for line in proc.stderr.splitlines() if "trying the next destination" in line]
+    assert len(warned) == 1 and b_where in warned[0], proc.stderr[-3000:]
+    text = summary.render("restore", proc.report, 1.0)
+    assert f"from        file://{a_root}/" in text or f"file://{a_root}/" in text.split("skipped")[0]
+    assert "skipped" in text and b_where in text
+
+
+@pytest.mark.parametrize("fault", ["unmounted", "damaged"])
+def test_a_restore_is_served_by_another_destination_when_the_receipts_current_one_cannot(tmp_path, fault):
+    """Copies on A and B, payloads freed on A's proof: B's root gone (an unmounted file system) or B's model.pt
+    damaged (same size: found by the download's check, after B put the other files in place) costs B only;
+    the restore is served by A, and says so. ``--destination`` picks one copy: B alone fails naming it, A alone
+    serves without trying B."""
+    art, original, a_root = two_copies(tmp_path)
+    b_root = tmp_path / "B"
+    if fault == "unmounted":
+        b_root.rename(tmp_path / "B.unmounted")
+        why = "declaration"
+    else:
+        obj = next(b_root.rglob("model.pt"))
+        data = bytearray(obj.read_bytes())
+        data[1234] ^= 0x01
+        obj.write_bytes(bytes(data))
+        why = "model.pt"
+
+    served_by_a(restore(art, []), art, original, a_root, str(b_root), why)
+
+    assert run_cli("prune-verified", "--paths", str(art), "--destination", f"file://{a_root}").returncode == 0
+    only_b = restore(art, [], "--destination", f"file://{b_root}")
+    assert only_b.returncode == 1 and str(b_root) in only_b.stderr and why in only_b.stderr, only_b.stderr[-2000:]
+    assert not (art / "model.pt").exists()
+    only_a = restore(art, [], "--destination", f"file://{a_root}")
+    assert only_a.returncode == 0 and only_a.report["skipped_destinations"] == [], only_a.stderr[-2000:]
+    assert only_a.report["destination"]["endpoint"] == str(a_root) and "trying the next" not in only_a.stderr
+    assert file_bytes(art) == original
+
+
+@pytest.mark.seaweedfs
+def test_a_restore_is_served_by_a_file_archive_when_the_s3_copys_credentials_are_missing(
+        tmp_path, seaweedfs_bucket, seaweedfs_credentials_path):
+    """B on SeaweedFS, A a ``file://`` root: without B's credentials (the file named gone, or none at all) the
+    restore is served by A, which needs none."""
+    b_store = S3Store(seaweedfs_bucket, load_credentials(seaweedfs_credentials_path))
+    art, original, a_root = two_copies(tmp_path, b_store)
+    gone = tmp_path / "credentials-that-were-removed.json"
+    served_by_a(restore(art, ["--credentials", str(gone)]), art, original, a_root, seaweedfs_bucket, str(gone))
+
+    for rel in PAYLOADS:
+        (art / rel).unlink()
+    none = {"CKPTFLOW_CREDENTIALS": "", "AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "",
+            "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": str(tmp_path / "none"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
+    served_by_a(restore(art, [], env=none), art, original, a_root, seaweedfs_bucket, "")
+
+
+def test_a_restore_no_destination_can_serve_names_each_and_why(tmp_path):
+    art, _, a_root = two_copies(tmp_path)
+    (tmp_path / "B").rename(tmp_path / "B.unmounted")
+    a_root.rename(tmp_path / "A.unmounted")
+    before = tree_bytes(art.parent)
+    proc = restore(art, [])
+    assert proc.returncode == 1 and proc.report["error"]["type"] == "NotFound", proc.stderr[-2000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "none of the 2 destinations" in line and str(tmp_path / "B") in line and str(a_root) in line
+    assert tree_bytes(art.parent) == before

@@ -241,10 +241,13 @@ def test_refusing_a_held_lock_does_not_open_model_pt(models, tmp_path, monkeypat
 
 
 @pytest.mark.slow
-def test_a_request_waiting_while_prune_removes_model_pt_builds_from_the_archive_its_receipt_names(models, tmp_path):
+@pytest.mark.parametrize("copies", ["one", "current-copy-gone"])
+def test_a_request_waiting_while_prune_removes_model_pt_builds_from_the_archive_its_receipt_names(models, tmp_path,
+                                                                                                 copies):
     """A holds the lock; B waits; prune-verified removes the published model.pt meanwhile. B resolves its
     source again under the lock: the archive the receipt names holds the same model, so B skips A's build
-    (no download: the decision comes first) instead of failing with "model.pt is missing"."""
+    (no download: the decision comes first) instead of failing with "model.pt is missing". With a second copy
+    added (``--add-destination``, the receipt's current destination) whose root is gone, the first copy serves."""
     art = own_artifact(models, tmp_path)
     archive = tmp_path / "archive"
     archive.mkdir()
@@ -252,6 +255,15 @@ def test_a_request_waiting_while_prune_removes_model_pt_builds_from_the_archive_
     published = run_cli("publish", "--artifact-dir", str(art), "--upload-prefix", "proj/g/run/ts/checkpoints",
                         "--bucket", f"file://{archive}", env=env)
     assert published.returncode == 0, published.stderr
+    prune_args = []
+    if copies == "current-copy-gone":
+        other = tmp_path / "other-archive"
+        other.mkdir()
+        added = run_cli("publish", "--artifact-dir", str(art), "--upload-prefix", "proj/g/run/ts/checkpoints",
+                        "--bucket", f"file://{other}", "--add-destination", env=env)
+        assert added.returncode == 0, added.stderr
+        other.rename(tmp_path / "other-archive.unmounted")
+        prune_args = ["--destination", f"file://{archive}"]
     out = tmp_path / "teacher"
     flags = {name: tmp_path / f"paused-{name}" for name in ("first", "waiting")}
     procs = {"first": start_cli(*cli_args(art, models.base(), out),
@@ -264,7 +276,7 @@ def test_a_request_waiting_while_prune_removes_model_pt_builds_from_the_archive_
                                           "CKPTFLOW_TEST_PAUSE_FILE": str(flags["waiting"])})
         wait_for_file(flags["waiting"], procs["waiting"])  # its source was resolved with model.pt present
         flags["waiting"].unlink()
-        pruned = run_cli("prune-verified", "--paths", str(art), env=env)
+        pruned = run_cli("prune-verified", "--paths", str(art), *prune_args, env=env)
         assert pruned.returncode == 0 and not (art / "model.pt").exists(), pruned.stdout + pruned.stderr
         flags["first"].unlink()
         outputs = {name: finish(proc) for name, proc in procs.items()}

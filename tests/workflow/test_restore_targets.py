@@ -59,3 +59,32 @@ def test_restore_one_iteration_then_every_pruned_artifact_of_a_run(tmp_path):
     flow.ok("restore", iter=300, run=RUN)
     assert file_bytes(flow.artifact(300)) == arts[RUN, 300]
     assert json.loads(flow.report("restore", 300).read_text())["downloaded"] == ["optim/__1_0.distcp"]
+
+
+def test_the_workflows_restore_is_served_by_an_earlier_destination_when_the_receipts_current_one_is_gone(tmp_path):
+    """Published by the workflow to A, then to B by hand (``publish --add-destination``, so the receipt names B
+    first), pruned on both proofs; B's ``file://`` root then unmounted: ``restore`` is served by A, and its
+    report names A and why B was skipped."""
+    from helpers.cli import run_cli
+
+    for name in ("A", "B"):
+        (tmp_path / name).mkdir()
+    flow = Flow(tmp_path / "flow", {"bucket": f"file://{tmp_path / 'A'}"})
+    art = make_artifact(flow.runs / RUN)
+    (art / "optim.pt").unlink()
+    flow.ok("publish_all")
+    added = run_cli("publish", "--artifact-dir", str(art), "--bucket", f"file://{tmp_path / 'B'}", "--add-destination",
+                    env=flow.env)
+    assert added.returncode == 0, added.stderr[-2000:]
+    whole = file_bytes(art)
+    flow.ok("prune_all")
+    assert not (art / "model.pt").exists()
+    (tmp_path / "B").rename(tmp_path / "B.unmounted")
+
+    flow.ok("restore", iter=300, run=RUN)
+    assert file_bytes(art) == whole
+    report = json.loads(flow.report("restore", 300).read_text())
+    validate(report, "report_restore", what="restore report")
+    assert report["status"] == "restored" and report["destination"]["endpoint"] == str(tmp_path / "A")
+    [skipped] = report["skipped_destinations"]
+    assert skipped["destination"]["endpoint"] == str(tmp_path / "B") and "declaration" in skipped["detail"]

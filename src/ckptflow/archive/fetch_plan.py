@@ -3,7 +3,8 @@
 ``read_plan`` reads the declaration ``.posttrain-archive.json`` and the manifest under a prefix, checks
 them against each other (or, for a legacy archive without a declaration, against the objects' HEADs) and
 returns a ``FetchPlan``: the declared files per component, the records that are no component, and the
-scope (the components) a fetch stages, and the part digests the declaration binds (``part_digests``). ``require_remote`` HEADs the objects still to download. Nothing
+scope (the components) a fetch stages, and the part digests the declaration binds (``part_digests``;
+none, with a warning naming the record, when the record is missing or damaged: ``part_digests.usable_part_digests``). ``require_remote`` HEADs the objects still to download. Nothing
 local is read or written here: fetch (``fetch.py``) and restore decide and write from the plan.
 """
 
@@ -24,7 +25,7 @@ from ..store.base import ObjectStore
 from . import stage
 from .keys import object_key
 from .part_digests import FILENAME as PART_DIGESTS_FILENAME
-from .part_digests import load_part_digests
+from .part_digests import usable_part_digests
 from .verify import check_remote_inventory
 
 
@@ -122,7 +123,7 @@ def read_plan(store: ObjectStore, prefix: str, source: StoreURI, *, iteration: i
     if declaration is not None:
         payloads, records = _declared_payloads(declaration, manifest, manifest_bytes, source)
         decl_sha = sha256_bytes(decl_bytes)
-        part_digests = load_part_digests(store, prefix, declaration.files)
+        part_digests = usable_part_digests(store, prefix, declaration.files)
     else:
         payloads, records, decl_sha = _legacy_payloads(store, prefix, manifest, source), (), None
         part_digests = {}

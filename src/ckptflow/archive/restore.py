@@ -4,8 +4,10 @@
 ``restore``) call. It is ``fetch`` aimed at the artifact directory itself, with its receipt as the source:
 
 1. Read the local manifest and the JSON receipt (a legacy or full-checkpoint receipt is refused by name).
-   The receipt must belong to this artifact and the credentials must reach its destination
-   (``verify.check_binding``). The remote declaration must exist and hash to the receipt's
+   A receipt may list several destinations (``publish --add-destination``): each is tried in the receipt's
+   order (the current one first), or only those ``destinations`` names (``--destination URI``,
+   ``verify.select_destinations``), until one serves. At each, the receipt must belong to this artifact and
+   the credentials must reach that destination (``verify.check_binding``). The remote declaration must exist and hash to the receipt's
    ``declaration_sha256``: an archive that is gone (deleted bucket, removed ``file://`` root, objects
    deleted) is a ``NotFound`` naming the receipt and the destination. The declaration and the remote
    manifest are then read and checked like any fetch (``fetch_plan.read_plan``), and the remote manifest must be
@@ -32,6 +34,14 @@ is in place and verified, the dead ``.part`` leftovers of those files (a restore
 a part into place and removing it, ``restore:after-link``) are removed, and so is a restore lock whose
 holder was killed (``lock.remove_if_stale``): nothing a killed restore leaves blocks a later prune.
 
+A destination that cannot serve (unreachable, its ``file://`` root gone, credentials that do not reach it,
+its declaration or an object missing or damaged: anything about the archive, never a local refusal such
+as a differing local file or too little space) is skipped with a warning naming it and why, and the next
+one is tried: the files verified and put in place by then stay, so the next destination downloads only
+the rest. The report names the destination that served (``destination``, ``source_uri``) and every one
+skipped (``skipped_destinations``); when none serves, the error names each and why (with one destination,
+its own error, as it was).
+
 An artifact whose payloads are all present and verify is ``already-local`` (nothing downloaded, exit 0).
 Statuses: ``restored`` (every missing file downloaded), ``already-local``, ``dry-run``.
 
@@ -50,19 +60,20 @@ from pathlib import Path
 
 from .. import testhooks
 from ..digest import FileDigest, hash_files
-from ..errors import CkptflowError, ConflictError, NotFound, Refused, VerificationFailed
+from ..errors import CkptflowError, ConflictError, NotFound, Refused, StoreError, VerificationFailed
 from ..fsutil import require_directory
 from ..lock import DEFAULT_WAIT_SECONDS, held_lock, remove_if_stale
 from ..records import manifest as manifest_record
 from ..records import receipt as receipt_record
 from ..records.inventory import FileEntry
 from ..store.base import ObjectStore
+from ..store.uri import destination_label
 from . import space, stage
 from .download import download_files
 from .fetch_plan import FetchPlan, read_plan, require_remote
 from .keys import receipt_archive_uri
 from .release import dead_asides, put_back_asides
-from .verify import check_binding, check_declaration
+from .verify import check_binding, check_declaration, select_destinations
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +92,8 @@ class RestoreResult:
     downloaded: list[str] = field(default_factory=list)
     downloaded_bytes: int = 0
     resumed: list[dict] = field(default_factory=list)  # [{"path", "offset"}] continued from a killed restore
+    destination: receipt_record.ReceiptDestination | None = None  # the receipt's destination that served
+    skipped: list[dict] = field(default_factory=list)  # [{"destination", "detail"}] tried before it, unusable
 
     def to_report(self) -> dict:
         """The ``restore`` report (schemas/report_restore.schema.json), for the CLI and the workflow alike."""
@@ -90,6 +103,8 @@ class RestoreResult:
             "dry_run": self.status == "dry-run",
             "artifact_dir": str(self.artifact_dir),
             "source_uri": self.source,
+            "destination": self.destination.to_dict() if self.destination is not None else None,
+            "skipped_destinations": self.skipped,
             "declaration_sha256": self.declaration_sha256,
             "payloads": [e.to_dict() for e in self.payloads],
             "total_bytes": sum(sizes.values()),
@@ -103,14 +118,93 @@ class RestoreResult:
 
 
 def restore_artifact(artifact_dir: Path | str, store_for, *, dry_run: bool = False, progress: bool | None = None,
-                     lock_wait_seconds: float = DEFAULT_WAIT_SECONDS) -> RestoreResult:
-    """Refill ``artifact_dir``'s missing payloads from its receipt's destination; see the module docstring.
+                     lock_wait_seconds: float = DEFAULT_WAIT_SECONDS,
+                     destinations: list[str] | tuple[str, ...] | None = None) -> RestoreResult:
+    """Refill ``artifact_dir``'s missing payloads from a destination its receipt lists; see the module docstring.
 
-    ``store_for(receipt_destination)`` opens the store the receipt names with the caller's credentials
-    (``store.open.store_factory``)."""
+    ``store_for(receipt_destination)`` opens the store a receipt destination names with the caller's
+    credentials (``store.open.store_factory``). ``destinations`` (``--destination URI``, repeatable): only
+    those of the receipt's destinations are tried; default every one, in the receipt's order."""
     artifact_dir = Path(os.path.abspath(require_directory(
         artifact_dir, "artifact directory", "pass the published checkpoint_artifacts/iter_N directory")))
-    store, plan, receipt_path = _read_source(artifact_dir, store_for)
+    manifest_path, receipt, receipt_path = _read_records(artifact_dir)
+    chosen = select_destinations(receipt, destinations, str(receipt_path))
+    hashed: dict[str, tuple[tuple, FileDigest]] = {}
+    skipped: list[tuple[receipt_record.ReceiptDestination, CkptflowError | OSError]] = []
+    # What a destination that failed mid-download had put in place, verified: this run's work all the same.
+    earlier_missing: list[str] | None = None
+    earlier_downloaded: list[str] = []
+    earlier_bytes = 0
+    for n, dest in enumerate(chosen, 1):
+        try:
+            result = _restore_from(artifact_dir, receipt.at(dest), receipt_path, manifest_path, store_for,
+                                   dry_run=dry_run, progress=progress, lock_wait_seconds=lock_wait_seconds,
+                                   hashed=hashed)
+        except _Unusable as exc:
+            skipped.append((dest, exc.error))
+            earlier_missing = earlier_missing if earlier_missing is not None else exc.missing
+            earlier_downloaded += exc.downloaded
+            earlier_bytes += exc.downloaded_bytes
+            if n < len(chosen):
+                log.warning("%s cannot serve the restore of %s (%s); trying the next destination %s lists",
+                            destination_label(dest, dest.prefix), artifact_dir, exc.error, receipt_path.name)
+            continue
+        result.destination = dest
+        result.skipped = [{"destination": d.to_dict(), "detail": str(e)} for d, e in skipped]
+        if earlier_downloaded:
+            result.downloaded = sorted({*result.downloaded, *earlier_downloaded})
+            result.downloaded_bytes += earlier_bytes
+            result.reused = sorted(set(result.reused) - set(earlier_downloaded))
+            if earlier_missing is not None:
+                result.missing = earlier_missing
+            if result.status == "already-local":
+                result.status = "restored"
+        return result
+    if len(skipped) == 1:
+        raise skipped[0][1]
+    raise _none_served(artifact_dir, receipt_path, skipped)
+
+
+class _Unusable(Exception):
+    """The destination being tried cannot serve the restore: ``error`` says why (the next one is tried).
+    A download that failed part way says what it had judged missing and put in place, verified, by then."""
+
+    def __init__(self, error: CkptflowError | OSError, *, missing: list[str] | None = None,
+                 downloaded: list[str] | None = None, downloaded_bytes: int = 0):
+        super().__init__(str(error))
+        self.error = error
+        self.missing = missing
+        self.downloaded = downloaded or []
+        self.downloaded_bytes = downloaded_bytes
+
+
+# What a destination that cannot serve raises once its records were read: an object missing or not the
+# declared bytes, or the store failing. A local refusal (a differing file, too little space, a busy lock)
+# is none of these, and stops the restore whatever other destination there is.
+_SOURCE_ERRORS = (NotFound, VerificationFailed, StoreError)
+
+
+def _none_served(artifact_dir: Path, receipt_path: Path,
+                 skipped: list[tuple[receipt_record.ReceiptDestination, CkptflowError | OSError]]) -> CkptflowError:
+    """The error of a restore that no destination could serve: each destination and why, in the order tried."""
+    why = "; ".join(f"at {destination_label(d, d.prefix)}: {e}" for d, e in skipped)
+    first = skipped[0][1]
+    cls = type(first) if isinstance(first, (NotFound, VerificationFailed, Refused, StoreError)) else StoreError
+    return cls(f"none of the {len(skipped)} destinations {receipt_path} lists could serve the restore of "
+               f"{artifact_dir} ({why}); files already verified and in place were kept",
+               remedy="make one of those copies reachable and whole (or name one with --destination), then rerun "
+               "the restore", path=str(receipt_path))
+
+
+def _restore_from(artifact_dir: Path, receipt: receipt_record.Receipt, receipt_path: Path, manifest_path: Path,
+                  store_for, *, dry_run: bool, progress: bool | None, lock_wait_seconds: float,
+                  hashed: dict[str, tuple[tuple, FileDigest]]) -> RestoreResult:
+    """The restore from the one destination ``receipt`` names (``Receipt.at``); ``_Unusable`` when that
+    destination cannot serve it. ``hashed`` carries the local files' digests from one destination to the next."""
+    try:
+        store, plan = _read_source(artifact_dir, receipt, receipt_path, manifest_path, store_for)
+    except (CkptflowError, OSError) as exc:  # it only read the archive: whatever failed is this destination's
+        raise _Unusable(exc) from exc
     lock = artifact_dir.with_name(artifact_dir.name + ".restore.lock")
     paths = [e.path for e in plan.payloads]
     if not dry_run:
@@ -119,11 +213,14 @@ def restore_artifact(artifact_dir: Path | str, store_for, *, dry_run: bool = Fal
     else:  # what the real run puts back is judged where it lies now
         stand_in = {p: a for a, p in sorted(dead_asides(artifact_dir, paths).items(), reverse=True)
                     if not os.path.lexists(artifact_dir / p)}
-    result = _judge(store, plan, artifact_dir, progress, {}, stand_in)
+    result = _judge(plan, artifact_dir, progress, hashed, stand_in)
+    if not stand_in:
+        hashed.update(result.hashed)
     if result.status == "already-local":
         if not dry_run:
             _clear_after(artifact_dir, plan.payloads, lock)
         return result
+    _check_missing(store, plan, artifact_dir, result)
     if dry_run:
         result.status = "dry-run"
         return result
@@ -131,15 +228,22 @@ def restore_artifact(artifact_dir: Path | str, store_for, *, dry_run: bool = Fal
                    remedy="let that restore finish, then rerun (it answers already-local once the payloads are "
                    "in place), or raise --lock-wait-seconds"):
         # Judged again under the lock: another restore may have put files in place meanwhile.
-        result = _judge(store, plan, artifact_dir, progress, result.hashed)
+        result = _judge(plan, artifact_dir, progress, hashed)
+        hashed.update(result.hashed)
         if result.status == "already-local":
             _clear_after(artifact_dir, plan.payloads, None)
             return result
+        _check_missing(store, plan, artifact_dir, result)
         testhooks.reached("restore:before-download")
         todo = [e for e in plan.payloads if e.path in result.missing]
-        result.downloaded_bytes, result.resumed = download_files(
-            store, plan.prefix, artifact_dir, todo, where=plan.where, progress=progress, no_clobber=True,
-            parts=plan.part_digests)
+        try:
+            result.downloaded_bytes, result.resumed = download_files(
+                store, plan.prefix, artifact_dir, todo, where=plan.where, progress=progress, no_clobber=True,
+                parts=plan.part_digests)
+        except _SOURCE_ERRORS as exc:  # files verified and put in place by then stay; the next destination has the rest
+            placed = [e for e in todo if stage.files_in_place(artifact_dir, [e])]
+            raise _Unusable(exc, missing=result.missing, downloaded=[e.path for e in placed],
+                            downloaded_bytes=sum(e.size for e in placed)) from exc
         result.downloaded = sorted(e.path for e in todo)
     gone = [e.path for e in plan.payloads if not stage.files_in_place(artifact_dir, [e])]
     if gone:
@@ -162,20 +266,25 @@ def _clear_after(artifact_dir: Path, payloads: tuple[FileEntry, ...], lock: Path
         log.info("removed %s left by a killed restore", lock)
 
 
-def _read_source(artifact_dir: Path, store_for) -> tuple[ObjectStore, FetchPlan, Path]:
-    """The store and the checked plan of the archive this artifact's receipt names; reads only."""
+def _read_records(artifact_dir: Path) -> tuple[Path, receipt_record.Receipt, Path]:
+    """The local manifest's path, the receipt and its path; refused by name when either is missing."""
     manifest_path = artifact_dir / manifest_record.FILENAME
     if not manifest_path.is_file():
         raise NotFound(f"{manifest_path} does not exist: {artifact_dir} is not a committed artifact",
                        remedy="pass a checkpoint_artifacts/iter_N directory holding its manifest; to get an artifact "
                        "with no local records back, use `ckptflow fetch`", path=str(manifest_path))
-    manifest = manifest_record.read_manifest(artifact_dir)
+    manifest_record.read_manifest(artifact_dir)
     receipt_path = receipt_record.path_in(artifact_dir)
     if not os.path.lexists(receipt_path):
         raise NotFound(f"{receipt_path} does not exist: nothing records where {artifact_dir} was archived",
                        remedy="restore needs the receipt `ckptflow publish` wrote; with the archive's URI, "
                        "`ckptflow fetch` gets the artifact back into a stage", path=str(receipt_path))
-    receipt = receipt_record.read_receipt(artifact_dir)
+    return manifest_path, receipt_record.read_receipt(artifact_dir), receipt_path
+
+
+def _read_source(artifact_dir: Path, receipt: receipt_record.Receipt, receipt_path: Path, manifest_path: Path,
+                 store_for) -> tuple[ObjectStore, FetchPlan]:
+    """The store and the checked plan of the archive at the destination ``receipt`` names; reads only."""
     source = receipt_archive_uri(receipt)
     store = store_for(receipt.destination)
     check_binding(store, receipt, artifact_dir)
@@ -190,12 +299,12 @@ def _read_source(artifact_dir: Path, store_for) -> tuple[ObjectStore, FetchPlan,
         raise VerificationFailed(f"the declaration at {source} does not match {receipt_path} ({declaration.detail}); "
                                  "nothing was written", remedy="the archive was replaced or damaged; restore it from "
                                  "a backup, or keep what is local and publish it to a new destination")
-    plan = read_plan(store, prefix, source, iteration=manifest.iteration)
+    plan = read_plan(store, prefix, source, iteration=manifest_record.read_manifest(artifact_dir).iteration)
     if plan.declaration_sha256 != receipt.declaration_sha256 or plan.manifest_bytes != manifest_path.read_bytes():
         raise VerificationFailed(f"the archive at {source} holds another manifest or declaration than {artifact_dir} "
                                  f"and its receipt record; nothing was written",
                                  remedy="the archive was replaced; keep what is local and publish it to a new destination")
-    return store, plan, receipt_path
+    return store, plan
 
 
 @dataclass
@@ -203,9 +312,9 @@ class _Judged(RestoreResult):
     hashed: dict[str, tuple[tuple, FileDigest]] = field(default_factory=dict)  # path -> (file_key, digest)
 
 
-def _judge(store: ObjectStore, plan: FetchPlan, artifact_dir: Path, progress: bool | None,
+def _judge(plan: FetchPlan, artifact_dir: Path, progress: bool | None,
            hashed: dict[str, tuple[tuple, FileDigest]], stand_in: dict[str, str] | None = None) -> _Judged:
-    """Read-only: which payloads are missing, which verify; a present file that differs is refused.
+    """Read-only and local: which payloads are missing, which verify; a present file that differs is refused.
     Files unchanged since an earlier judgement (same ``stage.file_key``) are not hashed twice. ``stand_in``
     (a dry run): an absent payload judged by the file a killed prune set aside, which the real run puts back."""
     payloads = plan.payloads
@@ -235,13 +344,21 @@ def _judge(store: ObjectStore, plan: FetchPlan, artifact_dir: Path, progress: bo
     result.reused = sorted(present)
     result.missing = sorted(p for p in by_path if p not in digests)
     if result.missing:
-        todo = [by_path[p] for p in result.missing]
-        require_remote(store, plan, todo)
-        space.check_space(artifact_dir, todo, source=str(plan.source),
-                          freed=[p for e in todo if (artifact_dir / e.path).parent.is_dir()
-                                 for p in stage.leftover_parts(artifact_dir / e.path)])
         result.status = "restored"
     return result
+
+
+def _check_missing(store: ObjectStore, plan: FetchPlan, artifact_dir: Path, result: RestoreResult) -> None:
+    """Read-only: every missing payload's object is at the destination as declared (HEAD; ``_Unusable``
+    otherwise), and the file system has room for them (a refusal of this restore, whatever the destination)."""
+    todo = [e for e in plan.payloads if e.path in result.missing]
+    try:
+        require_remote(store, plan, todo)
+    except _SOURCE_ERRORS as exc:
+        raise _Unusable(exc) from exc
+    space.check_space(artifact_dir, todo, source=str(plan.source),
+                      freed=[p for e in todo if (artifact_dir / e.path).parent.is_dir()
+                             for p in stage.leftover_parts(artifact_dir / e.path)])
 
 
 def missing_payloads(artifact_dir: Path | str) -> list[str]:

@@ -12,20 +12,22 @@
   back to the object's ``sha256`` metadata (HEAD), as fetch does for legacy archives. The payload is
   fetched by ``archive.fetch.fetch_artifact`` only when a build needs it, and only the ``model`` component.
 * A local source whose model.pt was removed while the request waited for the lock (pruned after its
-  publication) is resolved again under it (``resolve_under_lock``): the archive the receipt names, when
-  it holds the model the local manifest records, so the request converges without a rerun.
+  publication) is resolved again under it (``resolve_under_lock``): an archive the receipt names (every
+  destination it lists is tried, in its order), when it holds the model the local manifest records, so the
+  request converges without a rerun; the report's source location names the one that served.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..archive.keys import parse_artifact_uri, receipt_archive_uri
+from ..archive.keys import parse_artifact_uri
 from ..digest import FileDigest, sha256_file
 from ..errors import CkptflowError, InvalidRecord, NotFound, Refused, VerificationFailed
 from ..fsutil import resolve_inside
@@ -35,9 +37,12 @@ from ..records import receipt as receipt_record
 from ..records.materialized import SourceIdentity
 from ..store import Credentials, StoreURI
 from ..store.base import ObjectStore
-from ..store.open import credentials_for, open_uri
+from ..store.open import credentials_for, open_destination, open_uri
+from ..store.uri import destination_label, destination_uri
 
 MODEL_COMPONENT = "model"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -130,7 +135,9 @@ def resolve_under_lock(source: ModelSource, credentials) -> ModelSource:
 
 def _archived_instead(artifact_dir: Path, credentials) -> ModelSource | None:
     """The archive a receipt names, as the source of the model the local manifest records; None when
-    there is no readable receipt or the manifest records no digest to compare with."""
+    there is no readable receipt or the manifest records no digest to compare with. Every destination the
+    receipt lists is tried in its order (the current one first): the first that is reachable with these
+    credentials and records that model serves; one that does not is skipped with a warning naming it."""
     try:
         receipt = receipt_record.read_receipt(artifact_dir)
         manifest = manifest_record.read_manifest(artifact_dir)
@@ -139,17 +146,30 @@ def _archived_instead(artifact_dir: Path, credentials) -> ModelSource | None:
     model = _model_component(manifest, str(artifact_dir))
     if model.sha256 is None:
         return None
-    uri = receipt_archive_uri(receipt)
-    if credentials is None:
-        credentials = credentials_for(uri, None)
-    archived = _archive_source(str(uri), None, credentials)
-    if (archived.identity.sha256, archived.identity.size) != (model.sha256, model.size):
-        raise VerificationFailed(
-            f"{artifact_dir / model.path} is gone and the archive its receipt names ({uri}) records model "
-            f"{archived.identity.size} bytes sha256 {archived.identity.sha256}, not the {model.size} bytes sha256 "
-            f"{model.sha256} of the local manifest", path=str(artifact_dir),
-            remedy="restore the payload, or materialize from the right archive with --artifact-uri")
-    return archived
+    failed: list[tuple[str, CkptflowError | OSError]] = []
+    for n, dest in enumerate(receipt.destinations, 1):
+        uri = destination_uri(dest, dest.prefix)
+        try:
+            creds = credentials if credentials is not None else credentials_for(uri, None)
+            store = open_destination(dest, creds, what=str(receipt_record.path_in(artifact_dir)))
+            archived = _archive_source(str(uri), store, creds)
+            if (archived.identity.sha256, archived.identity.size) != (model.sha256, model.size):
+                raise VerificationFailed(
+                    f"{artifact_dir / model.path} is gone and the archive its receipt names ({uri}) records model "
+                    f"{archived.identity.size} bytes sha256 {archived.identity.sha256}, not the {model.size} bytes "
+                    f"sha256 {model.sha256} of the local manifest", path=str(artifact_dir),
+                    remedy="restore the payload, or materialize from the right archive with --artifact-uri")
+            return archived
+        except (CkptflowError, OSError) as exc:
+            failed.append((destination_label(dest, dest.prefix), exc))
+            if n < len(receipt.destinations):
+                log.warning("%s cannot serve %s's model (%s); trying the next destination its receipt lists",
+                            failed[-1][0], artifact_dir, exc)
+    if len(failed) == 1:
+        raise failed[0][1]
+    raise NotFound(f"{artifact_dir / model.path} is gone and none of the {len(failed)} destinations its receipt lists "
+                   f"serves its model ({'; '.join(f'at {w}: {e}' for w, e in failed)})", path=str(artifact_dir),
+                   remedy="make one of those copies reachable (or restore the payload), then rerun")
 
 
 def _model_component(manifest: manifest_record.Manifest, where: str) -> manifest_record.FileComponent:
