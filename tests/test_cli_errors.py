@@ -166,3 +166,36 @@ def test_every_verb_that_takes_a_lock_refuses_a_wait_that_is_not_finite_seconds(
     proc = run_cli(verb, "--lock-wait-seconds", value)
     assert proc.returncode == 2, proc.stderr
     assert f"--lock-wait-seconds: {value!r} is not a finite number of seconds >= 0" in proc.stderr
+
+
+# Each verb's required arguments, so that the unknown flag is the only error its parser finds.
+_REQUIRED = {
+    "seal": ("--artifact-dir", "A", "--iteration", "1", "model=model.pt"),
+    "merge": ("--mode", "avg", "--experts", "a,b", "--out", "o/iter_000001/model.pt"),
+    "publish": ("--artifact-dir", "A"), "verify": ("--artifact-dir", "A"), "prune-verified": ("--paths", "A"),
+    "restore": ("--artifact-dir", "A"), "fetch": ("--artifact-uri", "s3://b/p/iter_1", "--dst", "D"),
+    "materialize": ("--ckpt-dir", "A", "--base", "B", "--out", "O"), "probe": ("--prefix", "p"),
+    "status": ("R",), "ls": ("s3://b/p",), "resume-check": ("--attempt-dir", "A"),
+    "retain-checkpoints": ("--run-dir", "R", "--keep-last", "1"), "gc-uploads": ("--prefix", "p/"),
+}
+
+
+@pytest.mark.parametrize("verb", list(_REQUIRED))
+def test_an_unknown_flag_after_a_verb_is_named_by_the_verb_with_its_usage(tmp_path, verb):
+    from ckptflow.cli import VERBS
+
+    assert sorted(_REQUIRED) == sorted(VERBS)  # every verb is covered
+    before = tree_bytes(tmp_path)
+    proc = run_cli(verb, *_REQUIRED[verb], "--no-such-flag", env={"CKPTFLOW_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.returncode == 2, proc.stderr
+    assert f"usage: ckptflow {verb} " in proc.stderr, proc.stderr
+    assert f"ckptflow {verb}: error: unrecognized arguments: --no-such-flag\n" in proc.stderr, proc.stderr
+    assert "ckptflow: error:" not in proc.stderr and "{seal,merge" not in proc.stderr, proc.stderr
+    assert proc.report == {"status": "usage-error", "credentials": None,
+                           "error": {"type": "UsageError", "message": "unrecognized arguments: --no-such-flag"}}
+    assert tree_bytes(tmp_path) == before
+
+
+def test_an_unknown_flag_before_the_verb_is_the_top_level_parser_s():
+    proc = run_cli("--no-such-flag", "status", "R")
+    assert proc.returncode == 2 and "ckptflow: error: unrecognized arguments: --no-such-flag" in proc.stderr, proc.stderr
