@@ -216,12 +216,7 @@ def get_merge_target(wildcards):
     iteration = get_iteration()
     recipe = ckptflow_config.require_merge_recipe(config, iteration)
     run, name = get_target(True)
-    missing = [e for e in recipe["experts"] if not os.path.isfile(e)]
-    if missing:
-        raise UsageError(
-            f"config merge.{iteration}.experts: no such file {', '.join(missing)}",
-            remedy="fix the expert paths of the recipe (relative to the working directory)",
-        )
+    ckptflow_config.require_experts(recipe["experts"], iteration)
     if recipe["mode"] == "tv":
         key = f"merge.{iteration}.base" if recipe.get("base") else "base"
         ckptflow_config.require_base(recipe.get("base") or config["base"], key=key)

@@ -6,7 +6,7 @@ Owns, for the Snakemake workflow (a front end beside ``workflow_plan`` and ``wor
   is named with the closest known one (``bucekt`` → ``bucket``), any other schema error in one line.
 - The checks a target needs before Snakemake plans a job, each naming the key and its remedy as
   ``--config KEY=VALUE`` with the candidates found on disk: ``require_runs_root``, ``require_base``, ``require_bucket``,
-  ``require_credentials``, ``require_merge_recipe``, ``resolve_target`` (the run and the iteration). ``rules/common.smk`` calls them
+  ``require_credentials``, ``require_merge_recipe``, ``require_experts``, ``resolve_target`` (the run and the iteration). ``rules/common.smk`` calls them
   while planning (so a dry-run refuses what the run would) and the step functions call the same ones.
 - ``exit_with``: the one line Snakemake shows for such a refusal (planning, or inside a job, where the
   remedy's command-line flags are spelled as ``--config`` keys by ``config_remedy``); details go to the
@@ -32,6 +32,8 @@ import jsonschema
 from .artifact import ARTIFACTS_DIR, ITER_DIR_RE, committed_artifacts, find_runs
 from .errors import CkptflowError, UsageError
 from .jsonio import load_schema
+from .records import manifest as manifest_record
+from .records import receipt as receipt_record
 from .store import StoreURI
 from .store.credentials import ENV_VAR as CREDENTIALS_ENV
 from .store.credentials import resolve_credentials_path
@@ -284,6 +286,42 @@ def one_line_errors(fn: F) -> F:
 
 
 # --------------------------------------------------------------------------------------------- checks
+
+
+def _archived_artifact_of(path: str) -> Path | None:
+    """The committed and archived artifact whose manifest lists ``path`` as a payload (a payload pruned
+    since, when ``path`` is gone); None when no directory above it is such an artifact."""
+    target = Path(os.path.abspath(path))
+    for artifact_dir in target.parents:
+        if not ITER_DIR_RE.match(artifact_dir.name):
+            continue
+        try:
+            manifest = manifest_record.read_manifest(artifact_dir)
+        except (CkptflowError, OSError, ValueError):
+            return None
+        rel = target.relative_to(artifact_dir).as_posix()
+        listed = rel in {e.path for e in manifest.physical_files()}
+        return artifact_dir if listed and receipt_record.belonging_receipt(artifact_dir) is not None else None
+    return None
+
+
+def require_experts(experts: Iterable[str], iteration: int) -> None:
+    """config ``merge.<iter>.experts``: every file is there. One pruned from its archived artifact is named
+    so, with the restore that brings it back (the recipe is right; the bytes are in the archive)."""
+    missing = [e for e in experts if not os.path.isfile(e)]
+    if not missing:
+        return
+    pruned = {e: d for e in missing if (d := _archived_artifact_of(e)) is not None}
+    if pruned:
+        listed = ", ".join(f"{e} (artifact {d})" for e, d in pruned.items())
+        restores = " and ".join(f"`ckptflow restore --artifact-dir {d}`" for d in dict.fromkeys(pruned.values()))
+        raise UsageError(
+            f"config merge.{iteration}.experts: {listed} {'was' if len(pruned) == 1 else 'were'} pruned after "
+            "the archive was verified (the manifest and receipt stay)",
+            remedy=f"restore first: `snakemake restore_all` (every pruned artifact of the runs), or {restores}; "
+            "then run merge_experts again")
+    raise UsageError(f"config merge.{iteration}.experts: no such file {', '.join(missing)}",
+                     remedy="fix the expert paths of the recipe (relative to the working directory)")
 
 
 def require_runs_root(runs_root: str) -> Path:
