@@ -1,4 +1,5 @@
 import os
+import sys
 from functools import cache
 from types import SimpleNamespace
 
@@ -18,6 +19,7 @@ from ckptflow.records.receipt import belonging_receipt, is_legacy_receipt
 # schema dump. Every input function below that can refuse is wrapped the same way (one_line_errors).
 try:
     config.update(ckptflow_config.checked_config(config))
+    ckptflow_config.refuse_overrides_as_targets(sys.argv)
 except CkptflowError as exc:
     ckptflow_config.exit_with(exc)
 

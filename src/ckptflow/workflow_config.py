@@ -8,6 +8,7 @@ Owns, for the Snakemake workflow (a front end beside ``workflow_plan`` and ``wor
   ``--config KEY=VALUE`` with the candidates found on disk: ``require_runs_root``, ``require_base``, ``require_bucket``,
   ``require_credentials``, ``require_merge_recipe``, ``require_experts``, ``resolve_target`` (the run and the iteration). ``rules/common.smk`` calls them
   while planning (so a dry-run refuses what the run would) and the step functions call the same ones.
+- ``refuse_overrides_as_targets``: a ``--config`` override placed after ``--`` (taken as a target).
 - ``exit_with``: the one line Snakemake shows for such a refusal (planning, or inside a job, where the
   remedy's command-line flags are spelled as ``--config`` keys by ``config_remedy``); details go to the
   job log.
@@ -286,6 +287,29 @@ def one_line_errors(fn: F) -> F:
 
 
 # --------------------------------------------------------------------------------------------- checks
+
+
+# A word Snakemake took as a target although it was meant as a configuration override: an option, or KEY=VALUE.
+_OVERRIDE_LIKE = re.compile(r"-.*|[A-Za-z_][A-Za-z0-9_.]*=.*", re.DOTALL)
+
+
+def refuse_overrides_as_targets(argv: list[str]) -> None:
+    """After ``--`` every word of Snakemake's command line is a target, so ``-- materialize_teacher --config
+    iter=300`` asks Snakemake to build files named ``--config`` and ``iter=300`` and leaves config iter unset:
+    refuse such a target while the Snakefile is read (before planning), saying where the override goes.
+    ``argv`` is the command line (``sys.argv``; the targets Snakemake parsed are not known to a Snakefile
+    while it is read)."""
+    targets = argv[argv.index("--") + 1:] if "--" in argv else []
+    odd = list(dict.fromkeys(t for t in targets if _OVERRIDE_LIKE.fullmatch(t)))
+    if not odd:
+        return
+    overrides = [t for t in odd if not t.startswith("-")]
+    example = " ".join(overrides) if overrides else "KEY=VALUE"
+    raise UsageError(
+        f"target(s) {', '.join(repr(t) for t in odd)} look like a --config override, but Snakemake took them "
+        "as targets to build: every word after `--` is a target, so the override was not applied",
+        remedy=f"put the override before `--` (snakemake ... --configfile site.yaml --config {example} -- TARGET), "
+        "or leave `--` out when no option taking several values (--configfile, --config) precedes the target")
 
 
 def _archived_artifact_of(path: str) -> Path | None:

@@ -135,6 +135,22 @@ def test_a_merge_whose_experts_were_pruned_names_the_restore_not_the_recipe(tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("words", [("--config", "iter=300"), ("iter=300",)])
+def test_a_config_override_after_the_double_dash_is_refused_saying_where_it_goes(flow, words):
+    """``-- materialize_teacher --config iter=300``: after ``--`` every word is a target, so Snakemake would
+    plan files named ``--config`` and ``iter=300`` with config iter unset (and the refusal would suggest
+    another iteration). The override is named as such, with the place it goes."""
+    line = _refusal(flow, "--", "materialize_teacher", *words)
+    assert "'iter=300'" in line and "look like a --config override" in line and "after `--`" in line, line
+    assert "--config iter=300 -- TARGET" in line and "config iter is not set" not in line, line
+    if "--config" in words:
+        assert "'--config'" in line, line
+    # Before `--`, the same override is applied.
+    assert sorted(flow.planned("materialize_teacher", iter=300, base=flow.root.parent / "base")) == [
+        "materialize", "materialize_teacher"]
+
+
+@pytest.mark.slow
 def test_a_wrong_keep_free_is_named_by_its_config_key_before_planning(flow):
     for value in ("20 gigs", "20"):
         line = _refusal(flow, "prune_all", prune=json.dumps({"keep_free": value}))
