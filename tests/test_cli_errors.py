@@ -199,3 +199,27 @@ def test_an_unknown_flag_after_a_verb_is_named_by_the_verb_with_its_usage(tmp_pa
 def test_an_unknown_flag_before_the_verb_is_the_top_level_parser_s():
     proc = run_cli("--no-such-flag", "status", "R")
     assert proc.returncode == 2 and "ckptflow: error: unrecognized arguments: --no-such-flag" in proc.stderr, proc.stderr
+
+
+def test_prune_of_an_artifact_holding_an_unsealed_file_says_move_it_out_first(tmp_path, archive, env):
+    art = _artifact(tmp_path / "run", 5)
+    _seal_and_publish(art, archive, env)
+    (art / "train.log").write_text("step 1 loss 2.3\n")  # written beside the checkpoint after it was sealed
+    before = tree_bytes(art)
+    proc = run_cli("prune-verified", "--paths", str(art), env=env)
+    [kept] = proc.report["kept"]
+    reason = kept["reason"]
+    assert "['train.log']" in reason and "move them out of the artifact directory" in reason, reason
+    # The remedy that fits a log comes first; a new artifact is for files that belong to the checkpoint.
+    assert reason.index("move them out of the artifact directory") < reason.index("new artifact"), reason
+    assert proc.report["removed"] == [] and tree_bytes(art) == before
+    (art / "train.log").rename(tmp_path / "train.log")  # doing what it says frees the artifact
+    again = run_cli("prune-verified", "--paths", str(art), env=env)
+    assert again.returncode == 0 and again.report["kept"] == [] and not (art / "model.pt").exists(), again.stderr
+
+
+def test_a_prune_refusal_names_the_path_once(tmp_path, env):
+    art = tmp_path / "run" / "checkpoint_artifacts" / "iter_000007"
+    proc = run_cli("prune-verified", "--paths", str(art), env=env)
+    assert proc.returncode == 1, proc.stdout
+    assert proc.stderr.count(str(art)) == 1 and "does not exist" in proc.stderr, proc.stderr
