@@ -301,7 +301,8 @@ class S3Store:
         sent), made only from the object whose ETag is ``etag`` (``x-amz-copy-source-if-match``): an object
         replaced since it was read is not given the digest of bytes it may not hold (None: send the file).
         The copy asks for a SHA-256 server checksum; an endpoint that computes none on a copy (SeaweedFS)
-        leaves that object provable by its bytes only (``verify --read-data``; prune reads it itself)."""
+        leaves that object provable by its bytes only (``verify --read-data``, ``prune-verified --read-data``).
+        An endpoint that refuses the copy itself gets the file sent (None)."""
         validate_key(key)
         if etag is None or digest.size > self.adopts_objects_up_to:
             return None
@@ -312,9 +313,10 @@ class S3Store:
         try:
             self._client.copy_object(**kwargs)
         except ClientError as exc:
-            if error_code(exc) == "PreconditionFailed" or http_status(exc) == 412:
-                return None
-            raise self._error(exc, "CopyObject (adopt)", key) from None
+            if error_code(exc) != "PreconditionFailed" and http_status(exc) != 412:
+                # An endpoint or policy without CopyObject: sending the file is the way that always works.
+                log.info("%s: CopyObject refused (%s); the file is sent instead", self._where(key), error_code(exc))
+            return None
         except BotoCoreError as exc:
             raise self._error(exc, "CopyObject (adopt)", key) from None
         info = self.head(key)
