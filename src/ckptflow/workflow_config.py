@@ -30,11 +30,9 @@ from typing import Any, NoReturn, TypeVar
 
 import jsonschema
 
-from .artifact import ARTIFACTS_DIR, ITER_DIR_RE, committed_artifacts, find_runs
+from .artifact import ARTIFACTS_DIR, ITER_DIR_RE, archived_artifact_of, committed_artifacts, find_runs
 from .errors import CkptflowError, UsageError
 from .jsonio import load_schema
-from .records import manifest as manifest_record
-from .records import receipt as receipt_record
 from .store import StoreURI
 from .store.credentials import ENV_VAR as CREDENTIALS_ENV
 from .store.credentials import resolve_credentials_path
@@ -312,30 +310,13 @@ def refuse_overrides_as_targets(argv: list[str]) -> None:
         "or leave `--` out when no option taking several values (--configfile, --config) precedes the target")
 
 
-def _archived_artifact_of(path: str) -> Path | None:
-    """The committed and archived artifact whose manifest lists ``path`` as a payload (a payload pruned
-    since, when ``path`` is gone); None when no directory above it is such an artifact."""
-    target = Path(os.path.abspath(path))
-    for artifact_dir in target.parents:
-        if not ITER_DIR_RE.match(artifact_dir.name):
-            continue
-        try:
-            manifest = manifest_record.read_manifest(artifact_dir)
-        except (CkptflowError, OSError, ValueError):
-            return None
-        rel = target.relative_to(artifact_dir).as_posix()
-        listed = rel in {e.path for e in manifest.physical_files()}
-        return artifact_dir if listed and receipt_record.belonging_receipt(artifact_dir) is not None else None
-    return None
-
-
 def require_experts(experts: Iterable[str], iteration: int) -> None:
     """config ``merge.<iter>.experts``: every file is there. One pruned from its archived artifact is named
     so, with the restore that brings it back (the recipe is right; the bytes are in the archive)."""
     missing = [e for e in experts if not os.path.isfile(e)]
     if not missing:
         return
-    pruned = {e: d for e in missing if (d := _archived_artifact_of(e)) is not None}
+    pruned = {e: d for e in missing if (d := archived_artifact_of(e)) is not None}
     if pruned:
         listed = ", ".join(f"{e} (artifact {d})" for e, d in pruned.items())
         restores = " and ".join(f"`ckptflow restore --artifact-dir {d}`" for d in dict.fromkeys(pruned.values()))
