@@ -291,13 +291,18 @@ def one_line_errors(fn: F) -> F:
 _OVERRIDE_LIKE = re.compile(r"-.*|[A-Za-z_][A-Za-z0-9_.]*=.*", re.DOTALL)
 
 
-def refuse_overrides_as_targets(argv: list[str]) -> None:
-    """After ``--`` every word of Snakemake's command line is a target, so ``-- materialize_teacher --config
-    iter=300`` asks Snakemake to build files named ``--config`` and ``iter=300`` and leaves config iter unset:
-    refuse such a target while the Snakefile is read (before planning), saying where the override goes.
-    ``argv`` is the command line (``sys.argv``; the targets Snakemake parsed are not known to a Snakefile
-    while it is read)."""
-    targets = argv[argv.index("--") + 1:] if "--" in argv else []
+def words_after_double_dash(argv: list[str]) -> list[str]:
+    """The words of a command line after ``--``: Snakemake takes every one of them as a target."""
+    return argv[argv.index("--") + 1:] if "--" in argv else []
+
+
+def refuse_overrides_as_targets(targets: Iterable[str]) -> None:
+    """A target that looks like a configuration override (an option such as ``--config``, or ``KEY=VALUE``)
+    was meant as one: ``-- materialize_teacher --config iter=300`` (every word after ``--`` is a target) or
+    ``materialize_teacher iter=300`` asks Snakemake to build files of those names and leaves config iter
+    unset. Refused before planning, saying where the override goes. The Snakefile passes the words after
+    ``--`` while it is read (Snakemake's parsed targets are not known then) and the parsed targets once an
+    iteration-scoped target is planned."""
     odd = list(dict.fromkeys(t for t in targets if _OVERRIDE_LIKE.fullmatch(t)))
     if not odd:
         return
@@ -305,9 +310,9 @@ def refuse_overrides_as_targets(argv: list[str]) -> None:
     example = " ".join(overrides) if overrides else "KEY=VALUE"
     raise UsageError(
         f"target(s) {', '.join(repr(t) for t in odd)} look like a --config override, but Snakemake took them "
-        "as targets to build: every word after `--` is a target, so the override was not applied",
-        remedy=f"put the override before `--` (snakemake ... --configfile site.yaml --config {example} -- TARGET), "
-        "or leave `--` out when no option taking several values (--configfile, --config) precedes the target")
+        "as targets to build (every word after `--` is a target), so the override was not applied",
+        remedy=f"put it after --config, before `--` and the target: snakemake ... --configfile site.yaml "
+        f"--config {example} -- TARGET")
 
 
 def require_experts(experts: Iterable[str], iteration: int) -> None:

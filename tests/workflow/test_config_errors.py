@@ -135,12 +135,14 @@ def test_a_merge_whose_experts_were_pruned_names_the_restore_not_the_recipe(tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("words", [("--config", "iter=300"), ("iter=300",)])
-def test_a_config_override_after_the_double_dash_is_refused_saying_where_it_goes(flow, words):
+@pytest.mark.parametrize("words", [("--", "materialize_teacher", "--config", "iter=300"),
+                                   ("--", "materialize_teacher", "iter=300"), ("materialize_teacher", "iter=300")])
+def test_a_config_override_taken_as_a_target_is_refused_saying_where_it_goes(flow, words):
     """``-- materialize_teacher --config iter=300``: after ``--`` every word is a target, so Snakemake would
     plan files named ``--config`` and ``iter=300`` with config iter unset (and the refusal would suggest
-    another iteration). The override is named as such, with the place it goes."""
-    line = _refusal(flow, "--", "materialize_teacher", *words)
+    another iteration); ``iter=300`` without ``--config`` is a target too. The override is named as such, with
+    the place it goes."""
+    line = _refusal(flow, *words)
     assert "'iter=300'" in line and "look like a --config override" in line and "after `--`" in line, line
     assert "--config iter=300 -- TARGET" in line and "config iter is not set" not in line, line
     if "--config" in words:
