@@ -1,4 +1,5 @@
 import os
+import sys
 from functools import cache
 from types import SimpleNamespace
 
@@ -18,6 +19,9 @@ from ckptflow.records.receipt import belonging_receipt, is_legacy_receipt
 # schema dump. Every input function below that can refuse is wrapped the same way (one_line_errors).
 try:
     config.update(ckptflow_config.checked_config(config))
+    ckptflow_config.refuse_overrides_as_targets(
+        ckptflow_config.words_after_double_dash(sys.argv)
+    )
 except CkptflowError as exc:
     ckptflow_config.exit_with(exc)
 
@@ -196,7 +200,11 @@ def get_prune_all_input(wildcards):
 
 
 def get_iteration():
-    """config iter, required by merge_experts and materialize_teacher."""
+    """config iter, required by merge_experts and materialize_teacher (an `iter=300` Snakemake took as a
+    target is named as such first)."""
+    # The targets Snakemake parsed: known once planning started.
+    if workflow.dag_settings is not None:
+        ckptflow_config.refuse_overrides_as_targets(workflow.dag_settings.targets)
     return ckptflow_config.require_iteration(config["iter"], RUNS)
 
 
@@ -216,12 +224,7 @@ def get_merge_target(wildcards):
     iteration = get_iteration()
     recipe = ckptflow_config.require_merge_recipe(config, iteration)
     run, name = get_target(True)
-    missing = [e for e in recipe["experts"] if not os.path.isfile(e)]
-    if missing:
-        raise UsageError(
-            f"config merge.{iteration}.experts: no such file {', '.join(missing)}",
-            remedy="fix the expert paths of the recipe (relative to the working directory)",
-        )
+    ckptflow_config.require_experts(recipe["experts"], iteration)
     if recipe["mode"] == "tv":
         key = f"merge.{iteration}.base" if recipe.get("base") else "base"
         ckptflow_config.require_base(recipe.get("base") or config["base"], key=key)

@@ -166,3 +166,60 @@ def test_every_verb_that_takes_a_lock_refuses_a_wait_that_is_not_finite_seconds(
     proc = run_cli(verb, "--lock-wait-seconds", value)
     assert proc.returncode == 2, proc.stderr
     assert f"--lock-wait-seconds: {value!r} is not a finite number of seconds >= 0" in proc.stderr
+
+
+# Each verb's required arguments, so that the unknown flag is the only error its parser finds.
+_REQUIRED = {
+    "seal": ("--artifact-dir", "A", "--iteration", "1", "model=model.pt"),
+    "merge": ("--mode", "avg", "--experts", "a,b", "--out", "o/iter_000001/model.pt"),
+    "publish": ("--artifact-dir", "A"), "verify": ("--artifact-dir", "A"), "prune-verified": ("--paths", "A"),
+    "restore": ("--artifact-dir", "A"), "fetch": ("--artifact-uri", "s3://b/p/iter_1", "--dst", "D"),
+    "materialize": ("--ckpt-dir", "A", "--base", "B", "--out", "O"), "probe": ("--prefix", "p"),
+    "status": ("R",), "ls": ("s3://b/p",), "resume-check": ("--attempt-dir", "A"),
+    "retain-checkpoints": ("--run-dir", "R", "--keep-last", "1"), "gc-uploads": ("--prefix", "p/"),
+}
+
+
+@pytest.mark.parametrize("verb", list(_REQUIRED))
+def test_an_unknown_flag_after_a_verb_is_named_by_the_verb_with_its_usage(tmp_path, verb):
+    from ckptflow.cli import VERBS
+
+    assert sorted(_REQUIRED) == sorted(VERBS)  # every verb is covered
+    before = tree_bytes(tmp_path)
+    proc = run_cli(verb, *_REQUIRED[verb], "--no-such-flag", env={"CKPTFLOW_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.returncode == 2, proc.stderr
+    assert f"usage: ckptflow {verb} " in proc.stderr, proc.stderr
+    assert f"ckptflow {verb}: error: unrecognized arguments: --no-such-flag\n" in proc.stderr, proc.stderr
+    assert "ckptflow: error:" not in proc.stderr and "{seal,merge" not in proc.stderr, proc.stderr
+    assert proc.report == {"status": "usage-error", "credentials": None,
+                           "error": {"type": "UsageError", "message": "unrecognized arguments: --no-such-flag"}}
+    assert tree_bytes(tmp_path) == before
+
+
+def test_an_unknown_flag_before_the_verb_is_the_top_level_parser_s():
+    proc = run_cli("--no-such-flag", "status", "R")
+    assert proc.returncode == 2 and "ckptflow: error: unrecognized arguments: --no-such-flag" in proc.stderr, proc.stderr
+
+
+def test_prune_of_an_artifact_holding_an_unsealed_file_says_move_it_out_first(tmp_path, archive, env):
+    art = _artifact(tmp_path / "run", 5)
+    _seal_and_publish(art, archive, env)
+    (art / "train.log").write_text("step 1 loss 2.3\n")  # written beside the checkpoint after it was sealed
+    before = tree_bytes(art)
+    proc = run_cli("prune-verified", "--paths", str(art), env=env)
+    [kept] = proc.report["kept"]
+    reason = kept["reason"]
+    assert "['train.log']" in reason and "move them out of the artifact directory" in reason, reason
+    # The remedy that fits a log comes first; a new artifact is for files that belong to the checkpoint.
+    assert reason.index("move them out of the artifact directory") < reason.index("new artifact"), reason
+    assert proc.report["removed"] == [] and tree_bytes(art) == before
+    (art / "train.log").rename(tmp_path / "train.log")  # doing what it says frees the artifact
+    again = run_cli("prune-verified", "--paths", str(art), env=env)
+    assert again.returncode == 0 and again.report["kept"] == [] and not (art / "model.pt").exists(), again.stderr
+
+
+def test_a_prune_refusal_names_the_path_once(tmp_path, env):
+    art = tmp_path / "run" / "checkpoint_artifacts" / "iter_000007"
+    proc = run_cli("prune-verified", "--paths", str(art), env=env)
+    assert proc.returncode == 1, proc.stdout
+    assert proc.stderr.count(str(art)) == 1 and "does not exist" in proc.stderr, proc.stderr

@@ -117,6 +117,25 @@ def clear_stale_merge_marker(artifact_dir: Path | str) -> bool:
     return True
 
 
+def archived_artifact_of(path: Path | str) -> Path | None:
+    """The committed artifact whose manifest lists ``path`` as a payload and whose receipt is its own (the
+    bytes are archived: a payload missing there was pruned, and ``ckptflow restore`` brings it back); None
+    when no ``iter_*`` directory above ``path`` is such an artifact. Reads two small records, no store."""
+    from .records import receipt as receipt_record
+
+    target = Path(os.path.abspath(path))
+    for artifact_dir in target.parents:
+        if not ITER_DIR_RE.match(artifact_dir.name):
+            continue
+        try:
+            manifest = manifest_record.read_manifest(artifact_dir)
+        except (CkptflowError, OSError, ValueError):
+            return None
+        listed = target.relative_to(artifact_dir).as_posix() in {e.path for e in manifest.physical_files()}
+        return artifact_dir if listed and receipt_record.belonging_receipt(artifact_dir) is not None else None
+    return None
+
+
 def iteration_from_dir(artifact_dir: Path) -> int:
     """The N of an ``iter_N`` directory name; refuses any other name."""
     m = ITER_DIR_RE.match(Path(artifact_dir).name)

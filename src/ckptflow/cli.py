@@ -50,12 +50,24 @@ class _Parser(argparse.ArgumentParser):
         raise _ArgumentError(message)
 
 
+class _VerbParser(_Parser):
+    """A verb's parser: an argument it does not know is its own error (``ckptflow verify: error:
+    unrecognized arguments`` under the verb's usage). argparse's subparsers hand unknown arguments up
+    to the top-level parser, which would name ``ckptflow`` and print the list of verbs instead."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ckptflow", description="Safe life-cycle management for post-training checkpoint artifacts.")
     p.add_argument("--version", action="version", version=f"ckptflow {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help=_VERBOSE_HELP)
     p.add_argument("--json", dest="json_global", action="store_true", help=_JSON_HELP)
-    sub = p.add_subparsers(dest="verb", required=True, parser_class=_Parser)
+    sub = p.add_subparsers(dest="verb", required=True, parser_class=_VerbParser)
     for verb in VERBS:
         importlib.import_module(f"ckptflow.commands.{verb.replace('-', '_')}").register(sub)
     for verb in VERBS:  # after the verb too; a verb that declares its own --json or -v keeps it

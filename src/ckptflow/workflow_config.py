@@ -6,8 +6,9 @@ Owns, for the Snakemake workflow (a front end beside ``workflow_plan`` and ``wor
   is named with the closest known one (``bucekt`` → ``bucket``), any other schema error in one line.
 - The checks a target needs before Snakemake plans a job, each naming the key and its remedy as
   ``--config KEY=VALUE`` with the candidates found on disk: ``require_runs_root``, ``require_base``, ``require_bucket``,
-  ``require_credentials``, ``require_merge_recipe``, ``resolve_target`` (the run and the iteration). ``rules/common.smk`` calls them
+  ``require_credentials``, ``require_merge_recipe``, ``require_experts``, ``resolve_target`` (the run and the iteration). ``rules/common.smk`` calls them
   while planning (so a dry-run refuses what the run would) and the step functions call the same ones.
+- ``refuse_overrides_as_targets``: a ``--config`` override placed after ``--`` (taken as a target).
 - ``exit_with``: the one line Snakemake shows for such a refusal (planning, or inside a job, where the
   remedy's command-line flags are spelled as ``--config`` keys by ``config_remedy``); details go to the
   job log.
@@ -29,7 +30,7 @@ from typing import Any, NoReturn, TypeVar
 
 import jsonschema
 
-from .artifact import ARTIFACTS_DIR, ITER_DIR_RE, committed_artifacts, find_runs
+from .artifact import ARTIFACTS_DIR, ITER_DIR_RE, archived_artifact_of, committed_artifacts, find_runs
 from .errors import CkptflowError, UsageError
 from .jsonio import load_schema
 from .store import StoreURI
@@ -284,6 +285,53 @@ def one_line_errors(fn: F) -> F:
 
 
 # --------------------------------------------------------------------------------------------- checks
+
+
+# A word Snakemake took as a target although it was meant as a configuration override: an option, or KEY=VALUE.
+_OVERRIDE_LIKE = re.compile(r"-.*|[A-Za-z_][A-Za-z0-9_.]*=.*", re.DOTALL)
+
+
+def words_after_double_dash(argv: list[str]) -> list[str]:
+    """The words of a command line after ``--``: Snakemake takes every one of them as a target."""
+    return argv[argv.index("--") + 1:] if "--" in argv else []
+
+
+def refuse_overrides_as_targets(targets: Iterable[str]) -> None:
+    """A target that looks like a configuration override (an option such as ``--config``, or ``KEY=VALUE``)
+    was meant as one: ``-- materialize_teacher --config iter=300`` (every word after ``--`` is a target) or
+    ``materialize_teacher iter=300`` asks Snakemake to build files of those names and leaves config iter
+    unset. Refused before planning, saying where the override goes. The Snakefile passes the words after
+    ``--`` while it is read (Snakemake's parsed targets are not known then) and the parsed targets once an
+    iteration-scoped target is planned."""
+    odd = list(dict.fromkeys(t for t in targets if _OVERRIDE_LIKE.fullmatch(t)))
+    if not odd:
+        return
+    overrides = [t for t in odd if not t.startswith("-")]
+    example = " ".join(overrides) if overrides else "KEY=VALUE"
+    raise UsageError(
+        f"target(s) {', '.join(repr(t) for t in odd)} look like a --config override, but Snakemake took them "
+        "as targets to build (every word after `--` is a target), so the override was not applied",
+        remedy=f"put it after --config, before `--` and the target: snakemake ... --configfile site.yaml "
+        f"--config {example} -- TARGET")
+
+
+def require_experts(experts: Iterable[str], iteration: int) -> None:
+    """config ``merge.<iter>.experts``: every file is there. One pruned from its archived artifact is named
+    so, with the restore that brings it back (the recipe is right; the bytes are in the archive)."""
+    missing = [e for e in experts if not os.path.isfile(e)]
+    if not missing:
+        return
+    pruned = {e: d for e in missing if (d := archived_artifact_of(e)) is not None}
+    if pruned:
+        listed = ", ".join(f"{e} (artifact {d})" for e, d in pruned.items())
+        restores = " and ".join(f"`ckptflow restore --artifact-dir {d}`" for d in dict.fromkeys(pruned.values()))
+        raise UsageError(
+            f"config merge.{iteration}.experts: {listed} {'was' if len(pruned) == 1 else 'were'} pruned after "
+            "the archive was verified (the manifest and receipt stay)",
+            remedy=f"restore first: `snakemake restore_all` (every pruned artifact of the runs), or {restores}; "
+            "then run merge_experts again")
+    raise UsageError(f"config merge.{iteration}.experts: no such file {', '.join(missing)}",
+                     remedy="fix the expert paths of the recipe (relative to the working directory)")
 
 
 def require_runs_root(runs_root: str) -> Path:

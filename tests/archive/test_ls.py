@@ -154,6 +154,22 @@ def test_ls_of_a_missing_archive_root_is_refused_by_name(tmp_path):
     assert bad.returncode == 2 and "ftp" in bad.stderr
 
 
+@pytest.mark.seaweedfs
+def test_ls_of_a_wrong_bucket_names_the_uri_form_ls_takes_not_a_bucket_flag(seaweedfs_credentials_path, tmp_path):
+    creds = str(seaweedfs_credentials_path)
+    proc = run_cli("ls", "s3://ckptflow-no-such-bucket/proj", "--credentials", creds)
+    assert proc.returncode == 1 and "bucket 'ckptflow-no-such-bucket' does not exist" in proc.stderr, proc.stderr
+    assert "ckptflow ls s3://BUCKET/PREFIX" in proc.stderr and "--bucket" not in proc.stderr, proc.stderr
+    root = run_cli("ls", f"file://{tmp_path / 'nowhere'}")
+    assert root.returncode == 1 and "ckptflow ls file:///DIR" in root.stderr, root.stderr
+    # A bucket or a directory written without its scheme: the form, and the URI it most likely meant.
+    bare = run_cli("ls", "ckptflow-no-such-bucket/proj", "--credentials", creds)
+    assert bare.returncode == 2 and "s3://BUCKET/PREFIX" in bare.stderr, bare.stderr
+    assert "did you mean `ckptflow ls s3://ckptflow-no-such-bucket/proj`?" in bare.stderr, bare.stderr
+    path = run_cli("ls", str(tmp_path))
+    assert path.returncode == 2 and f"did you mean `ckptflow ls file://{tmp_path}`?" in path.stderr, path.stderr
+
+
 @pytest.mark.slow
 def test_ls_shows_a_declared_file_deleted_or_resized_on_the_store_as_damaged(archive, tmp_path):
     store, root_uri, opts = archive

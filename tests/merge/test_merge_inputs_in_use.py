@@ -99,3 +99,16 @@ def test_a_merge_whose_expert_is_removed_anyway_fails_in_one_line_naming_it_and_
     assert f"ckptflow restore --artifact-dir {arts[1]}" in lines[0], lines
     assert json.loads(stdout)["status"] == "failed"
     assert not (out.parent / merge_record.FILENAME).exists() and not out.exists()
+
+
+def test_a_merge_whose_expert_was_pruned_before_it_started_names_the_restore(moe, tmp_path):
+    _, arts = _published_experts(moe, tmp_path)
+    pruned = run_cli("prune-verified", "--paths", str(arts[1]))
+    assert pruned.returncode == 0 and not (arts[1] / "model.pt").exists(), pruned.stderr
+    out = tmp_path / "merged" / "checkpoint_artifacts" / "iter_000300" / "model.pt"
+    proc = run_cli("merge", "--mode", "avg", "--experts", ",".join(str(a / "model.pt") for a in arts), "--out", str(out))
+    assert proc.returncode == 1, proc.stderr
+    line = proc.stderr.strip()
+    assert line.count("\n") == 0 and f"expert {arts[1] / 'model.pt'} was pruned" in line, line
+    assert f"ckptflow restore --artifact-dir {arts[1]}" in line and "check the --experts list" not in line, line
+    assert not out.exists()

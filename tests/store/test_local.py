@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptflow.digest import sha256_bytes, sha256_file
+from ckptflow.digest import FileDigest, sha256_bytes, sha256_file
 from ckptflow.errors import ConflictError, NotFound, UnsafePath
 from ckptflow.jsonio import encode_json
 from ckptflow.store import LocalStore, open_store
@@ -105,3 +105,30 @@ def test_delete_removes_the_object_before_its_sidecar_and_leaves_no_trace(store)
     store.delete("p/decl.json")
     assert os.listdir(store.root / "p" / ".ckptflow-meta") == []
     assert store.list("") == []
+
+
+def test_adopting_an_object_adds_its_sidecar_and_leaves_the_file_untouched(store) -> None:
+    obj = store.root / "p" / "model.pt"
+    obj.parent.mkdir(parents=True)
+    obj.write_bytes(b"weights by hand")
+    before = os.stat(obj)
+    digest = sha256_file(obj)
+    assert store.head("p/model.pt").sha256 is None
+    info = store.adopt_object("p/model.pt", digest, etag=None)
+    assert info is not None and info.sha256 == digest.sha256
+    after = os.stat(obj)
+    assert (after.st_ino, after.st_mtime_ns, obj.read_bytes()) == (before.st_ino, before.st_mtime_ns, b"weights by hand")
+
+
+def test_an_object_whose_bytes_are_not_the_digest_or_that_has_a_sidecar_is_not_adopted(store) -> None:
+    obj = store.root / "p" / "model.pt"
+    obj.parent.mkdir(parents=True)
+    obj.write_bytes(b"weights by hand")
+    other = FileDigest(len(b"weights by hand"), sha256_bytes(b"weights by HAND"))
+    assert store.adopt_object("p/model.pt", other, etag=None) is None  # bytes changed since they were read
+    assert not (obj.parent / ".ckptflow-meta").exists() or not any((obj.parent / ".ckptflow-meta").iterdir())
+    sidecar = obj.parent / ".ckptflow-meta" / "model.pt.json"
+    sidecar.parent.mkdir(exist_ok=True)
+    sidecar.write_bytes(b"torn")
+    assert store.adopt_object("p/model.pt", sha256_file(obj), etag=None) is None  # never replaced here
+    assert sidecar.read_bytes() == b"torn"

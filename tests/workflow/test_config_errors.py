@@ -13,6 +13,7 @@ from workflow_helpers import RUN, Flow
 
 from ckptflow.workflow_config import config_remedy
 from helpers.artifacts import make_artifact
+from helpers.cli import run_cli
 
 OTHER_RUN = "proj/grp/run2/20261130T000000Z"
 
@@ -103,6 +104,52 @@ def test_a_merge_needs_its_recipe_and_its_experts(flow):
     assert "config merge has no recipe for iteration 300" in line, line
     line = _refusal(flow, "merge_experts", iter=300, merge='{"300": {"mode": "avg", "experts": "x.pt"}}')
     assert "config merge.300.experts: no such file x.pt" in line, line
+
+
+@pytest.mark.slow
+def test_a_merge_whose_experts_were_pruned_names_the_restore_not_the_recipe(tmp_path):
+    """The experts of the recipe are archived artifacts' model.pt, pruned since (the CLI's publish and
+    prune-verified on a file:// archive): the recipe is right, the bytes are in the archive."""
+    flow = Flow(tmp_path / "flow", env={"CKPTFLOW_BUCKET": "", "CKPTFLOW_CREDENTIALS": ""})
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    env = {"CKPTFLOW_CACHE_DIR": flow.env["CKPTFLOW_CACHE_DIR"]}
+    experts = []
+    for iteration in (100, 200):
+        art = make_artifact(flow.runs / RUN, iteration=iteration, model_bytes=1000, shards=1, seed=iteration)
+        (art / "optim.pt").unlink()  # the stale unselected file: prune keeps an artifact holding it
+        assert run_cli("publish", "--artifact-dir", str(art), "--bucket", f"file://{archive}", env=env).returncode == 0
+        experts.append(str(art / "model.pt"))
+    assert run_cli("probe", "--bucket", f"file://{archive}", "--prefix", "proj/grp/run1", env=env).returncode == 0
+    pruned = run_cli("prune-verified", "--paths", str(flow.artifact(100)), env=env)
+    assert pruned.returncode == 0 and not os.path.exists(experts[0]), pruned.stderr
+    recipe = json.dumps({"300": {"mode": "avg", "experts": ",".join(experts)}})
+    line = _refusal(flow, "merge_experts", iter=300, run=RUN, merge=recipe, bucket=f"file://{archive}")
+    assert f"config merge.300.experts: {experts[0]} (artifact {flow.artifact(100)}) was pruned" in line, line
+    assert "snakemake restore_all" in line and f"ckptflow restore --artifact-dir {flow.artifact(100)}" in line, line
+    assert "fix the expert paths" not in line and experts[1] not in line, line
+    # A path that is no payload of an archived artifact is still a typo in the recipe.
+    recipe = json.dumps({"300": {"mode": "avg", "experts": f"{experts[1]},{tmp_path / 'x.pt'}"}})
+    line = _refusal(flow, "merge_experts", iter=300, run=RUN, merge=recipe, bucket=f"file://{archive}")
+    assert f"no such file {tmp_path / 'x.pt'}" in line and "fix the expert paths" in line, line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("words", [("--", "materialize_teacher", "--config", "iter=300"),
+                                   ("--", "materialize_teacher", "iter=300"), ("materialize_teacher", "iter=300")])
+def test_a_config_override_taken_as_a_target_is_refused_saying_where_it_goes(flow, words):
+    """``-- materialize_teacher --config iter=300``: after ``--`` every word is a target, so Snakemake would
+    plan files named ``--config`` and ``iter=300`` with config iter unset (and the refusal would suggest
+    another iteration); ``iter=300`` without ``--config`` is a target too. The override is named as such, with
+    the place it goes."""
+    line = _refusal(flow, *words)
+    assert "'iter=300'" in line and "look like a --config override" in line and "after `--`" in line, line
+    assert "--config iter=300 -- TARGET" in line and "config iter is not set" not in line, line
+    if "--config" in words:
+        assert "'--config'" in line, line
+    # Before `--`, the same override is applied.
+    assert sorted(flow.planned("materialize_teacher", iter=300, base=flow.root.parent / "base")) == [
+        "materialize", "materialize_teacher"]
 
 
 @pytest.mark.slow

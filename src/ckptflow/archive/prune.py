@@ -190,7 +190,9 @@ def _plan_one(artifact_dir: Path, store_for, read: str, progress: bool | None,
         raise _Keep(f"download parts a restore left: {parts[:5]}; run `ckptflow restore --artifact-dir "
                     f"{artifact_dir}` (it removes them once every file is in place), then prune-verified again")
     if extra:
-        raise _Keep(f"files not covered by the receipt: {extra[:5]}; they would be lost — publish a new artifact instead")
+        raise _Keep(f"files not covered by the receipt: {extra[:5]} (not sealed in the artifact, so no archive holds "
+                    "them and pruning would lose them); move them out of the artifact directory (a log, notes) and "
+                    "prune again, or, if they belong to the checkpoint, save and publish a new artifact with them")
     for other_store, other in others:  # every other copy required must hold the declared bytes too
         states = check_receipt(other_store, other, read=effective_read(other_store, read))
         if any(s.state != "ok" for s in states):

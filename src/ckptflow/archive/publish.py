@@ -17,7 +17,9 @@ Order (each step is safe to interrupt; a rerun resumes or refuses by name):
    any other object is refused by key, before anything is written. Then create the declaration
    ``.posttrain-archive.json`` with a create-once PUT. An identical one means resume; a different one is
    refused before a payload is written. It is never deleted or replaced.
-4. Upload every declared payload not already present with the declared size and sha256; HEAD-verify.
+4. Give each object adopted by its bytes read its ``sha256`` metadata in place (``file://``: the sidecar;
+   S3: a server-side copy onto itself from the ETag that was read), never sending or changing its bytes.
+   Upload every declared payload not already present with the declared size and sha256; HEAD-verify.
    On S3 an unfinished multipart upload a killed run left for the same bytes is resumed: only its parts
    not proven (server checksum = this hashing pass's digest of the range) are sent (``store/s3_uploads.py``).
 5. Commit the manifest remotely (create-once; an existing one must be byte-identical), verify the
@@ -143,16 +145,23 @@ def judge_undeclared(store: ObjectStore, prefix: str, inv: LocalInventory) -> li
     metadata, by its bytes read and hashed, is adopted (``{"path", "proof"}``, sorted by path); any other
     object (other bytes, or no file of this artifact) refuses the publication by key, since a payload write
     would replace it. A declared prefix returns ``[]``: its objects were written under that declaration."""
+    return _judge_undeclared(store, prefix, inv)[0]
+
+
+def _judge_undeclared(store: ObjectStore, prefix: str, inv: LocalInventory) -> tuple[list[dict], dict[str, str | None]]:
+    """``judge_undeclared``'s rows, and the ETag (None where the store has none) of each object adopted by
+    its bytes read, so that ``_adopt_read_objects`` gives its metadata to that very object."""
     from .probe import PROBE_DIR
 
     declaration_key = object_key(prefix, declaration_record.FILENAME)
     if store.head(declaration_key) is not None:
-        return []
+        return [], {}
     declared = {object_key(prefix, e.path): e for e in inv.files}
     scratch = object_key(prefix, PROBE_DIR) + "/"  # a probe's own scratch objects (it removes them)
     foreign: list[str] = []
     adopted: list[dict] = []
     to_read: list[FileEntry] = []
+    etags: dict[str, str | None] = {}
     for listed in store.list(prefix + "/"):
         if listed.key == declaration_key or listed.key.startswith(scratch):
             continue
@@ -168,6 +177,7 @@ def judge_undeclared(store: ObjectStore, prefix: str, inv: LocalInventory) -> li
             foreign.append(f"{uri} ({info.size} bytes, not the {entry.size} of {entry.path})")
         elif info.sha256 is None:
             to_read.append(entry)
+            etags[entry.path] = info.etag
         elif info.sha256 != entry.sha256 or info.checksum_sha256 not in (None, entry.sha256):
             foreign.append(f"{uri} (sha256 {info.sha256 if info.sha256 != entry.sha256 else info.checksum_sha256}, "
                            f"not the {entry.sha256} of {entry.path})")
@@ -188,7 +198,22 @@ def judge_undeclared(store: ObjectStore, prefix: str, inv: LocalInventory) -> li
     for row in adopted:
         log.info("%s: adopting %s already there with its bytes (%s)", store.destination.uri(prefix), row["path"],
                  row["proof"])
-    return sorted(adopted, key=lambda row: row["path"])
+    read = {row["path"] for row in adopted if row["proof"] == "read"}
+    return sorted(adopted, key=lambda row: row["path"]), {path: etags[path] for path in read}
+
+
+def _adopt_read_objects(store: ObjectStore, prefix: str, inv: LocalInventory, etags: dict[str, str | None]) -> None:
+    """Once the declaration claims the prefix: give each object adopted by its bytes read the ``sha256``
+    metadata HEAD checks, without sending or changing its bytes (``store.adopt_object``); one the store
+    cannot adopt so (replaced since it was read, too large for a server-side copy) is left for the
+    payload upload, which sends the file."""
+    for entry in inv.files:
+        if entry.path not in etags or entry.size > store.adopts_objects_up_to:
+            continue
+        info = store.adopt_object(object_key(prefix, entry.path), FileDigest(entry.size, entry.sha256),
+                                  etag=etags[entry.path])
+        if info is None:
+            log.info("%s: %s could not be adopted in place; sending it", store.destination.uri(prefix), entry.path)
 
 
 def _create_or_match_declaration(store: ObjectStore, prefix: str, inv: LocalInventory) -> None:
@@ -422,10 +447,11 @@ def publish_artifact(
             _commit_manifest(store, prefix, inv)
             _create_or_match_declaration(store, prefix, inv)
     else:
-        result.adopted_objects = judge_undeclared(store, prefix, inv)
+        result.adopted_objects, read_etags = _judge_undeclared(store, prefix, inv)
         write_part_digests(artifact_dir, inv)  # uploaded from there with the payloads
         _create_or_match_declaration(store, prefix, inv)
         testhooks.reached("publish:after-declaration")
+        _adopt_read_objects(store, prefix, inv, read_etags)
         payloads = [e for e in inv.files if e.path != manifest_record.FILENAME]
         result.uploaded, result.uploaded_bytes = _upload_payloads(store, prefix, artifact_dir, payloads, progress,
                                                                   inv.digests, uploads)

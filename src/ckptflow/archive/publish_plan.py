@@ -6,7 +6,8 @@ and the store only read: HEAD and GET of the archive's records and payloads, nev
 upload, a probe object, a cache entry or a file beside the artifact. The report names the destination URI
 of every file with what the real run would do with it: ``send`` (absent or different there), ``stored``
 (already there with these bytes), ``adopt`` (the committed archive there is this artifact's, or an object
-another tool left under a prefix without a declaration holds it, by its sha256 metadata) or ``skip`` (the
+another tool left under a prefix without a declaration holds it, by its sha256 metadata or by its bytes
+read: the real run then adds the metadata in place, ``store.adopt_object``) or ``skip`` (the
 receipt already matches). Objects under a prefix without a declaration are judged as the real run judges
 them (``publish.judge_undeclared``): a foreign one is refused by key here too.
 """
@@ -85,9 +86,13 @@ def plan_publication(artifact_dir: Path | str, store: ObjectStore, upload_prefix
         would = "published"
         adopted = judge_undeclared(store, prefix, inv)
         by_metadata = {row["path"] for row in adopted if row["proof"] == "sha256 metadata"}
+        by_read = {row["path"] for row in adopted if row["proof"] == "read"}
         payloads = [e for e in inv.files if e.path != manifest_record.FILENAME]
         for entry, state in zip(payloads, check_remote_inventory(store, prefix, payloads), strict=True):
-            actions[entry.path] = ("adopt" if entry.path in by_metadata else "stored") if state.state == "ok" else "send"
+            if entry.path in by_read:  # the real run gives it its metadata in place, up to the store's limit
+                actions[entry.path] = "adopt" if entry.size <= store.adopts_objects_up_to else "send"
+            else:
+                actions[entry.path] = ("adopt" if entry.path in by_metadata else "stored") if state.state == "ok" else "send"
         actions[manifest_record.FILENAME] = "send"
     files = [{"path": e.path, "uri": _uri(store, object_key(prefix, e.path)), "size": e.size,
               "action": actions.get(e.path, "adopt")} for e in inv.files]

@@ -25,22 +25,40 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from ..archive.listing import list_archive
-    from ..errors import InvalidRecord, UsageError
+    from ..errors import InvalidRecord, NotFound, UsageError
     from ..store.open import credentials_for, open_uri
     from ..store.uri import parse_store_uri
 
     try:
         uri = parse_store_uri(args.uri, what="URI")
     except InvalidRecord as exc:
-        raise UsageError(exc.message, remedy=exc.remedy) from None
+        remedy = exc.remedy if "://" in args.uri else f"write it as {_URI_FORMS}{_meant(args.uri)}"
+        raise UsageError(exc.message, remedy=remedy) from None
     store, _ = open_uri(uri, None, credentials_for(uri, args.credentials))
-    store.require_bucket()
+    try:
+        store.require_bucket()
+    except NotFound as exc:  # the store's remedy names publish's --bucket; ls takes the bucket in its URI
+        what = "the archive root" if uri.scheme == "file" else "the bucket"
+        form = "file:///DIR" if uri.scheme == "file" else f"{uri.scheme}://BUCKET/PREFIX"
+        exc.add_context(remedy=f"create {what} first, or name the right one in the URI: ckptflow ls {form}"
+                        + ("" if uri.scheme == "file" else " (the prefix is optional)"))
+        raise
     listing = list_archive(store, uri)
     if args.runs_root:
         from ..status.listed import attach_local
 
         attach_local(listing, store.destination, Path(args.runs_root))
     return listing.to_report()
+
+
+_URI_FORMS = "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or file:///DIR"
+
+
+def _meant(text: str) -> str:
+    """What a URI without a scheme most likely meant: a bucket name, or an absolute directory."""
+    if ":" in text.split("/", 1)[0] or not text.strip("/"):
+        return ""  # a scheme misspelt: no guess
+    return f" (did you mean `ckptflow ls {'file://' if text.startswith('/') else 's3://'}{text}`?)"
 
 
 _DASH = "—"

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if report.has_errors:
         bad = [k for k in report.kept if k.get("error")]
         raise ReportedFailure(out, f"kept {plural(len(bad), 'path')} that cannot be released: "
-                              + "; ".join(f"{k['path']}: {k['reason']}" for k in bad[:3])
+                              + "; ".join(_kept(k) for k in bad[:3])
                               + (f"; … {len(bad) - 3} more (see the report)" if len(bad) > 3 else ""))
     return out
 
@@ -68,6 +68,11 @@ def _keep_free(args: argparse.Namespace, store_for):
     return keep_free(Path(args.runs_root), parse_target(args.keep_free), store_for,
                      keep_newest=1 if args.keep_newest is None else args.keep_newest,
                      dry_run=args.dry_run, read_data=args.read_data, destinations=_destinations(args))
+
+
+def _kept(entry: dict[str, Any]) -> str:
+    """A kept artifact and why, its path said once (most reasons already name it)."""
+    return entry["reason"] if entry["path"] in entry["reason"] else f"{entry['path']}: {entry['reason']}"
 
 
 def _destinations(args: argparse.Namespace) -> tuple[str, ...] | None:
@@ -94,5 +99,5 @@ def summarize(report: dict[str, Any], elapsed: float | None) -> str:
     verb = "would remove" if report["dry_run"] else "removed"
     gone = [(verb, f"{r['path']} ({files_bytes(len(r['files']), r['bytes'])})"
              + (f"; {r['needs']}" if r.get("needs") else "")) for r in removed]
-    left = [("kept", f"{k['path']}: {k['reason']}") for k in kept]
+    left = [("kept", _kept(k)) for k in kept]
     return block(headline, [*capped(gone, verb), *capped(left, "kept")], elapsed)

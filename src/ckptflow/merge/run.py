@@ -39,7 +39,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import __version__, testhooks
-from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE, clear_stale_merge_marker, iteration_from_dir
+from ..artifact import (
+    ARTIFACTS_DIR,
+    ITER_DIR_RE,
+    archived_artifact_of,
+    clear_stale_merge_marker,
+    iteration_from_dir,
+)
 from ..digest import FileDigest, default_workers, sha256_file
 from ..errors import (
     CkptflowError,
@@ -250,6 +256,11 @@ def _check_arguments(mode, experts, out, base, lam, diag):
             raise UsageError(f"expert {path} is the output itself ({out})",
                              remedy="write the merge to another iter_* directory")
         if not path.is_file():
+            archived = archived_artifact_of(path) if not path.exists() else None
+            if archived is not None:
+                raise NotFound(f"expert {path} was pruned after the archive of {archived} was verified (its manifest "
+                               "and receipt stay)", path=str(path),
+                               remedy=f"restore it first: `ckptflow restore --artifact-dir {archived}`, then merge again")
             raise NotFound(f"expert {path} does not exist or is not a file", remedy="check the --experts list")
     base_dir = Path(os.path.abspath(base)) if base is not None else None
     diag_path = Path(os.path.abspath(diag)) if diag is not None else None

@@ -151,6 +151,9 @@ class StoreCapabilities(Protocol):
     concurrency: int
     #: Many small whole-object reads (S3: signed outside botocore's request path); None: ``get_bytes`` is it.
     small_gets: SmallGets | None
+    #: The largest object ``adopt_object`` can give its ``sha256`` metadata without its bytes being sent
+    #: again (S3: a server-side copy, at most 5 GiB); 0: none (a larger one is sent).
+    adopts_objects_up_to: int
 
 
 class RangeReader(Protocol):
@@ -202,6 +205,13 @@ class ObjectStore(StoreCapabilities, Protocol):
     ) -> list[ObjectInfo]:
         """``put_file`` for each ``(key, path, digest)``, as one stream where the backend can (no idle
         connections between files); ``on_stored(key)`` follows each file stored and verified."""
+
+    def adopt_object(self, key: str, digest: FileDigest, *, etag: str | None) -> ObjectInfo | None:
+        """Give the object at ``key``, whose bytes the caller read and found to be ``digest``'s, the ``sha256``
+        metadata HEAD checks, without sending its bytes and without changing them: ``file://`` adds the
+        sidecar, S3 copies the object onto itself server-side, only from the object whose ETag is ``etag``
+        (the one that was read). Its HEAD afterwards; None when it cannot (another object is there now, a
+        sidecar already stands, the size is over ``adopts_objects_up_to``): the caller sends the file."""
 
     def get_bytes(self, key: str, *, max_bytes: int = 64 * 1024 * 1024) -> bytes:
         """Whole small object (records); refuse objects larger than ``max_bytes``."""

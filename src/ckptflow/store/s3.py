@@ -301,6 +301,35 @@ class S3Store:
 
         return retry_call(once, retry_on=(ConditionalConflict,), attempts=6)
 
+    # CopyObject copies at most 5 GiB in one request; a larger object adopted by its bytes is sent again.
+    adopts_objects_up_to = 5 * 1024**3
+
+    def adopt_object(self, key: str, digest: FileDigest, *, etag: str | None) -> base.ObjectInfo | None:
+        """CopyObject of ``key`` onto itself with ``sha256`` metadata (the server copies the bytes; none is
+        sent), made only from the object whose ETag is ``etag`` (``x-amz-copy-source-if-match``): an object
+        replaced since it was read is not given the digest of bytes it may not hold (None: send the file).
+        The copy asks for a SHA-256 server checksum; an endpoint that computes none on a copy (SeaweedFS)
+        leaves that object provable by its bytes only (``verify --read-data``, ``prune-verified --read-data``).
+        An endpoint that refuses the copy itself gets the file sent (None)."""
+        validate_key(key)
+        if etag is None or digest.size > self.adopts_objects_up_to:
+            return None
+        kwargs = {"Bucket": self.bucket, "Key": key, "CopySource": {"Bucket": self.bucket, "Key": key},
+                  "CopySourceIfMatch": f'"{etag}"', "MetadataDirective": "REPLACE", "Metadata": {"sha256": digest.sha256}}
+        if self.supports_checksum_sha256:  # the copy's server checksum, the HEAD proof a receipt records
+            kwargs["ChecksumAlgorithm"] = "SHA256"
+        try:
+            self._client.copy_object(**kwargs)
+        except ClientError as exc:
+            if error_code(exc) != "PreconditionFailed" and http_status(exc) != 412:
+                # An endpoint or policy without CopyObject: sending the file is the way that always works.
+                log.info("%s: CopyObject refused (%s); the file is sent instead", self._where(key), error_code(exc))
+            return None
+        except BotoCoreError as exc:
+            raise self._error(exc, "CopyObject (adopt)", key) from None
+        info = self.head(key)
+        return info if info is not None and (info.size, info.sha256) == (digest.size, digest.sha256) else None
+
     def put_file(
         self, key: str, path: Path, *, digest: FileDigest, progress: ByteProgress | None = None
     ) -> base.ObjectInfo:
