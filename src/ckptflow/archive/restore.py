@@ -139,7 +139,7 @@ def restore_artifact(artifact_dir: Path | str, store_for, *, dry_run: bool = Fal
         todo = [e for e in plan.payloads if e.path in result.missing]
         result.downloaded_bytes, result.resumed = download_files(
             store, plan.prefix, artifact_dir, todo, where=plan.where, progress=progress, no_clobber=True,
-            parts=plan.part_digests)
+            parts=plan.part_digests, mtime_ns=os.stat(manifest_record.path_in(artifact_dir)).st_mtime_ns)
         result.downloaded = sorted(e.path for e in todo)
     gone = [e.path for e in plan.payloads if not stage.files_in_place(artifact_dir, [e])]
     if gone:

@@ -22,6 +22,9 @@ whether it may start in the attempt directory ``<run>/<ts>`` and from where:
   no resume point until it is restored, whether ``auto`` finds it or ``resume_path`` names it: both refuse,
   naming ``ckptflow restore`` as the first remedy (``unrestored``); a complete checkpoint of the same
   iteration is resumed instead;
+- an artifact chosen or named as the resume point whose files are not the bytes its manifest committed
+  (``artifact.changed_payloads``: a file of another size, or one rewritten in place after the commit) is
+  refused as damaged, naming the remedy (``artifact.changed_remedy``);
 - a fresh attempt, and an interrupted artifact directory without its manifest, are unaffected;
 - ``resume="off"`` starts in the attempt directory when it holds nothing, else mints a fresh attempt beside it.
 
@@ -41,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE
+from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE, changed_payloads, changed_remedy
 from ..errors import InvalidRecord, Refused, UsageError
 from ..fsutil import require_directory
 from ..records import manifest as manifest_record
@@ -269,6 +272,11 @@ def check_run_attempt(attempt_dir: Path | str, resume: str = "auto", resume_path
                           f"collide with iteration {newest_it} at its first save")
         it = max(cands)
         cand, how = cands[it], f"the newest resumable checkpoint {cands[it]}"
+    if manifest_record.path_in(cand).is_file() and (changed := changed_payloads(cand)):
+        reason = (f"the resume point {cand} is damaged: {'; '.join(changed[:3])}"
+                  f"{f' (+{len(changed) - 3} more)' if len(changed) > 3 else ''}; it is not the state its manifest "
+                  "committed")
+        return ResumeDecision("refused", reason, remedies=[changed_remedy(cand), *remedies(attempt, newest)], **base)
     if newest_it is not None and it < newest_it:
         return refuse(f"the resume point {cand} (iteration {it}, from {how}) is behind the committed artifact "
                       f"{newest} (iteration {newest_it}): resuming would replay up to it and collide one save later")
