@@ -41,10 +41,11 @@ A save of an iteration that is already committed would collide with its artifact
 refuses a committed ``iter_N``). So at ``on_train_begin`` the callback refuses a start behind the newest
 committed artifact (step 0 or an older checkpoint: it would save that iteration again), naming the
 artifact to resume from; ``resume_point(run_dir)`` names the newest committed artifact (refusing a pruned one,
-naming ``ckptflow restore``, and a damaged one, whose files are not the bytes its manifest committed), or None for a fresh run. Also at ``on_train_begin``: the preflight of the
-destination when ``UploadSettings.preflight`` is set (``preflight_once``, every rank: rank 0 checks), and on
-the main process the background publication of every committed artifact without a receipt (``publish_pending``:
-what a killed attempt left). At ``on_train_end`` the main process waits for the publications (``wait_at_end``).
+naming ``ckptflow restore``, and a damaged one, whose files are not the bytes its manifest committed), or None
+for a fresh run. Also at ``on_train_begin``: the preflight of the destination when ``UploadSettings.preflight``
+is set (``preflight_once``, every rank: rank 0 checks), and on the main process the background publication of
+every committed artifact without a receipt (``publish_pending``: what a killed attempt left). At
+``on_train_end`` the main process waits for the publications (``wait_at_end``).
 """
 
 from __future__ import annotations
