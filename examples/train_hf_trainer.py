@@ -1,9 +1,10 @@
 """A Hugging Face Trainer run on CPU whose checkpoints become ckptflow artifacts, published in the background.
 
 ``ArtifactCallback`` turns every ``checkpoint-N`` the Trainer saves into ``<run-dir>/checkpoint_artifacts/iter_N``
-(hard links, sealed, published in the background by the main process); the Trainer's ``save_total_limit``
-may delete ``checkpoint-N`` meanwhile. ``--resume auto`` resumes from the run's newest committed artifact
-(``resume_point``; a pruned one is refused, naming ``ckptflow restore``). The model is any causal LM
+(files of its own: reflinks or copies, sealed, published in the background by the main process); the
+Trainer's ``save_total_limit`` may delete ``checkpoint-N`` meanwhile. ``--resume auto`` resumes from the run's
+newest committed artifact (``resume_point``; a pruned one is refused, naming ``ckptflow restore``, and so is a
+damaged one, naming its remedy). The model is any causal LM
 directory (``--model``); the data are random token ids. Prints one JSON line (main process only): the
 resume point, the exported iterations and the publication outcomes. Exit 3: refused (a start behind a
 committed artifact, a pruned resume point, a destination the preflight rejects: on by default with

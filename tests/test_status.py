@@ -374,9 +374,9 @@ def write_minimal_artifacts(root: Path, count: int, *, runs: int = 4) -> None:
         manifest = manifest_record.Manifest(iteration=i, components={
             "model": manifest_record.FileComponent("model.pt", 4, SHA)})
         data = manifest_record.encode_manifest(manifest)
-        (art / manifest_record.FILENAME).write_bytes(data)
         if i % 5:
             (art / "model.pt").write_bytes(b"abcd")
+        (art / manifest_record.FILENAME).write_bytes(data)  # committed last, as every writer commits it
         if i % 3 == 0:  # bound to its artifact as publication binds it: the manifest's digest, its iter_N
             receipt = receipt_record.Receipt(
                 receipt_record.ReceiptDestination("s3", "s3.example:443", "b", f"p/iter_{i:06d}"), SHA,

@@ -30,6 +30,7 @@ from .errors import CkptflowError, NotFound, Refused, UnsafePath, UsageError
 from .fsutil import resolve_inside, restorable_name_problem, safe_relpath, walk_files
 from .records import manifest as manifest_record
 from .records import merge_progress, merge_record
+from .records import receipt as receipt_record
 
 ITER_DIR_RE = re.compile(r"^iter_(\d+)$")
 COMPONENT_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -73,6 +74,51 @@ def committed_artifacts(runs_root: Path | str) -> list[tuple[str, str]]:
 def is_committed(artifact_dir: Path | str) -> bool:
     """The manifest is there and no merge is in progress in the directory (``merge_in_progress``)."""
     return manifest_record.path_in(artifact_dir).is_file() and not merge_in_progress(artifact_dir)
+
+
+def changed_payloads(artifact_dir: Path | str, manifest: manifest_record.Manifest | None = None, *,
+                     progress: bool | None = False) -> list[str]:
+    """Why each payload file on disk is not the one the manifest committed (``"<path> has N bytes, the
+    manifest says M"``, ``"<path> was rewritten after the commit (sha256 ...)"``); [] when every one present
+    is. A file pruned away is not judged here (``status``, ``unrestored``).
+
+    The cheap check, one ``stat`` per file: its size must be the manifest's, and its ``st_mtime_ns`` no later
+    than the manifest's own. The manifest is written last and nothing of ours writes a payload after it
+    (a restore stamps each file it puts back with the manifest's time), while any write to a file, a
+    truncate-and-rewrite in place above all, sets its mtime to the file system's now. Only a file that
+    fails the time check is hashed, and judged by its SHA-256: a copy that kept no times (``rsync`` without
+    ``-t``), or a shard another host's clock stamped, costs a read, never a false verdict. Not seen: a
+    rewrite of the same size within the manifest's own timestamp tick, or one whose mtime was set back on
+    purpose (``touch -d``); ``verify --read-data`` and ``publish`` hash everything."""
+    art = Path(artifact_dir)
+    committed = os.stat(manifest_record.path_in(art)).st_mtime_ns
+    manifest = manifest if manifest is not None else manifest_record.read_manifest(art)
+    changed, suspects = [], {}
+    for entry in manifest.physical_files():
+        try:
+            st = os.lstat(art / entry.path)
+        except FileNotFoundError:
+            continue
+        if st.st_size != entry.size:
+            changed.append(f"{entry.path} has {st.st_size} bytes, the manifest says {entry.size}")
+        elif st.st_mtime_ns > committed and entry.sha256 is not None:
+            suspects[entry.path] = entry.sha256
+    if suspects:
+        got = hash_files(art, sorted(suspects), progress=progress, desc="sha256 (modified after the commit)")
+        changed += [f"{rel} was rewritten after the commit (sha256 {got[rel].sha256[:12]}..., the manifest says "
+                    f"{want[:12]}...)" for rel, want in sorted(suspects.items()) if got[rel].sha256 != want]
+    return sorted(changed)
+
+
+def changed_remedy(artifact_dir: Path | str) -> str:
+    """What to do about an artifact whose payloads ``changed_payloads`` names: restore from its archive when a
+    receipt says there is one (a restore never overwrites a local file), else it is lost and is set aside."""
+    art = Path(artifact_dir)
+    if receipt_record.path_in(art).is_file():
+        return (f"move the changed file(s) out of {art} (they are not the committed bytes), then `ckptflow restore "
+                f"--artifact-dir {art}` puts the archived ones back")
+    return (f"its committed bytes are archived nowhere and cannot be recovered: move {art} out of {ARTIFACTS_DIR}/ "
+            "(keep what you need of it) and resume from the newest intact artifact, or train under a new run directory")
 
 
 def merge_in_progress(artifact_dir: Path | str) -> bool:

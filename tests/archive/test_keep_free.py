@@ -9,6 +9,7 @@ archive is a real SeaweedFS bucket or a ``file://`` directory; the command is th
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -19,8 +20,10 @@ from archive_helpers import remote_snapshot
 from ckptflow.archive.keep_free import parse_target
 from ckptflow.archive.probe import run_probe
 from ckptflow.archive.publish import publish_artifact
+from ckptflow.commands.prune_verified import summarize
 from ckptflow.errors import UsageError
 from ckptflow.jsonio import validate
+from ckptflow.records import manifest as manifest_record
 from ckptflow.records import receipt as receipt_record
 from ckptflow.store.credentials import load_credentials
 from ckptflow.store.local import LocalStore
@@ -173,12 +176,31 @@ def test_dry_run_writes_nothing_and_computes_what_the_real_run_frees(runs, archi
     assert real.report["keep_free"]["free_after"] == kf["free_after"]  # the sizes, rounded to blocks
 
 
+def statvfs_free(path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def link_payloads(art, elsewhere):
+    """A second name for every payload of ``art`` under ``elsewhere`` (a Trainer's ``checkpoint-N`` an older
+    export hard-linked): the bytes stay while that name does."""
+    elsewhere.mkdir(parents=True)
+    for rel in manifest_payload(art):
+        (elsewhere / rel.replace("/", "__")).hardlink_to(art / rel)
+
+
+def manifest_payload(art) -> dict[str, int]:
+    """The payload files the manifest names (DCP's ``.metadata`` included), by path, with their sizes."""
+    return {e.path: e.size for e in manifest_record.read_manifest(art).physical_files()}
+
+
 @pytest.mark.slow
-def test_a_payload_with_another_name_frees_nothing_and_the_dry_run_plans_as_the_real_run_frees(runs, archive):
+def test_keep_free_never_picks_an_artifact_whose_payloads_have_another_name_dry_run_and_real_run_alike(runs, archive):
     _, args = archive
     oldest = art_of(runs, "b", 100)
-    (runs.parent / "checkpoint-100.model.pt").hardlink_to(oldest / "model.pt")  # a second name: its bytes stay
-    free = shutil.disk_usage(runs).free
+    ckpt = run_dir(runs, "b") / "checkpoint-100"
+    link_payloads(oldest, ckpt)
+    free = statvfs_free(runs)
     one = payload_bytes(art_of(runs, "a", 100))
     target = free + one + one // 2
 
@@ -187,10 +209,45 @@ def test_a_payload_with_another_name_frees_nothing_and_the_dry_run_plans_as_the_
 
     assert dry.returncode == real.returncode == 0, (dry.stderr, real.stderr)
     planned = [r["path"] for r in dry.report["removed"]]
-    assert planned == [r["path"] for r in real.report["removed"]]
-    assert planned == [str(oldest), str(art_of(runs, "a", 100)), str(art_of(runs, "a", 200))]
-    assert dry.report["keep_free"]["free_after"] == real.report["keep_free"]["free_after"]
-    assert (runs.parent / "checkpoint-100.model.pt").stat().st_size == MODEL_BYTES
+    assert planned == [r["path"] for r in real.report["removed"]] == [str(art_of(runs, "a", 100)), str(art_of(runs, "a", 200))]
+    for report in (dry.report, real.report):
+        reason = kept_reasons(report)[str(oldest)]
+        assert "frees nothing" in reason and str(ckpt / "model.pt") in reason, reason
+        assert "held" not in str(report["removed"])
+    assert payload_bytes(oldest) > MODEL_BYTES  # never unlinked: resuming from it needs no restore
+    gained = statvfs_free(runs) - free
+    assert gained == real.report["keep_free"]["free_after"] - free == dry.report["keep_free"]["free_after"] - free
+    assert real.report["freed_bytes"] == dry.report["freed_bytes"] <= gained  # sizes; the disk frees whole pages
+
+
+@pytest.mark.slow
+def test_prune_paths_reports_hard_linked_payloads_as_held_and_frees_only_what_the_file_system_gets_back(runs, archive):
+    _, args = archive
+    linked, sole = art_of(runs, "b", 100), art_of(runs, "a", 100)
+    ckpt = run_dir(runs, "b") / "checkpoint-100"
+    link_payloads(linked, ckpt)
+    held_bytes, sole_bytes = sum(manifest_payload(linked).values()), sum(manifest_payload(sole).values())
+    free = statvfs_free(runs)
+
+    dry = run_cli("prune-verified", "--paths", str(linked), str(sole), "--dry-run", *args)
+    assert dry.returncode == 0, dry.stderr
+    assert dry.report["freed_bytes"] == sole_bytes and statvfs_free(runs) == free
+    proc = run_cli("prune-verified", "--paths", str(linked), str(sole), *args)
+
+    assert proc.returncode == 0, proc.stderr
+    validate(proc.report, "report_prune_verified", what="prune-verified report")
+    gained = statvfs_free(runs) - free
+    removed = {r["path"]: r for r in proc.report["removed"]}
+    assert removed[str(linked)]["bytes"] == 0 and removed[str(sole)]["bytes"] == sole_bytes
+    assert proc.report["freed_bytes"] == sole_bytes and sole_bytes <= gained < sole_bytes + 64 * 4096
+    held = {h["file"]: h for h in removed[str(linked)]["held"]}
+    assert set(held) == set(removed[str(linked)]["files"]) and "model.pt" in held
+    assert held["model.pt"]["links"] == 1 and held["model.pt"]["other_names"] == [str(ckpt / "model.pt")]
+    assert not any((linked / rel).exists() for rel in manifest_payload(linked))
+    assert sum(p.stat().st_size for p in ckpt.iterdir()) == held_bytes
+    assert dry.report["removed"][0].get("held") == removed[str(linked)]["held"]
+    shown = summarize(proc.report, None)
+    assert f"held     {linked}: model.pt (also {ckpt / 'model.pt'})" in shown and "nothing freed" in shown, shown
 
 
 @pytest.mark.slow

@@ -83,6 +83,14 @@ def ckpt_inodes(directory: Path) -> dict[str, int]:
     return {rel: (directory / rel).stat().st_ino for rel in files_of(directory) if not rel.startswith(".")}
 
 
+def owns_copy_of(artifact: Path, ckpt: Path) -> bool:
+    """The artifact holds every file of ``ckpt`` byte for byte, each in an inode of its own (one name)."""
+    own, theirs = ckpt_inodes(artifact), ckpt_inodes(ckpt)
+    return (own.keys() == theirs.keys() and not set(own.values()) & set(theirs.values())
+            and all((artifact / rel).stat().st_nlink == 1 for rel in own)
+            and all((artifact / rel).read_bytes() == (ckpt / rel).read_bytes() for rel in own))
+
+
 @pytest.mark.slow
 def test_trainer_checkpoints_become_published_artifacts_that_resume_as_if_never_stopped(base, archive, tmp_path):
     straight = tmp_path / "straight" / RUN
@@ -122,9 +130,9 @@ def test_trainer_checkpoints_become_published_artifacts_that_resume_as_if_never_
         assert receipt_record.path_in(art(run_dir, n)).is_file()
         assert run_cli("verify", "--artifact-dir", str(art(run_dir, n))).returncode == 0
     # The Trainer's save_total_limit removed checkpoint-2 and -4; the artifacts keep their bytes, and the
-    # last one is made of hard links to checkpoint-6 (no byte copied), sealed file by file.
+    # last one holds checkpoint-6's bytes in files of its own (a reflink or a copy, never a hard link).
     assert sorted(p.name for p in run_dir.glob("checkpoint-*")) == ["checkpoint-6"]
-    assert ckpt_inodes(art(run_dir, 6)) == ckpt_inodes(run_dir / "checkpoint-6")
+    assert owns_copy_of(art(run_dir, 6), run_dir / "checkpoint-6")
     manifest = manifest_record.read_manifest(manifest_record.path_in(art(run_dir, 6)))
     assert {f.path for f in manifest.physical_files()} == files_of(run_dir / "checkpoint-6")
     assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json", "rng_state.pth"} <= set(
@@ -202,9 +210,9 @@ def test_an_export_killed_before_its_seal_is_done_again_and_a_foreign_file_is_re
     status = run_cli("status", str(run_dir), "--json")
     assert [r["local"]["state"] for r in status.report["rows"]] == ["incomplete"], status.stdout
 
-    done = export_in_process(ckpt, run_dir, 5)  # the next save of iteration 5 discards the links and links again
+    done = export_in_process(ckpt, run_dir, 5)  # the next save of iteration 5 discards its copies and copies again
     assert done.returncode == 0, done.stderr
-    assert ckpt_inodes(art(run_dir, 5)) == ckpt_inodes(ckpt)
+    assert owns_copy_of(art(run_dir, 5), ckpt)
     manifest = manifest_record.read_manifest(manifest_record.path_in(art(run_dir, 5)))
     assert manifest.components["pytorch_model_fsdp_0"].to_dict()["format"] == "dcp"
     assert not (art(run_dir, 5) / ".save-in-progress").exists()
@@ -233,3 +241,109 @@ def test_a_checkpoint_on_another_file_system_is_copied_then_sealed(tmp_path):
             rel: (ckpt / rel).read_bytes() for rel in files_of(ckpt)}
         assert all((copied / rel).stat().st_dev != (ckpt / rel).stat().st_dev for rel in files_of(ckpt))
         assert run_cli("status", str(run_dir), "--json").report["rows"][0]["local"]["state"] == "committed"
+
+
+# ------------------------------------------------------------------ checkpoint-N rewritten after the export
+
+RESAVE = ("import sys, torch; from transformers import AutoModelForCausalLM; "
+          "AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float16).save_pretrained(sys.argv[1])")
+
+
+def rewrite_in_place(ckpt: Path, how: str) -> None:
+    """What a user's tool does to ``checkpoint-N`` after the export: a Hugging Face re-save into the same
+    directory, or a truncate-and-rewrite of one file with other bytes of the same size."""
+    if how == "resave":
+        done = subprocess.run([sys.executable, "-c", RESAVE, str(ckpt)], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+    else:
+        path = ckpt / "config.json"
+        data = path.read_bytes()
+        with open(path, "wb") as fh:  # truncates the inode, then writes
+            fh.write(data.replace(b"bfloat16", b"float16 "))
+        assert path.stat().st_size == len(data)
+
+
+def archive_it(art_dir: Path, archive: Path) -> None:
+    published = run_cli("publish", "--artifact-dir", str(art_dir), "--bucket", f"file://{archive}")
+    assert published.returncode == 0, published.stderr
+
+
+def local_state(run_dir: Path) -> dict:
+    [row] = run_cli("status", str(run_dir), "--json").report["rows"]
+    return row["local"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["resave", "truncate-and-rewrite"])
+@pytest.mark.parametrize("archived", [True, False], ids=["archived", "not-yet-archived"])
+def test_a_rewrite_of_checkpoint_n_in_place_changes_no_committed_artifact(base, archive, tmp_path, how, archived):
+    from ckptflow.trainer.hf import resume_point
+
+    run_dir = tmp_path / "runs" / RUN
+    ckpt = shutil.copytree(base, run_dir / "checkpoint-4")
+    assert export_in_process(ckpt, run_dir, 4).returncode == 0
+    if archived:
+        archive_it(art(run_dir, 4), archive)
+    committed = {rel: (art(run_dir, 4) / rel).read_bytes() for rel in files_of(art(run_dir, 4))}
+
+    rewrite_in_place(ckpt, how)
+
+    assert (ckpt / "config.json").read_bytes() != committed["config.json"]
+    assert {rel: (art(run_dir, 4) / rel).read_bytes() for rel in files_of(art(run_dir, 4))} == committed
+    assert resume_point(run_dir) == str(art(run_dir, 4))
+    assert local_state(run_dir)["state"] == "committed"
+    if not archived:  # the "publish later" case: its bytes are still the committed ones
+        archive_it(art(run_dir, 4), archive)
+    verified = run_cli("verify", "--artifact-dir", str(art(run_dir, 4)), "--read-data")
+    assert verified.returncode == 0, verified.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["resave", "truncate-and-rewrite"])
+@pytest.mark.parametrize("archived", [True, False], ids=["archived", "not-yet-archived"])
+def test_an_artifact_sharing_inodes_with_a_rewritten_checkpoint_is_named_damaged_with_the_remedy(
+        base, archive, tmp_path, how, archived):
+    """An artifact an older export hard-linked to ``checkpoint-N`` (or any artifact rewritten in place):
+    resume_point, the resume guard and status never present it as committed and usable."""
+    from ckptflow.artifact import ComponentSpec, seal_artifact
+    from ckptflow.errors import Refused
+    from ckptflow.trainer.hf import _component_name, resume_point
+
+    run_dir = tmp_path / "runs" / RUN
+    ckpt = shutil.copytree(base, run_dir / "checkpoint-4")
+    linked = art(run_dir, 4)
+    linked.mkdir(parents=True)
+    for rel in files_of(ckpt):
+        (linked / rel).parent.mkdir(parents=True, exist_ok=True)
+        (linked / rel).hardlink_to(ckpt / rel)
+    seal_artifact(linked, 4, [ComponentSpec(_component_name(top), top) for top in sorted(os.listdir(ckpt))],
+                  progress=False)
+    if archived:
+        archive_it(linked, archive)
+    assert resume_point(run_dir) == str(linked) and local_state(run_dir)["state"] == "committed"
+
+    rewrite_in_place(ckpt, how)
+
+    with pytest.raises(Refused) as refused:
+        resume_point(run_dir)
+    message = str(refused.value)
+    assert "is damaged" in message and "config.json" in message
+    local = local_state(run_dir)
+    assert local["state"] == "damaged" and "config.json" in local["detail"]
+    if not archived:
+        assert "archived nowhere" in message and "archived nowhere" in local["detail"]
+        assert run_cli("publish", "--artifact-dir", str(linked), "--bucket", f"file://{archive}").returncode != 0
+        return
+    remedy = f"`ckptflow restore --artifact-dir {linked}`"
+    assert remedy in message and remedy in local["detail"]
+    # The remedy, followed: the changed files moved out, the archived bytes restored, the artifact usable again.
+    from ckptflow.artifact import changed_payloads
+
+    aside = tmp_path / "changed"
+    for problem in changed_payloads(linked):
+        rel = problem.split(" ")[0]
+        (aside / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.rename(linked / rel, aside / rel)
+    restored = run_cli("restore", "--artifact-dir", str(linked))
+    assert restored.returncode == 0, restored.stderr
+    assert resume_point(run_dir) == str(linked) and local_state(run_dir)["state"] == "committed"

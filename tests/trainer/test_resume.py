@@ -189,3 +189,34 @@ def test_a_pruned_resume_point_is_refused_by_both_paths_naming_restore(tmp_path,
     ckpt = checkpoint(attempt, 20)
     d = check_run_attempt(attempt)
     assert d.decision == "resume" and d.resume_from == str(ckpt)
+
+
+@pytest.mark.parametrize("archived", [True, False], ids=["archived", "not-yet-archived"])
+def test_a_resume_point_rewritten_in_place_is_refused_as_damaged_by_both_paths_naming_the_remedy(tmp_path, model, archived):
+    """A full-plan artifact whose trainer state was truncated and rewritten in place after its commit (same
+    size, other bytes) is no resume point: the guard names it damaged, and the remedy fits whether an archive
+    holds its committed bytes or not."""
+    attempt = tmp_path / "proj" / "group" / "run" / "ts"
+    art = artifact(attempt, 20, model, full=True)
+    if archived:
+        store = LocalStore(tmp_path / "archive")
+        store.root.mkdir()
+        publish_artifact(art, store, UPLOAD_PREFIX, progress=False)
+    path = art / "trainer.pt"
+    data = path.read_bytes()
+    torch.save({"optimizer_step": 21}, tmp_path / "other.pt")
+    other = (tmp_path / "other.pt").read_bytes()
+    with open(path, "wb") as fh:  # truncates the committed inode, then writes other bytes of the same size
+        fh.write(other[: len(data)].ljust(len(data), b"\0"))
+    assert path.stat().st_size == len(data)
+
+    for extra in ((), ("--resume-path", str(art))):
+        proc = run_cli("resume-check", "--attempt-dir", str(attempt), *extra)
+        assert proc.returncode == 1 and proc.report["decision"] == "refused", proc.stdout
+        assert f"{art} is damaged" in proc.report["reason"] and "trainer.pt was rewritten after the commit" in \
+            proc.report["reason"]
+        remedy = proc.report["remedies"][0]
+        if archived:
+            assert f"`ckptflow restore --artifact-dir {art}`" in remedy and "move the changed file(s)" in remedy
+        else:
+            assert "archived nowhere" in remedy

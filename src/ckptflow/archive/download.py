@@ -21,7 +21,9 @@ the rerun to resume.
 ``no_clobber`` (restore, which writes into an artifact directory it does not own): a verified part is put
 in place with ``link`` (which never replaces) instead of ``rename``; a file that appeared at its path
 meanwhile is kept, and is accepted only when it hashes to the declared digest (another restore put the
-same bytes there), else the download fails naming it.
+same bytes there), else the download fails naming it. A restore also passes ``mtime_ns``, the manifest's own
+modification time: each file it puts back looks, to ``artifact.changed_payloads``, like the one the manifest
+committed (written no later than it), and a later rewrite in place still shows.
 """
 
 from __future__ import annotations
@@ -71,9 +73,13 @@ def download_connections(store: ObjectStore) -> int:
     return store.download_shape.connections
 
 
-def put_in_place(part: Path, final: Path, expected: FileDigest, *, no_clobber: bool) -> None:
+def put_in_place(part: Path, final: Path, expected: FileDigest, *, no_clobber: bool,
+                 mtime_ns: int | None = None) -> None:
     """Commit a verified ``part`` as ``final``: a rename, or with ``no_clobber`` a link that never replaces
-    a file standing there (kept; accepted only when it holds the expected bytes, else ``ConflictError``)."""
+    a file standing there (kept; accepted only when it holds the expected bytes, else ``ConflictError``).
+    ``mtime_ns``: the part's times are set to it first (a restore: the manifest's own, see the module doc)."""
+    if mtime_ns is not None:
+        os.utime(part, ns=(mtime_ns, mtime_ns))  # our own verified part, not yet in place: a metadata change
     if not no_clobber:
         os.replace(part, final)
         return
@@ -90,7 +96,7 @@ def put_in_place(part: Path, final: Path, expected: FileDigest, *, no_clobber: b
                             remedy="move that file aside (or publish it as a new artifact), then rerun")
 
 
-def _settle_parts(jobs: list, committed: set[str], no_clobber: bool) -> None:
+def _settle_parts(jobs: list, committed: set[str], no_clobber: bool, mtime_ns: int | None) -> None:
     """After a failed batch, the parts of files not committed: one that holds its whole file and hashes to
     the declared digest is committed like any other (the stream stopped before its turn); one a rerun
     could not resume from (no contiguous prefix worth re-verifying, ``stage.resumable_prefix``, or whole
@@ -104,7 +110,8 @@ def _settle_parts(jobs: list, committed: set[str], no_clobber: bool) -> None:
             if prefix == entry.size and sha256_file(part).sha256 == entry.sha256:
                 if payload_fsync_enabled():
                     fsync_file(part)
-                put_in_place(part, final, FileDigest(entry.size, entry.sha256), no_clobber=no_clobber)
+                put_in_place(part, final, FileDigest(entry.size, entry.sha256), no_clobber=no_clobber,
+                             mtime_ns=mtime_ns)
                 committed.add(entry.path)
             elif prefix == 0 or prefix == entry.size:
                 part.unlink(missing_ok=True)
@@ -114,18 +121,20 @@ def _settle_parts(jobs: list, committed: set[str], no_clobber: bool) -> None:
 
 def download_files(store: ObjectStore, prefix: str, staged: Path, todo: list[FileEntry], *,
                    where: Callable[[str], str], progress: bool | None = None,
-                   no_clobber: bool = False, parts: Mapping[str, PartDigests] | None = None) -> tuple[int, list[dict]]:
+                   no_clobber: bool = False, parts: Mapping[str, PartDigests] | None = None,
+                   mtime_ns: int | None = None) -> tuple[int, list[dict]]:
     """Download every ``todo`` entry to ``staged/<path>``, verified; return (bytes received, ranged resumes).
 
     ``where(path)`` names an object in messages; ``no_clobber``: never replace a file at a final path
-    (see the module docstring); ``parts``: the declared part digests by path (``FetchPlan.part_digests``). Raises on the first failure once the work already
+    (see the module docstring); ``parts``: the declared part digests by path (``FetchPlan.part_digests``);
+    ``mtime_ns``: the modification time each file gets before it is put in place. Raises on the first failure once the work already
     running has returned (files verified and renamed by then stay in place; a rerun keeps them); a
     full disk raises ``OutOfSpace`` naming the file it stopped.
     """
     committed: set[str] = set()  # stage-relative paths verified and renamed into place by this run
     try:
         return _download(store, prefix, staged, todo, where=where, progress=progress, committed=committed,
-                         no_clobber=no_clobber, parts=parts or {})
+                         no_clobber=no_clobber, parts=parts or {}, mtime_ns=mtime_ns)
     except OSError as exc:
         if not space.is_full(exc) or isinstance(exc, OutOfSpace):
             raise
@@ -138,7 +147,7 @@ def download_files(store: ObjectStore, prefix: str, staged: Path, todo: list[Fil
 
 def _download(store: ObjectStore, prefix: str, staged: Path, todo: list[FileEntry], *,
               where: Callable[[str], str], progress: bool | None, committed: set[str],
-              no_clobber: bool, parts: Mapping[str, PartDigests]) -> tuple[int, list[dict]]:
+              no_clobber: bool, parts: Mapping[str, PartDigests], mtime_ns: int | None) -> tuple[int, list[dict]]:
     jobs = []
     checked = {e.path: parts[e.path] for e in todo
                if e.path in parts and (parts[e.path].size, parts[e.path].sha256) == (e.size, e.sha256)}
@@ -175,7 +184,7 @@ def _download(store: ObjectStore, prefix: str, staged: Path, todo: list[FileEntr
                         remedy="the archived object is damaged or was replaced; restore it or republish the artifact")
                 if payload_fsync_enabled():
                     fsync_file(part)  # durable before the rename commits it (CKPTFLOW_FSYNC=0 skips)
-                put_in_place(part, final, expected, no_clobber=no_clobber)
+                put_in_place(part, final, expected, no_clobber=no_clobber, mtime_ns=mtime_ns)
             except VerificationFailed:
                 part.unlink(missing_ok=True)
                 raise
@@ -196,7 +205,7 @@ def _download(store: ObjectStore, prefix: str, staged: Path, todo: list[FileEntr
         try:
             download_batch(files, concurrency=download_connections(store), range_size=download_range_size(store), finish=commit)
         except BaseException:
-            _settle_parts(jobs, committed, no_clobber)
+            _settle_parts(jobs, committed, no_clobber, mtime_ns)
             raise
         finally:
             for _, _, part, _, _ in jobs:

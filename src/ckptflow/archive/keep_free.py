@@ -14,7 +14,9 @@ Plan, then do (``plan_order`` returns the order; ``keep_free`` walks it):
   (its prune is refused by the gates anyway, with the reason).
 - Each candidate goes through every gate of ``prune_verified`` (``prune.prune_one``), and one more: an
   artifact another process reads in place (a materialize's or a merge's reader mark) or writes (a fetch's or merge's
-  lock held beside it) is kept, naming it; its open files would free nothing, so the next one goes.
+  lock held beside it) is kept, naming it; its open files would free nothing, so the next one goes. So is
+  one with a payload that has another name (a hard link: a Trainer's ``checkpoint-N`` an older export
+  linked), naming those names, in the dry run and the real run alike: unlinking it gives nothing back.
 - The target is ``SIZE`` bytes (``20G``: binary units; a bare number is refused) or ``PCT`` of the file system's size (``15%``),
   free to this user as ``statvfs`` reports it (``f_bavail``, ``df``'s "available"). The real run measures
   the free space again after each artifact and stops as soon as the target is met; a dry run deletes

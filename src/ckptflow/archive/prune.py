@@ -15,13 +15,17 @@ have their own retention). An artifact's payload files are removed only when all
   ``file://``), by reading and hashing its bytes; user metadata alone proves nothing.
 
 Each file is then unlinked only while it is still the file that was hashed (``release.unlink_checked``).
+``freed_bytes`` counts only what the file system got back: a payload with another name (a hard link) is
+unlinked from the artifact and listed in its entry's ``held`` with its other names, freeing nothing (a dry
+run says the same from the link counts it reads).
 A dry run writes nothing anywhere: where the real run would first probe the endpoint (no cached probe
 record), it runs every other check and says so in the entry's ``needs`` instead of probing.
 Freeing to a target (``keep_free.py``, ``in_use=True``) also keeps an artifact a live process reads in
 place (its reader mark, ``lock.reading``: a materialize from ``--ckpt-dir``, a merge of its model.pt) or writes (a held
 ``iter_N.lock`` of a fetch into it, ``iter_N.merge.lock`` of a merge), naming that process, checked first
 and again just before the first unlink: files held open free no space, so the next artifact goes
-instead. A prune of named ``--paths`` goes ahead under a reader (its open descriptor keeps reading the
+instead; and an artifact with a payload that has another name (a hard link: its bytes stay), in the dry run
+and the real run alike. A prune of named ``--paths`` goes ahead under a reader (its open descriptor keeps reading the
 same bytes, and a materialize that has not opened the file yet builds from the archive instead).
 Anything else keeps the copy with a reason; a failure on one path (an unsafe file, an unreachable
 endpoint) is a kept entry too, so the report always lists everything already removed. A kept entry is
@@ -47,7 +51,15 @@ from ..records import receipt as receipt_record
 from ..records import verification as verification_record
 from ..store.uri import destination_label
 from .keys import ARTIFACTS_DIR
-from .release import Checked, LocalChanged, NotProven, is_aside_name, prove_release, unlink_checked
+from .release import (
+    Checked,
+    LocalChanged,
+    NotProven,
+    is_aside_name,
+    prove_release,
+    release_outcome,
+    unlink_checked,
+)
 from .stage import is_part_name
 from .verify import (
     DAMAGED,
@@ -245,6 +257,8 @@ def prune_one(report: PruneReport, artifact_dir: Path, store_for, read: str, pro
     try:
         checked, needs = _plan_one(artifact_dir, store_for, read, progress, report.dry_run, in_use,
                                    report.destinations)
+        if in_use:
+            _check_sole_names(artifact_dir, checked)
         if in_use and not report.dry_run:
             _check_in_use(artifact_dir)  # again: proving took a while, and a reader may have started
     except _Keep as keep:
@@ -256,19 +270,33 @@ def prune_one(report: PruneReport, artifact_dir: Path, store_for, read: str, pro
         return None
     files = sorted(checked.files)
     if report.dry_run:
-        entry = {"path": str(artifact_dir), "files": files, "bytes": checked.size, "dry_run": True}
-        report.removed.append(entry | ({"needs": needs} if needs else {}))
-        report.freed_bytes += checked.size
+        freed, held = release_outcome(artifact_dir, checked)
+        entry = {"path": str(artifact_dir), "files": files, "bytes": freed, "dry_run": True}
+        report.removed.append(entry | ({"needs": needs} if needs else {}) | ({"held": held} if held else {}))
+        report.freed_bytes += freed
         return checked
     released = unlink_checked(artifact_dir, checked)  # per-file failures come back as kept reasons
     if released.removed:
-        report.removed.append({"path": str(artifact_dir), "files": released.removed, "bytes": released.freed_bytes})
+        report.removed.append({"path": str(artifact_dir), "files": released.removed, "bytes": released.freed_bytes}
+                              | ({"held": released.held} if released.held else {}))
         report.freed_bytes += released.freed_bytes
     if released.kept:
         report.kept.append(kept_entry(artifact_dir, "; ".join(released.kept), False))
     elif not released.removed:
         report.removed.append({"path": str(artifact_dir), "files": [], "bytes": 0})
     return checked
+
+
+def _check_sole_names(artifact_dir: Path, checked: Checked) -> None:
+    """Freeing to a target: an artifact with a payload that has another name is kept (unlinking it gives
+    nothing back, and the artifact would need a restore before a resume from it)."""
+    _, held = release_outcome(artifact_dir, checked)
+    if held:
+        names = "; ".join(f"{h['file']} also as {', '.join(h['other_names'][:2]) or 'a name outside the run directory'}"
+                          for h in held[:3]) + (f" (+{len(held) - 3} more)" if len(held) > 3 else "")
+        raise _Keep(f"{len(held)} payload file(s) have another name ({names}): unlinking them frees nothing, so a "
+                    "target never picks it (remove the other names first, e.g. the Trainer's checkpoint-N, or free it "
+                    "by name with prune-verified --paths)")
 
 
 def kept_entry(artifact_dir: Path, reason: str, error: bool) -> dict:

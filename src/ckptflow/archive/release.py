@@ -13,6 +13,11 @@
    file that was replaced (an atomic re-save) or rewritten after its check is put back and kept. A
    file already gone (another prune of the same artifact) is reported, never counted as freed.
 
+``freed_bytes`` is what the file system got back: the size of each removed file whose last name went. A
+payload with another name (a hard link: a Trainer's ``checkpoint-N`` that an older export linked, a ``cp
+-l`` copy) is removed from the artifact but its bytes stay: it is reported in ``held`` with its link count
+and the other names found in the artifact's run directory (``held_entry``), and frees nothing.
+
 An aside is named ``.<name>.<host>.<pid>.<token>.aside`` beside its file. One whose writer is gone (this
 host, dead pid: a prune killed between the rename and the unlink, ``release:after-aside``) still holds
 the payload's bytes: the next release hashes it like a payload against the receipt's entry of its file
@@ -75,8 +80,41 @@ class Checked:
 @dataclass
 class Released:
     removed: list[str] = field(default_factory=list)
-    freed_bytes: int = 0
+    freed_bytes: int = 0  # the sizes of the removed files whose last name went: what the file system got back
     kept: list[str] = field(default_factory=list)  # one reason per file not removed
+    held: list[dict] = field(default_factory=list)  # removed, but its bytes stay under another name (``held_entry``)
+
+
+def sole_name(path: Path) -> bool:
+    """Whether removing ``path`` gives its bytes back: a regular file with one name (no hard link elsewhere:
+    a Trainer's ``checkpoint-N`` linked by an older export, a ``cp -l`` copy)."""
+    try:
+        return os.lstat(path).st_nlink == 1
+    except FileNotFoundError:
+        return False
+
+
+def held_entry(artifact_dir: Path, rel: str, st: os.stat_result) -> dict:
+    """``{"file", "links", "other_names"}`` of a payload with ``st.st_nlink - 1`` other names: those found
+    in the artifact's run directory (``<run>/<ts>``, where a Trainer's ``checkpoint-N`` lies), absolute; a
+    name elsewhere on the file system is counted in ``links`` but not searched for."""
+    target, want = (st.st_dev, st.st_ino), st.st_nlink - 1
+    own = os.path.abspath(artifact_dir / rel)
+    found: list[str] = []
+    run_dir = artifact_dir.parent.parent
+    for dirpath, dirnames, filenames in os.walk(run_dir):
+        dirnames.sort()
+        for name in sorted(filenames):
+            path = os.path.join(dirpath, name)
+            try:
+                other = os.lstat(path)
+            except OSError:
+                continue
+            if (other.st_dev, other.st_ino) == target and os.path.abspath(path) != own:
+                found.append(os.path.abspath(path))
+        if len(found) >= want:
+            break
+    return {"file": rel, "links": want, "other_names": found}
 
 
 def present_payload(artifact_dir: Path, manifest: manifest_record.Manifest) -> list[str]:
@@ -206,6 +244,22 @@ def prove_release(artifact_dir: Path, store: ObjectStore, receipt: receipt_recor
     return checked
 
 
+def release_outcome(artifact_dir: Path, checked: Checked) -> tuple[int, list[dict]]:
+    """What unlinking ``checked`` would give back now, read-only (a dry run's ``freed_bytes`` and ``held``):
+    the sizes of the files with one name, and a ``held_entry`` for each with another."""
+    freed, held = 0, []
+    for rel, ident in checked.files.items():
+        try:
+            st = os.lstat(artifact_dir / rel)
+        except FileNotFoundError:
+            continue
+        if st.st_nlink == 1:
+            freed += ident[2]
+        else:
+            held.append(held_entry(artifact_dir, rel, st))
+    return freed, held
+
+
 def unlink_checked(artifact_dir: Path, checked: Checked) -> Released:
     """Delete exactly the files that were hashed and proven (by identity), then the directories left empty."""
     testhooks.reached("release:before-unlink")
@@ -221,9 +275,12 @@ def unlink_checked(artifact_dir: Path, checked: Checked) -> Released:
             outcome = f"{rel} could not be deleted ({exc.strerror}); kept"
         if outcome is None:
             gone.append(rel)
-        elif outcome == "removed":
+        elif isinstance(outcome, os.stat_result):  # removed; its link count just before the unlink
             out.removed.append(rel)
-            out.freed_bytes += ident[2]
+            if outcome.st_nlink == 1:
+                out.freed_bytes += ident[2]
+            else:
+                out.held.append(held_entry(artifact_dir, rel, outcome))
         else:
             out.kept.append(outcome)
     if gone:
@@ -232,8 +289,9 @@ def unlink_checked(artifact_dir: Path, checked: Checked) -> Released:
     return out
 
 
-def _unlink_if_same(artifact_dir: Path, rel: str, ident: FileStat) -> str | None:
-    """"removed" when ``rel`` was still the file hashed; None when it is gone; else why it was kept."""
+def _unlink_if_same(artifact_dir: Path, rel: str, ident: FileStat) -> os.stat_result | str | None:
+    """The file's stat just before it was removed (its link count says whether its bytes went) when ``rel``
+    was still the file hashed; None when it is gone; else why it was kept."""
     path = artifact_dir / rel
     aside = unique_temp_path(path, ASIDE_SUFFIX)
     try:
@@ -241,9 +299,9 @@ def _unlink_if_same(artifact_dir: Path, rel: str, ident: FileStat) -> str | None
     except FileNotFoundError:
         return None
     testhooks.reached("release:after-aside")
-    if _file_stat(os.lstat(aside)) == ident:
+    if _file_stat(st := os.lstat(aside)) == ident:
         os.unlink(aside)
-        return "removed"
+        return st
     try:  # not the file that was checked: put it back, never over a newer one
         os.link(aside, path)
     except FileExistsError:
@@ -252,17 +310,18 @@ def _unlink_if_same(artifact_dir: Path, rel: str, ident: FileStat) -> str | None
     return f"{rel} was replaced or rewritten after it was checked; kept"
 
 
-def _unlink_dead_aside(artifact_dir: Path, rel: str, ident: FileStat) -> str | None:
-    """"removed" when the dead aside ``rel`` is still the file hashed; None when it is gone; else why it
-    was kept. Its writer is gone: no process renames or writes it, so no rename aside is needed."""
+def _unlink_dead_aside(artifact_dir: Path, rel: str, ident: FileStat) -> os.stat_result | str | None:
+    """Its stat just before it was removed when the dead aside ``rel`` is still the file hashed; None when it
+    is gone; else why it was kept. Its writer is gone: no process renames or writes it, so no rename aside
+    is needed."""
     path = artifact_dir / rel
     try:
-        if _file_stat(os.lstat(path)) != ident:
+        if _file_stat(st := os.lstat(path)) != ident:
             return f"{rel} changed after it was checked; kept"
         os.unlink(path)
     except FileNotFoundError:
         return None
-    return "removed"
+    return st
 
 
 def _remove_empty_dirs(artifact_dir: Path, removed: list[str]) -> None:

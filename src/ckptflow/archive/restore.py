@@ -239,7 +239,7 @@ def _restore_from(artifact_dir: Path, receipt: receipt_record.Receipt, receipt_p
         try:
             result.downloaded_bytes, result.resumed = download_files(
                 store, plan.prefix, artifact_dir, todo, where=plan.where, progress=progress, no_clobber=True,
-                parts=plan.part_digests)
+                parts=plan.part_digests, mtime_ns=os.stat(manifest_record.path_in(artifact_dir)).st_mtime_ns)
         except _SOURCE_ERRORS as exc:  # files verified and put in place by then stay; the next destination has the rest
             placed = [e for e in todo if stage.files_in_place(artifact_dir, [e])]
             raise _Unusable(exc, missing=result.missing, downloaded=[e.path for e in placed],

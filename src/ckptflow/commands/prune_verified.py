@@ -79,6 +79,13 @@ def _destinations(args: argparse.Namespace) -> tuple[str, ...] | None:
     return tuple(args.destination) if args.destination else None
 
 
+def _held_text(held: list[dict]) -> str:
+    """Which payloads stay on disk under other names, and those names (a removed entry's ``held``)."""
+    parts = [f"{h['file']} (also {', '.join(h['other_names'][:2]) or 'outside the run directory'}"
+             f"{' ...' if len(h['other_names']) > 2 else ''})" for h in held[:3]]
+    return "; ".join(parts) + (f" (+{len(held) - 3} more)" if len(held) > 3 else "")
+
+
 def summarize(report: dict[str, Any], elapsed: float | None) -> str:
     removed, kept = report["removed"], report["kept"]
     n_files = sum(len(r["files"]) for r in removed)
@@ -100,4 +107,6 @@ def summarize(report: dict[str, Any], elapsed: float | None) -> str:
     gone = [(verb, f"{r['path']} ({files_bytes(len(r['files']), r['bytes'])})"
              + (f"; {r['needs']}" if r.get("needs") else "")) for r in removed]
     left = [("kept", _kept(k)) for k in kept]
-    return block(headline, [*capped(gone, verb), *capped(left, "kept")], elapsed)
+    held = [("held", f"{r['path']}: {_held_text(r['held'])}: unlinked from the artifact, its bytes stay under "
+             "those names (nothing freed)") for r in removed if r.get("held")]
+    return block(headline, [*capped(gone, verb), *capped(held, "held"), *capped(left, "kept")], elapsed)

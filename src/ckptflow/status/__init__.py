@@ -1,7 +1,9 @@
 """``ckptflow status``: one row per (run, iteration), read from the records alone.
 
-Where each column comes from (nothing is hashed; per artifact one directory listing, a stat of each
-payload file and a few small record reads; per stage and teacher a stat of each file its record names)::
+Where each column comes from (per artifact one directory listing, a stat of each payload file and a few
+small record reads; per stage and teacher a stat of each file its record names). Nothing is hashed but a
+payload file modified after its manifest's commit (``artifact.changed_payloads``): an in-place rewrite
+shows as ``damaged``, a copy that kept no times costs one read of that file::
 
     <root>/<run>/checkpoint_artifacts/iter_N/     run = <project>/<group>/<run>/<ts>
         .posttrain-checkpoint-artifact.json       local: committed (a directory without it: incomplete)
@@ -10,7 +12,8 @@ payload file and a few small record reads; per stage and teacher a stat of each 
         .uploaded                                 published: receipt, foreign (written for another
                                                   artifact: records.receipt.check_belongs), or legacy
         the manifest's payload files              pruned (gone while a receipt is kept), partial; local
-                                                  damaged when one has another size; local size
+                                                  damaged when one has another size or was
+                                                  rewritten after the commit; local size
     <reports_dir>/verify/<run>/iter_N.json        verified: the latest verify report and its time
     <reports_dir>/prune/<run>/iter_N.json         pruned: why a prune kept the payloads
     <stage_dir>/<run>/iter_N/.staged.json         staged (a subset: "staged (model only)"); partial /

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from ..archive.release import dead_asides
 from ..archive.verify import verify_artifact
-from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE, RUN_DEPTH, find_runs
+from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE, RUN_DEPTH, changed_payloads, changed_remedy, find_runs
 from ..digest import sha256_bytes
 from ..errors import CkptflowError, NotFound, Refused
 from ..fsutil import require_directory
@@ -219,28 +219,32 @@ def _payload_sizes(manifest: Manifest) -> Iterator[tuple[str, int]]:
 
 def _read_payloads(row: Row, path: Path, manifest: Manifest) -> None:
     """Local size and the pruned state from a stat of each payload file the manifest names (and of each a
-    killed prune set aside under another name: its bytes are still on disk)."""
-    missing, present, other_size = 0, 0, []
+    killed prune set aside under another name: its bytes are still on disk); local ``damaged`` when a file
+    present is not the one the manifest committed (``artifact.changed_payloads``: its size, or a file
+    modified after the commit that no longer hashes to it)."""
+    missing, present = 0, 0
     total = 0
     gone = []
-    for rel, size in _payload_sizes(manifest):
+    for rel, _ in _payload_sizes(manifest):
         total += 1
         try:
-            found = os.stat(path / rel).st_size
+            present += os.stat(path / rel).st_size
         except OSError:
             missing += 1
             gone.append(rel)
-            continue
-        present += found
-        if found != size:
-            other_size.append(f"{rel} has {found} bytes, the manifest says {size}")
     asides = dead_asides(path, gone) if gone else {}
     for aside in asides:
         with contextlib.suppress(OSError):
             present += os.stat(path / aside).st_size
     row.local_bytes = present
-    if other_size:
-        row.local = cell("damaged", _listed(other_size) + ": restore the artifact, or fetch it from the archive")
+    try:
+        changed = changed_payloads(path, manifest) if missing < total else []
+    except OSError as exc:
+        row.local = cell(CORRUPT, f"cannot read the payloads of {path}: {exc}")
+        changed = []
+    if changed:
+        row.local = cell("damaged", f"{_listed(changed)}: not the bytes its manifest committed; "
+                         f"{changed_remedy(path)}")
     receipt = row.published["state"] == "receipt"
     if missing == 0:
         return

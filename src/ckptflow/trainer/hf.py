@@ -20,44 +20,47 @@ waits for the others (each rank writes its own ``rng_state_R.pth``); then the ma
 does; the other ranks never touch the artifact or the store. A failed export stops training on every rank
 with the same error (``RankFailed`` under many ranks).
 
-``export_checkpoint`` hard-links every file of ``checkpoint-N`` into ``iter_N`` under the same relative path
-(no byte is copied; where the two directories lie on different file systems, or the file system has no hard
-links, the file is copied and fsynced instead), fsyncs what it links, and seals the directory
+``export_checkpoint`` gives every file of ``checkpoint-N`` an inode of its own in ``iter_N`` under the same
+relative path (``fsutil.clone_file``: a reflink where the file system offers one, Btrfs or XFS, no byte copied;
+else a copy in the kernel, ``copy_file_range``), each fsynced, and seals the directory
 (``artifact.seal_artifact``: one component per top-level entry of the checkpoint, a directory as a DCP-format
-one), the manifest last. It keeps ``write_artifact``'s ownership record (``.save-in-progress``, each entry's
-inode: a hard link's other name changes its ctime, not its inode) so an export killed half way is discarded
-and done again by the next save of that iteration, and anything else in the directory is refused by name.
+one), the manifest last. Never a hard link: it shares the inode, and an in-place re-save of ``checkpoint-N``
+(``from_pretrained(ckpt).save_pretrained(ckpt)``, any tool that truncates and rewrites a file) would rewrite
+the committed artifact's bytes through it, lost for good where the artifact is not archived yet. The cost: a
+reflink is a metadata operation; a copy reads and writes the checkpoint once more and holds its bytes twice
+until ``save_total_limit`` or ``prune-verified`` frees one of them (measured in docs/trainer.md). It keeps
+``write_artifact``'s ownership record (``.save-in-progress``, each entry's identity) so an export killed half
+way is discarded and done again by the next save of that iteration, and anything else in the directory is
+refused by name.
 
 The artifact is a complete Trainer checkpoint: ``Trainer.train(resume_from_checkpoint=<iter_N>)`` resumes from
-it. The Trainer's ``save_total_limit`` may delete ``checkpoint-N`` at any later save: the artifact's links keep
-the bytes until ``prune-verified`` frees them once the archive is proven, so nothing is lost either way.
+it. The Trainer's ``save_total_limit`` may delete ``checkpoint-N`` at any later save: the artifact holds its
+own bytes until ``prune-verified`` frees them once the archive is proven, so nothing is lost either way.
 
-The Trainer writes a checkpoint's files in place when it saves into an existing ``checkpoint-N``, which would
-rewrite a committed artifact through its links. So at ``on_train_begin`` the callback refuses a start behind
-the newest committed artifact (step 0 or an older checkpoint: it would save that iteration again), naming the
+A save of an iteration that is already committed would collide with its artifact (``export_checkpoint``
+refuses a committed ``iter_N``). So at ``on_train_begin`` the callback refuses a start behind the newest
+committed artifact (step 0 or an older checkpoint: it would save that iteration again), naming the
 artifact to resume from; ``resume_point(run_dir)`` names the newest committed artifact (refusing a pruned one,
-naming ``ckptflow restore``), or None for a fresh run. Also at ``on_train_begin``: the preflight of the
-destination when ``UploadSettings.preflight`` is set (``preflight_once``, every rank: rank 0 checks), and on
-the main process the background publication of every committed artifact without a receipt (``publish_pending``:
-what a killed attempt left). At ``on_train_end`` the main process waits for the publications (``wait_at_end``).
+naming ``ckptflow restore``, and a damaged one, whose files are not the bytes its manifest committed), or None
+for a fresh run. Also at ``on_train_begin``: the preflight of the destination when ``UploadSettings.preflight``
+is set (``preflight_once``, every rank: rank 0 checks), and on the main process the background publication of
+every committed artifact without a receipt (``publish_pending``: what a killed attempt left). At
+``on_train_end`` the main process waits for the publications (``wait_at_end``).
 """
 
 from __future__ import annotations
 
-import errno
 import logging
-import os
 import re
-import shutil
 from pathlib import Path, PurePosixPath
 
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .. import testhooks
-from ..artifact import COMPONENT_NAME_RE, ComponentSpec, seal_artifact
+from ..artifact import COMPONENT_NAME_RE, ComponentSpec, changed_payloads, changed_remedy, seal_artifact
 from ..errors import NotFound, Refused
-from ..fsutil import fsync_dir, fsync_file, walk_files
+from ..fsutil import clone_file, fsync_dir, walk_files
 from ..records import manifest as manifest_record
 from .preflight import preflight_once
 from .publish import UploadSettings, publish_in_background, publish_pending, wait_for_publications
@@ -67,10 +70,6 @@ from .write import artifact_dir_for, begin_owned_save
 
 log = logging.getLogger(__name__)
 
-NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP})
-COPY_CHUNK = 16 << 20
-
-
 def checkpoint_dir_for(output_dir: Path | str, step: int) -> Path:
     """The Trainer's ``<output_dir>/checkpoint-<step>``."""
     return Path(output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{step}"
@@ -79,7 +78,9 @@ def checkpoint_dir_for(output_dir: Path | str, step: int) -> Path:
 def resume_point(run_dir: Path | str) -> str | None:
     """The newest committed artifact of the run, for ``Trainer.train(resume_from_checkpoint=...)``; None when
     the run holds none (a fresh start). A newest artifact whose payloads are not all on disk (pruned) is
-    refused, naming ``ckptflow restore``: resuming from an older one would save the newest again."""
+    refused, naming ``ckptflow restore``: resuming from an older one would save the newest again. So is one
+    whose files are not the bytes its manifest committed (``artifact.changed_payloads``: a stat per file, a
+    hash only of a file modified after the commit), naming it damaged and the remedy."""
     found = committed_artifacts(Path(run_dir))
     if not found:
         return None
@@ -90,12 +91,16 @@ def resume_point(run_dir: Path | str) -> str | None:
     if missing:
         raise Refused(f"the newest committed artifact {art} is missing {len(missing)} payload file(s) "
                       f"({', '.join(missing[:5])}): it was pruned after publication", remedy=restore_remedy(art, iteration))
+    if changed := changed_payloads(art):
+        raise Refused(f"the newest committed artifact {art} is damaged: {'; '.join(changed[:3])}"
+                      f"{f' (+{len(changed) - 3} more)' if len(changed) > 3 else ''}; it is not the state its "
+                      "manifest committed, and resuming from it would train on other bytes", remedy=changed_remedy(art))
     return str(art)
 
 
 def export_checkpoint(checkpoint_dir: Path | str, run_dir: Path | str, iteration: int) -> manifest_record.Manifest:
-    """Hard-link (across file systems: copy) every file of ``checkpoint_dir`` into the run's ``iter_N`` and seal
-    it, the manifest last; returns the manifest. A committed ``iter_N`` is refused, never overwritten."""
+    """Reflink or copy (never hard-link) every file of ``checkpoint_dir`` into the run's ``iter_N`` and seal it,
+    the manifest last; returns the manifest. A committed ``iter_N`` is refused, never overwritten."""
     ckpt = Path(checkpoint_dir)
     if not ckpt.is_dir():
         raise NotFound(f"checkpoint directory {ckpt} does not exist",
@@ -111,17 +116,17 @@ def export_checkpoint(checkpoint_dir: Path | str, run_dir: Path | str, iteration
                       "older checkpoint, or train under a new run directory")
     owned = begin_owned_save(art)
     dirs: list[str] = []
-    copied = 0
+    made: dict[str, int] = {}
     for rel in files:
         for parent in reversed(PurePosixPath(rel).parents[:-1]):
             if parent.as_posix() not in dirs:
                 (art / parent).mkdir()
                 owned.created(parent.as_posix(), writing=True)
                 dirs.append(parent.as_posix())
-        copied += _link_or_copy(ckpt / rel, art / rel, owned, rel)
-    if copied:
-        log.info("%s: %d of %d file(s) copied, not linked (%s is on another file system or has no hard links)",
-                 art, copied, len(files), ckpt)
+        how = _own_copy(ckpt / rel, art / rel, owned, rel)
+        made[how] = made.get(how, 0) + 1
+    log.info("%s: %s from %s", art, ", ".join(f"{n} file(s) {'reflinked' if how == 'reflink' else 'copied'}"
+                                           for how, n in sorted(made.items())), ckpt)
     for d in dirs:
         fsync_dir(art / d)
     fsync_dir(art)
@@ -130,21 +135,12 @@ def export_checkpoint(checkpoint_dir: Path | str, run_dir: Path | str, iteration
     return seal_artifact(art, iteration, specs, progress=False, before_commit=owned.release)
 
 
-def _link_or_copy(src: Path, dst: Path, owned, rel: str) -> int:
-    """1 when copied, 0 when linked; either way the entry is new (exclusive) and recorded with its inode."""
-    try:
-        os.link(src, dst, follow_symlinks=False)
-    except OSError as exc:
-        if exc.errno not in NO_LINK:
-            raise
-        with open(src, "rb") as fin, open(dst, "xb") as fout:
-            owned.created(rel, writing=True)
-            shutil.copyfileobj(fin, fout, COPY_CHUNK)
-        fsync_file(dst)
-        return 1
-    owned.created(rel, writing=True)  # its inode is the proof: removing the other name changes its ctime
-    fsync_file(dst)  # the Trainer does not fsync what it saves; the commit below must not outrun its bytes
-    return 0
+def _own_copy(src: Path, dst: Path, owned, rel: str) -> str:
+    """``dst`` a new file (exclusive) holding ``src``'s bytes in an inode of its own (``fsutil.clone_file``:
+    a reflink, else a copy), fsynced, recorded with its identity; returns how it was made."""
+    how = clone_file(src, dst, on_created=lambda: owned.created(rel, writing=True))
+    owned.created(rel, writing=False)  # complete: its inode, size and times are the proof
+    return how
 
 
 def _component_name(entry: str) -> str:
@@ -152,14 +148,14 @@ def _component_name(entry: str) -> str:
 
 
 def refuse_a_start_behind(run_dir: Path | str, step: int) -> None:
-    """Refuse a start at ``step`` behind the run's newest committed artifact (the Trainer would save an
-    iteration again and rewrite its bytes in place through the artifact's links)."""
+    """Refuse a start at ``step`` behind the run's newest committed artifact (the Trainer would save a
+    committed iteration again, and its export would be refused)."""
     found = committed_artifacts(Path(run_dir))
     if found and max(found) > step:
         newest = found[max(found)]
         start = "at step 0" if step == 0 else f"from step {step}"
         raise Refused(f"refusing to train {start} in {run_dir}: the committed artifact {newest} is newer, and a "
-                      "save of its iteration would rewrite its bytes", remedy=f"resume from {newest} "
+                      "save of its iteration would collide with it", remedy=f"resume from {newest} "
                       "(Trainer.train(resume_from_checkpoint=ckptflow.trainer.hf.resume_point(run_dir))), or train "
                       "under a new run directory")
 

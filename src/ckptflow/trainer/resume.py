@@ -22,6 +22,9 @@ whether it may start in the attempt directory ``<run>/<ts>`` and from where:
   no resume point until it is restored, whether ``auto`` finds it or ``resume_path`` names it: both refuse,
   naming ``ckptflow restore`` as the first remedy (``unrestored``); a complete checkpoint of the same
   iteration is resumed instead;
+- an artifact chosen or named as the resume point whose files are not the bytes its manifest committed
+  (``artifact.changed_payloads``: a file of another size, or one rewritten in place after the commit) is
+  refused as damaged, naming the remedy (``artifact.changed_remedy``);
 - a fresh attempt, and an interrupted artifact directory without its manifest, are unaffected;
 - ``resume="off"`` starts in the attempt directory when it holds nothing, else mints a fresh attempt beside it.
 
@@ -41,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE
+from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE, changed_payloads, changed_remedy
 from ..errors import InvalidRecord, Refused, UsageError
 from ..fsutil import require_directory
 from ..records import manifest as manifest_record
@@ -139,9 +142,24 @@ class _Unrestored(Exception):
         self.artifact_dir, self.iteration, self.gone = artifact_dir, iteration, gone
 
 
+class _Damaged(Exception):
+    """An artifact chosen or named as the resume point is not the bytes its manifest committed
+    (``artifact.changed_payloads``)."""
+
+    def __init__(self, artifact_dir: Path, changed: list[str]):
+        super().__init__(str(artifact_dir))
+        self.artifact_dir, self.changed = artifact_dir, changed
+
+
+def _refuse_damaged(artifact_dir: Path) -> None:
+    if changed := changed_payloads(artifact_dir):
+        raise _Damaged(artifact_dir, changed)
+
+
 def judge_resume_path(path: Path | str) -> tuple[Path | None, int | None, str]:
     """(real path, iteration, how it was established) of an explicit resume path, or (None, None, why not);
-    raises ``_Unrestored`` for a full-plan artifact whose payloads are not all on disk."""
+    raises ``_Unrestored`` for a full-plan artifact whose payloads are not all on disk, ``_Damaged`` for one
+    whose files are not the bytes its manifest committed."""
     given = Path(path)
     if not os.path.lexists(given):
         return None, None, f"{given} does not exist"
@@ -177,6 +195,7 @@ def _judge_artifact(art: Path, shown: str) -> tuple[Path | None, int | None, str
     it = manifest_record.read_manifest(art).iteration
     if gone := unrestored(art):
         raise _Unrestored(art, it, gone)
+    _refuse_damaged(art)
     return _with_state(art, art / TRAINER_FILE, it)
 
 
@@ -242,6 +261,14 @@ def check_run_attempt(attempt_dir: Path | str, resume: str = "auto", resume_path
         return ResumeDecision("refused", reason, remedies=[restore_remedy(point.artifact_dir, point.iteration),
                                                            *remedies(attempt, newest)], **base)
 
+    def refuse_damaged(point: _Damaged) -> ResumeDecision:
+        changed = point.changed
+        reason = (f"the resume point {point.artifact_dir} is damaged: {'; '.join(changed[:3])}"
+                  f"{f' (+{len(changed) - 3} more)' if len(changed) > 3 else ''}; it is not the state its manifest "
+                  "committed")
+        return ResumeDecision("refused", reason, remedies=[changed_remedy(point.artifact_dir),
+                                                           *remedies(attempt, newest)], **base)
+
     if resume == "off":
         return _mint_fresh(attempt, base)
     if resume_path is not None:
@@ -249,6 +276,8 @@ def check_run_attempt(attempt_dir: Path | str, resume: str = "auto", resume_path
             real, it, how = judge_resume_path(resume_path)
         except _Unrestored as point:
             return refuse_unrestored(point)
+        except _Damaged as point:
+            return refuse_damaged(point)
         if real is None:
             if "model-only" in how:
                 return refuse(how)
@@ -269,6 +298,11 @@ def check_run_attempt(attempt_dir: Path | str, resume: str = "auto", resume_path
                           f"collide with iteration {newest_it} at its first save")
         it = max(cands)
         cand, how = cands[it], f"the newest resumable checkpoint {cands[it]}"
+        if cand in full.values():
+            try:
+                _refuse_damaged(cand)
+            except _Damaged as point:
+                return refuse_damaged(point)
     if newest_it is not None and it < newest_it:
         return refuse(f"the resume point {cand} (iteration {it}, from {how}) is behind the committed artifact "
                       f"{newest} (iteration {newest_it}): resuming would replay up to it and collide one save later")
