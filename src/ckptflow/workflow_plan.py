@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -316,6 +317,7 @@ def batches(step: str, members: Sequence[tuple[str, str]], max_batches: int) -> 
 # This process's planning: written into every batch member file it writes, so a batch's outcomes (which
 # record it) are used only by the jobs of the planning that wrote them, never replayed by a later run.
 PLANNING = uuid.uuid4().hex
+PLANNED_AT = time.time()  # when this process started planning: a batch output older than that is an earlier run's
 
 
 def write_batch_members(path: str | Path, members: Sequence[Mapping[str, Any]]) -> None:

@@ -20,6 +20,7 @@ import contextlib
 import io
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -39,6 +40,8 @@ from .records.step_report import write_step_report
 from .store.open import credentials_for, open_bucket_arg, store_factory
 from .workflow_config import error_line, exit_with, require_base, require_bucket
 from .workflow_plan import (
+    PLANNED_AT,
+    PLANNING,
     archive_uri_of,
     artifact_path,
     batch_members_of,
@@ -426,16 +429,22 @@ _direct = threading.Lock()
 
 
 def _outcome_of(batch_path: str | None, run: str, iteration: str) -> dict[str, Any] | None:
-    """The artifact's outcome in the batch output ``batch_path`` when this planning's batch job wrote it:
-    its ``planned`` is the one of the batch's member file now. An output left by an earlier run (a temp()
-    file whose consumer failed keeps) judged other inputs, and is never used: None."""
+    """The artifact's outcome in the batch output ``batch_path`` when this run's batch job wrote it: its
+    ``planned`` is the one of the batch's member file, and that file was written by this process's
+    planning (``workflow_plan.PLANNING``) or the output is newer than this process's start (Snakemake ran
+    the batch again from an earlier planning's file: ``-R``, a changed input). An output an earlier run left
+    (a temp() file whose consumer failed stays) judged what was there then, and is never used: None, and
+    the member's job runs its step itself."""
     if batch_path is None:
         return None
+    try:
+        planned = read_batch_plan(batch_members_of(batch_path))["planned"]
+    except CkptflowError:
+        planned = None
     batch = json.loads(Path(batch_path).read_bytes())
-    planned = read_batch_plan(batch_members_of(batch_path))["planned"]
-    if batch.get("planned") != planned:
-        log.warning("%s is the outcome of an earlier planning (%s, now %s): %s/%s runs its step itself",
-                    batch_path, batch.get("planned"), planned, run, iteration)
+    this_run = planned == PLANNING or os.stat(batch_path).st_mtime >= PLANNED_AT
+    if planned is None or batch.get("planned") != planned or not this_run:
+        log.warning("%s is the outcome of an earlier run: %s/%s runs its step itself", batch_path, run, iteration)
         return None
     return batch["outcomes"][f"{run}/{iteration}"]
 

@@ -222,3 +222,19 @@ def test_a_prune_asked_again_prunes_afresh_and_never_replays_an_earlier_batchs_o
     flow.fails("prune_all")
     again = json.loads(flow.report("prune", 100).read_bytes())
     assert again["freed_bytes"] == 0 and [f for e in again["removed"] for f in e["files"]] == [], again
+
+
+def test_a_forced_rerun_of_a_verified_member_never_takes_the_outcome_a_failed_run_left(tmp_path):
+    """The batch's output stays after a member failed (a temp() file whose consumer failed); `--forcerun
+    verify` reruns the verified member's job, whose input it still is: the job verifies afresh."""
+    archive = FileArchive(tmp_path)
+    archive.create()
+    flow = _flow(tmp_path, archive)
+    flow.ok("publish_all")
+    archive.damage(300)
+    flow.fails("verify_all")
+    assert json.loads(flow.report("verify", 100).read_bytes())["status"] == "verified"
+    assert list((flow.root / "reports" / "batches" / "verify").glob("*[0-9a-f].json"))  # the outcomes stayed
+    archive.damage(100)
+    out = flow.fails("verify_all", "--forcerun", "verify")
+    assert f"{flow.artifact(100)}" in out and not flow.report("verify", 100).exists(), out
