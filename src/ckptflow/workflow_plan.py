@@ -186,9 +186,10 @@ def prune_round_path(report_path: str | Path) -> Path:
 
 def prune_round(report_path: str | Path) -> int:
     """The rerun trigger of a prune job (``prune``, ``prune_keep_free``): the round its last job recorded
-    (``prune_round_path``; 1 without one), plus one while a payload file that job removed is on disk again
-    (a restore, a fetch into the artifact). It equals the round the last job was given (and recorded) until
-    a removed payload comes back, so a restore makes the prune pending again, as a publication does. It is
+    (``prune_round_path``; 1 without one), plus one while a payload file that was gone when that job
+    finished (freed by it, by a killed prune, or by hand) is on disk again (a restore, a fetch into the
+    artifact). It equals the round the last job was given (and recorded) until such a payload comes back,
+    so a restore makes the prune pending again, as a publication does. It is
     read from a file Snakemake never deletes: a job's params are evaluated again after its outputs are gone."""
     try:
         record = json.loads(prune_round_path(report_path).read_bytes())
