@@ -4,7 +4,8 @@
 # artifact with a DCP optimizer directory), seals it with `ckptflow seal`, qualifies the endpoint with
 # `ckptflow probe`, then drives the Snakemake workflow with demo/config.yaml:
 #   merge_experts -> publish_all -> verify_all -> prune_all -> materialize_teacher (from the archive) -> status
-# and loads the teacher with transformers for one greedy generation. Stops the server it started (also
+# checks that table (demo/check_status.py: every row committed, published, verified and pruned, else it
+# fails) and loads the teacher with transformers for one greedy generation. Stops the server it started (also
 # when a step fails); any failed step stops the demo with a non-zero status.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -71,9 +72,11 @@ say "the payloads are pruned; what is left locally:"
 find "$RUNS" -path '*/checkpoint_artifacts/*' -type f | sort | sed 's/^/  /' >&2
 smk materialize_teacher --config iter=300
 smk status
-
 TEACHER=$ROOT/teachers/$TEACHER_RUN/iter_000300
 REPORTS=$ROOT/reports
+say "checking the status table: every row committed, published, verified and pruned"
+$BIN/python demo/check_status.py "$REPORTS/status.json"
+
 say "the teacher: $TEACHER"
 $BIN/python - "$REPORTS/materialize/$TEACHER_RUN/iter_000300.json" <<'PY'
 import json, os, sys

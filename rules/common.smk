@@ -400,8 +400,11 @@ def get_scrub_report(wildcards):
 # publish, verify and prune run in batch jobs (the rules <step>_batch), one process per batch runs the step of
 # each of its artifacts (ckptflow.workflow_steps.batch_step), and the artifact's own rule, a local job,
 # writes its report and log from the outcome, or fails alone (finish_member). A batch's members are the
-# artifacts whose report is missing when Snakemake plans; they are written, with each one's rerun trigger,
-# to a file named by their digest, which the batch job (planned again on the node) reads back. A job
+# artifacts whose report is missing when Snakemake plans; they are written, with each one's rerun trigger
+# and this planning's id, to a file named by their digest, which the batch job (planned again on the node)
+# reads back. Every planning writes it again, so outcomes an earlier run left are never used: Snakemake
+# runs the batch again (its member file is newer), and a member job runs its step itself when the
+# outcomes it finds carry another planning's id. A job
 # Snakemake reruns for another reason (a lost receipt, a restored payload, -R) reruns the batch its report
 # names (its other members' outcomes go unused), or runs the step itself when there is none.
 # Minutes of Slurm runtime per artifact of a batch (see the per-step runtimes in profiles/slurm).

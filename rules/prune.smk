@@ -1,6 +1,6 @@
 # The outputs are step reports. The param round is the rerun trigger of a restore: the round the report
-# records, plus one while a payload file it removed is on disk again (ckptflow.workflow_plan.prune_round),
-# so a restored artifact is pending prune again, as a published one is.
+# records, plus one while a payload file gone when it finished is on disk again, whatever freed it
+# (ckptflow.workflow_plan.prune_round), so a restored artifact is pending prune again, as a published one is.
 localrules:
     prune,
 

@@ -22,6 +22,8 @@ import hashlib
 import json
 import os
 import sys
+import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,9 +186,10 @@ def prune_round_path(report_path: str | Path) -> Path:
 
 def prune_round(report_path: str | Path) -> int:
     """The rerun trigger of a prune job (``prune``, ``prune_keep_free``): the round its last job recorded
-    (``prune_round_path``; 1 without one), plus one while a payload file that job removed is on disk again
-    (a restore, a fetch into the artifact). It equals the round the last job was given (and recorded) until
-    a removed payload comes back, so a restore makes the prune pending again, as a publication does. It is
+    (``prune_round_path``; 1 without one), plus one while a payload file that was gone when that job
+    finished (freed by it, by a killed prune, or by hand) is on disk again (a restore, a fetch into the
+    artifact). It equals the round the last job was given (and recorded) until such a payload comes back,
+    so a restore makes the prune pending again, as a publication does. It is
     read from a file Snakemake never deletes: a job's params are evaluated again after its outputs are gone."""
     try:
         record = json.loads(prune_round_path(report_path).read_bytes())
@@ -312,10 +315,18 @@ def batches(step: str, members: Sequence[tuple[str, str]], max_batches: int) -> 
     return plan
 
 
+# This process's planning: written into every batch member file it writes, so a batch's outcomes (which
+# record it) are used only by the jobs of the planning that wrote them, never replayed by a later run.
+PLANNING = uuid.uuid4().hex
+PLANNED_AT = time.time()  # when this process started planning: a batch output older than that is an earlier run's
+
+
 def write_batch_members(path: str | Path, members: Sequence[Mapping[str, Any]]) -> None:
-    """The member file of one batch job (its name is a digest of the members, so the content is the same
-    whenever the same batch is planned again)."""
-    data = encode_json(list(members))
+    """The member file of one batch job: ``{"planned": PLANNING, "members": [...]}`` (its name is a digest
+    of the members). Written again by every planning of the same batch: its newer mtime makes Snakemake
+    run the batch again rather than keep outcomes an earlier run left (a temp() output whose consumer
+    failed stays), and its ``planned`` tells the members' jobs which outcomes are this run's."""
+    data = encode_json({"planned": PLANNING, "members": list(members)})
     path = Path(path)
     try:
         if path.read_bytes() == data:
@@ -326,13 +337,28 @@ def write_batch_members(path: str | Path, members: Sequence[Mapping[str, Any]]) 
     atomic_write_bytes(path, data)
 
 
-def read_batch_members(path: str | Path) -> list[dict[str, Any]]:
-    """The members a planning wrote (``write_batch_members``); a batch whose file is gone is refused."""
+def batch_members_of(outcomes_path: str | Path) -> Path:
+    """The member file beside a batch's outcomes (``<batch>.json`` -> ``<batch>.members.json``)."""
+    path = Path(outcomes_path)
+    return path.with_name(path.name.removesuffix(".json") + ".members.json")
+
+
+def read_batch_plan(path: str | Path) -> dict[str, Any]:
+    """The member file a planning wrote (``write_batch_members``); a batch whose file is gone, or one
+    written by an earlier ckptflow (a bare list, no planning), is refused."""
     try:
-        return json.loads(Path(path).read_bytes())
+        plan = json.loads(Path(path).read_bytes())
+        if not isinstance(plan, dict) or not isinstance(plan.get("members"), list):
+            raise ValueError("not a batch plan of this ckptflow")
+        return plan
     except (OSError, ValueError) as exc:
         raise NotFound(f"batch member file {path} is unreadable ({exc})",
                        remedy="run the same snakemake command again: planning writes it") from None
+
+
+def read_batch_members(path: str | Path) -> list[dict[str, Any]]:
+    """The members of a batch's member file (``read_batch_plan``)."""
+    return read_batch_plan(path)["members"]
 
 
 def _report_value(report_path: str | Path, key: str, kind: type) -> Any:

@@ -20,6 +20,7 @@ import contextlib
 import io
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -28,15 +29,27 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import testhooks
 from .artifact import ARTIFACTS_DIR
 from .errors import CkptflowError, VerificationFailed
 from .fsutil import atomic_write_bytes
 from .jsonio import encode_json
 from .records import manifest as manifest_record
 from .records import receipt as receipt_record
+from .records.step_report import write_step_report
 from .store.open import credentials_for, open_bucket_arg, store_factory
 from .workflow_config import error_line, exit_with, require_base, require_bucket
-from .workflow_plan import archive_uri_of, artifact_path, recorded_destinations, step_reports, upload_prefix
+from .workflow_plan import (
+    PLANNED_AT,
+    PLANNING,
+    archive_uri_of,
+    artifact_path,
+    batch_members_of,
+    read_batch_plan,
+    recorded_destinations,
+    step_reports,
+    upload_prefix,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +103,10 @@ def _write_report(path: Path | str, report: dict[str, Any]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, encode_json(report))
+
+
+# The schema of each step whose report a batch job's outcome becomes (records.step_report).
+STEP_SCHEMAS = {"publish": "report_publish", "verify": "report_verify", "prune": "report_prune_verified"}
 
 
 
@@ -210,21 +227,22 @@ def publish_step(artifact_dir: str, upload_prefix: str, bucket: str | None, cred
             report = result.to_report()
     report["publication"] = publication
     if report_path is not None:
-        _write_report(report_path, report)
+        report = write_step_report(report_path, report, STEP_SCHEMAS["publish"])
     return report
 
 
 def verify_step(artifact_dir: str, credentials: str | None, report_path: str | None) -> dict[str, Any]:
     """Verify one published artifact and write the report (unless ``report_path`` is None: a batch records
-    it); a failed verification fails the job."""
+    it); a failed verification fails the job. The outcome is recorded in ``.verified.json`` as
+    ``ckptflow verify`` records it, so ``ckptflow status`` shows it without the workflow's reports."""
     from .archive.verify import verify_artifact
 
-    result = verify_artifact(Path(artifact_dir), store_factory(credentials))
+    result = verify_artifact(Path(artifact_dir), store_factory(credentials), record=True)
     if not result.ok:
         raise VerificationFailed(result.failure_line())
     report = result.to_report()
     if report_path is not None:
-        _write_report(report_path, report)
+        report = write_step_report(report_path, report, STEP_SCHEMAS["verify"])
     return report
 
 
@@ -255,7 +273,7 @@ def prune_step(artifact_dir: str, credentials: str | None, report_path: str | No
         raise VerificationFailed(f"prune kept {artifact_dir}: {_errors(report)}",
                                  remedy="the artifact was kept; do what its reason says")
     if report_path is not None:
-        _write_round(report_path, report, round)
+        report = _write_round(report_path, report, round, [artifact_dir])
     return report
 
 
@@ -269,14 +287,20 @@ def restore_step(artifact_dir: str, credentials: str | None, report_path: str) -
     return report
 
 
-def _write_round(report_path: str, report: dict[str, Any], round: int) -> None:
-    """The prune report, with its round, then the round record beside it (``workflow_plan.prune_round``)."""
+def _write_round(report_path: str, report: dict[str, Any], round: int,
+                 artifact_dirs: Sequence[str | Path]) -> dict[str, Any]:
+    """The prune report, with its round, then the round record beside it (``workflow_plan.prune_round``):
+    every payload file of ``artifact_dirs`` (the artifacts the job judged) absent once it finished, whatever
+    freed it (this job, a killed one, ``prune-verified`` or ``publish --delete-local`` by hand), and what
+    the report says it removed; a restore puts one back, and the prune is pending again."""
+    from .archive.restore import missing_payloads
     from .workflow_plan import prune_round_path
 
-    report["round"] = round
-    _write_report(report_path, report)
-    removed = sorted(str(Path(e["path"]) / rel) for e in report["removed"] for rel in e["files"])
-    _write_report(prune_round_path(report_path), {"removed": removed, "round": round})
+    report = write_step_report(report_path, {**report, "round": round}, STEP_SCHEMAS["prune"])
+    freed = {str(Path(e["path"]) / rel) for e in report["removed"] for rel in e["files"]}
+    freed.update(str(Path(d) / rel) for d in artifact_dirs for rel in missing_payloads(d))
+    _write_report(prune_round_path(report_path), {"removed": sorted(freed), "round": round})
+    return report
 
 
 def _errors(report: dict[str, Any]) -> str:
@@ -291,14 +315,15 @@ def keep_free_step(runs_root: str, keep_free: str, keep_newest: int, credentials
     ``prune_step``."""
     from .archive.keep_free import keep_free as free_to_target
     from .archive.keep_free import parse_target
+    from .artifact import committed_artifacts
 
     report = free_to_target(Path(runs_root), parse_target(keep_free), store_factory(credentials),
                             keep_newest=int(keep_newest)).to_report()
     if report["status"] == "failed":
         raise VerificationFailed(f"prune kept artifacts under {runs_root}: {_errors(report)}",
                                  remedy="those artifacts were kept; do what each reason says")
-    _write_round(report_path, report, round)
-    return report
+    return _write_round(report_path, report, round,
+                        [artifact_path(runs_root, run, it) for run, it in committed_artifacts(runs_root)])
 
 
 def status_step(runs_root: str, reports_dir: str | None, stage_dir: str | None, teachers_dir: str | None,
@@ -328,7 +353,8 @@ def status_step(runs_root: str, reports_dir: str | None, stage_dir: str | None, 
 # its one-line error, and its log) in the batch's output. The per-artifact rule (publish, verify, prune)
 # stays the target of its artifact: a local job that writes the report and the log from that outcome, or
 # fails with the artifact's own error; so one artifact's failure fails only its own target, and a rerun
-# retries only what has no report. The library's records (receipt, manifest) are written by the step
+# retries only what has no report, afresh: the outcomes are bound to the planning that wrote the batch's
+# member file (``planned``), and outcomes a failed run left behind are never taken for a later run's. The library's records (receipt, manifest) are written by the step
 # itself as it goes: a batch killed midway leaves each artifact published with its receipt or pending.
 
 
@@ -352,16 +378,18 @@ def _batch_prune(member: Mapping[str, Any], config: Mapping[str, Any]) -> dict[s
 BATCH_STEPS = {"publish": _batch_publish, "verify": _batch_verify, "prune": _batch_prune}
 
 
-def batch_step(step: str, members: Sequence[Mapping[str, Any]], config: Mapping[str, Any],
-               out_path: str) -> dict[str, Any]:
-    """Run ``step`` (publish, verify, prune) for each member (``run``, ``iteration`` and the rerun trigger
-    of its own rule: ``publication`` or ``round``) in this process, one after another, and write the
-    outcomes to ``out_path``, the batch rule's output: per artifact ``{"status": "done", "report": ...}``
-    or ``{"status": "failed", "error": <one line>}``, and its ``log``. A member's failure is its outcome,
-    not the batch's; only an interruption (a signal, a killed job) ends the batch, without an output."""
+def batch_step(step: str, members_path: str, config: Mapping[str, Any], out_path: str) -> dict[str, Any]:
+    """Run ``step`` (publish, verify, prune) for each member of the batch file ``members_path`` (``run``,
+    ``iteration`` and the rerun trigger of its own rule: ``publication`` or ``round``) in this process, one
+    after another, and write the outcomes to ``out_path``, the batch rule's output: per artifact
+    ``{"status": "done", "report": ...}`` or ``{"status": "failed", "error": <one line>}``, and its ``log``;
+    with the planning that wrote the member file (``planned``), the only one whose jobs may use them. A
+    member's failure is its outcome, not the batch's; only an interruption (a signal, a killed job) ends
+    the batch, without an output."""
     run_one = BATCH_STEPS[step]
+    plan = read_batch_plan(members_path)
     outcomes: dict[str, Any] = {}
-    for member in members:
+    for member in plan["members"]:
         key = f"{member['run']}/{member['iteration']}"
         buffer = io.StringIO()
         try:
@@ -373,7 +401,8 @@ def batch_step(step: str, members: Sequence[Mapping[str, Any]], config: Mapping[
         outcome["log"] = buffer.getvalue()
         log.info("%s %s: %s%s", step, key, outcome["status"], f": {outcome['error']}" if "error" in outcome else "")
         outcomes[key] = outcome
-    result = {"step": step, "outcomes": outcomes}
+        testhooks.reached("batch:after-member", key)
+    result = {"step": step, "planned": plan["planned"], "outcomes": outcomes}
     _write_report(out_path, result)
     return result
 
@@ -399,13 +428,36 @@ class StepFailed(Exception):
 _direct = threading.Lock()
 
 
+def _outcome_of(batch_path: str | None, run: str, iteration: str) -> dict[str, Any] | None:
+    """The artifact's outcome in the batch output ``batch_path`` when this run's batch job wrote it: its
+    ``planned`` is the one of the batch's member file, and that file was written by this process's
+    planning (``workflow_plan.PLANNING``) or the output is newer than this process's start (Snakemake ran
+    the batch again from an earlier planning's file: ``-R``, a changed input). An output an earlier run left
+    (a temp() file whose consumer failed stays) judged what was there then, and is never used: None, and
+    the member's job runs its step itself."""
+    if batch_path is None:
+        return None
+    try:
+        planned = read_batch_plan(batch_members_of(batch_path))["planned"]
+    except CkptflowError:
+        planned = None
+    batch = json.loads(Path(batch_path).read_bytes())
+    this_run = planned == PLANNING or os.stat(batch_path).st_mtime >= PLANNED_AT
+    if planned is None or batch.get("planned") != planned or not this_run:
+        log.warning("%s is the outcome of an earlier run: %s/%s runs its step itself", batch_path, run, iteration)
+        return None
+    return batch["outcomes"][f"{run}/{iteration}"]
+
+
 def finish_member(step: str, run: str, iteration: str, batch_path: str | None, config: Mapping[str, Any],
                   report_path: str, log_path: str, *, publication: int = 1, round: int = 1) -> dict[str, Any]:
     """The per-artifact rule's job (publish, verify, prune): take its artifact's outcome from its batch's
     output and write the report and the log it recorded, or fail with the artifact's own error. Without a
     batch (a rerun that Snakemake decides on after planning: a lost receipt, a restored payload, a changed
-    input) it runs the step itself, as its batch would have, one such job at a time in this process."""
-    if batch_path is None:
+    input), or with a batch output this planning did not produce, it runs the step itself, as its batch
+    would have, one such job at a time in this process."""
+    outcome = _outcome_of(batch_path, run, iteration)
+    if outcome is None:
         member = {"run": run, "iteration": iteration, "publication": publication, "round": round}
         with _direct:
             try:
@@ -414,7 +466,6 @@ def finish_member(step: str, run: str, iteration: str, batch_path: str | None, c
             except Exception as exc:
                 raise BatchMemberFailed(f"{error_line(exc, step)} (details: {log_path})") from exc
     else:
-        outcome = json.loads(Path(batch_path).read_bytes())["outcomes"][f"{run}/{iteration}"]
         atomic_write_bytes(Path(log_path), outcome["log"].encode("utf-8"))
         if outcome["status"] != "done":
             raise BatchMemberFailed(f"{outcome['error']} (details: {log_path})")
@@ -423,7 +474,5 @@ def finish_member(step: str, run: str, iteration: str, batch_path: str | None, c
         if step == "publish":
             report["publication"] = publication  # this job's trigger, whatever the batch recorded
     if step == "prune":
-        _write_round(report_path, report, round)
-    else:
-        _write_report(report_path, report)
-    return report
+        return _write_round(report_path, report, round, [artifact_path(config["runs_root"], run, iteration)])
+    return write_step_report(report_path, report, STEP_SCHEMAS[step])

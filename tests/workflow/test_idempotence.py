@@ -68,5 +68,5 @@ def test_a_legacy_receipt_is_replaced_by_publication_before_verify_and_prune_pas
     assert json.loads(flow.report("verify").read_text())["status"] == "verified"
     flow.nothing_planned("publish_all", "verify_all")
     flow.ok("prune_all")
-    assert sorted(walk_files(art)) == [".posttrain-checkpoint-artifact.json", ".posttrain-part-digests.json", ".uploaded"]
+    assert sorted(walk_files(art)) == [".posttrain-checkpoint-artifact.json", ".posttrain-part-digests.json", ".uploaded", ".verified.json"]
     flow.nothing_planned(*TARGETS)

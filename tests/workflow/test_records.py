@@ -178,7 +178,7 @@ def test_a_full_checkpoint_receipt_in_an_artifact_is_pending_and_replaced_by_pub
     flow.ok("prune_all")
     receipt = json.loads((art / ".uploaded").read_text())
     assert "kind" not in receipt and receipt["destination"]["scheme"] == "file"
-    assert sorted(walk_files(art)) == [".posttrain-checkpoint-artifact.json", ".posttrain-part-digests.json", ".uploaded"]
+    assert sorted(walk_files(art)) == [".posttrain-checkpoint-artifact.json", ".posttrain-part-digests.json", ".uploaded", ".verified.json"]
     flow.nothing_planned("publish_all", "verify_all", "prune_all")
 
 

@@ -27,7 +27,7 @@ def test_restore_one_iteration_then_every_pruned_artifact_of_a_run(tmp_path):
         arts[run, it] = file_bytes(art)
     flow.ok("prune_all")
     pruned = {key: file_bytes(flow.artifact(key[1], key[0])) for key in arts}
-    assert all(sorted(files) == [".posttrain-checkpoint-artifact.json", ".posttrain-part-digests.json", ".uploaded"] for files in pruned.values())
+    assert all(sorted(files) == [".posttrain-checkpoint-artifact.json", ".posttrain-part-digests.json", ".uploaded", ".verified.json"] for files in pruned.values())
     # restored: the payloads as they were, beside the manifest and the receipt as prune left them
     arts = {key: {**files, **pruned[key]} for key, files in arts.items()}
 

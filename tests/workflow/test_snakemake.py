@@ -52,7 +52,7 @@ def test_prune_all_publishes_verifies_and_prunes_then_has_nothing_to_do(
     run = snakemake(tmp_path, "prune_all", config=config, env=env)
     assert run.returncode == 0, run.stderr + run.stdout
     for art in (a, b):
-        assert list(walk_files(art)) == [".posttrain-checkpoint-artifact.json", ".posttrain-part-digests.json", ".uploaded"]
+        assert list(walk_files(art)) == [".posttrain-checkpoint-artifact.json", ".posttrain-part-digests.json", ".uploaded", ".verified.json"]
     assert (interrupted / "model.pt").exists()
     assert (tmp_path / "reports" / "prune" / "proj/grp/run1/20261129T000000Z" / "iter_000300.json").exists()
 
@@ -78,7 +78,7 @@ def test_a_respelled_destination_neither_reruns_publication_nor_loses_a_pruned_a
     art, config, env = _pruned_workflow(tmp_path, f"file://{archive}")
     first = snakemake(tmp_path, "prune_all", config=config, env=env)
     assert first.returncode == 0, first.stderr + first.stdout
-    assert list(walk_files(art)) == [".posttrain-checkpoint-artifact.json", ".posttrain-part-digests.json", ".uploaded"]
+    assert list(walk_files(art)) == [".posttrain-checkpoint-artifact.json", ".posttrain-part-digests.json", ".uploaded", ".verified.json"]
     receipt = (art / ".uploaded").read_bytes()
 
     again = snakemake(tmp_path, "prune_all", config={**config, "bucket": f"file://{archive}/"}, env=env)
@@ -102,4 +102,4 @@ def test_a_forced_publish_rerun_re_derives_the_receipt_of_a_pruned_artifact(tmp_
     after = json.loads((art / ".uploaded").read_text())
     assert {k: v for k, v in after.items() if k != "uploaded_at"} == {
         k: v for k, v in before.items() if k != "uploaded_at"}
-    assert list(walk_files(art)) == [".posttrain-checkpoint-artifact.json", ".posttrain-part-digests.json", ".uploaded"]
+    assert list(walk_files(art)) == [".posttrain-checkpoint-artifact.json", ".posttrain-part-digests.json", ".uploaded", ".verified.json"]

@@ -16,7 +16,6 @@ from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE, RUN_DEPTH, changed_payloads, 
 from ..digest import sha256_bytes
 from ..errors import CkptflowError, NotFound, Refused
 from ..fsutil import require_directory
-from ..jsonio import decode_json_object, validate
 from ..records import (
     MANIFEST_FILENAME,
     MATERIALIZED_FILENAME,
@@ -34,6 +33,7 @@ from ..records import verification as verification_record
 from ..records.inventory import FileEntry
 from ..records.manifest import DcpComponent, Manifest, parse_manifest
 from ..records.receipt import check_belongs, read_receipt_digest
+from ..records.step_report import read_step_report
 from .report import CORRUPT, NONE, Row, StatusReport, cell
 
 T = TypeVar("T")
@@ -301,10 +301,8 @@ def _tree_bytes(path: Path) -> int:
 
 
 def _read_report(path: Path, schema: str) -> tuple[dict[str, Any], str]:
-    data = path.read_bytes()
-    report = decode_json_object(data, what=str(path))
-    validate(report, schema, what=str(path))
-    return report, _mtime(path.stat().st_mtime)
+    """A workflow step report (``records.step_report``: protocol, then schema) and when it was written."""
+    return read_step_report(path, schema), _mtime(path.stat().st_mtime)
 
 
 def _read_verify_report(row: Row, path: Path) -> None:
