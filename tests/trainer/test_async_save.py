@@ -12,12 +12,14 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import pytest
 import torch
 from trainer_helpers import tiny_training
 
+import ckptflow.trainer.async_save as async_save
 from ckptflow.errors import Refused
 from ckptflow.records.manifest import read_manifest
 from ckptflow.records.receipt import read_receipt
@@ -183,6 +185,25 @@ def test_save_and_publish_commits_then_publishes_in_the_background(tmp_path):
     assert handle.done() and [o.ok for o in outcomes] == [True], [o.error for o in outcomes]
     art = artifact_dir_for(run, 10)
     assert read_manifest(art) == handle.result() and read_receipt(art) is not None
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_staged_copy_is_freed_once_the_background_write_ends(tmp_path, monkeypatch, fails):
+    refs = []
+    real = async_save.stage_components
+
+    def capturing(components, plan):
+        staged, ready = real(components, plan)
+        refs.append(weakref.ref(next(iter(staged["model"].values()))))
+        return staged, ready
+
+    monkeypatch.setattr(async_save, "stage_components", capturing)
+    model, optim = tiny_training()
+    state = unpicklable_trainer_state(1) if fails else {"optimizer_step": 1}
+    handle = write_artifact(tmp_path, 1, {"model": model, "optimizer": optim, "trainer_state": state},
+                            asynchronous=True)
+    wait_for(handle.done, "the background save to end")
+    assert refs[0]() is None  # a failure kept for its report holds no copy either
 
 
 KILLED = """

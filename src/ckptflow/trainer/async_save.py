@@ -33,6 +33,7 @@ import copy
 import logging
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -174,7 +175,9 @@ def save_in_background(run_dir: Path | str, iteration: int, components: Mapping[
         testhooks.reached("trainer-async:staged")
         with _LOCK:
             _HANDLES.append(handle)
-        worker = threading.Thread(target=_write_staged, args=(handle, staged, ready, then),
+        box = [staged]  # the worker empties it: the copy is freed before the next save may stage
+        del staged
+        worker = threading.Thread(target=_write_staged, args=(handle, box, ready, then),
                                   name=f"ckptflow-save-iter{iteration}")
         worker.start()  # not a daemon: an interpreter that exits after the call still commits the save
     except BaseException:
@@ -185,17 +188,22 @@ def save_in_background(run_dir: Path | str, iteration: int, components: Mapping[
     return handle
 
 
-def _write_staged(handle: SaveHandle, staged: dict[str, Any], ready: Any,
+def _write_staged(handle: SaveHandle, box: list[dict[str, Any]], ready: Any,
                   then: Callable[[manifest_record.Manifest], Any] | None) -> None:
     try:
         if ready is not None:
             ready.synchronize()  # the non-blocking device-to-host copies have landed
         testhooks.reached("trainer-async:before-write")
-        handle._manifest = write_now(handle.run_dir, handle.iteration, staged, collective=False)
-        del staged
+        handle._manifest = write_now(handle.run_dir, handle.iteration, box.pop(), collective=False)
         if then is not None:
             then(handle._manifest)
     except BaseException as exc:  # noqa: BLE001 - raised at result(), the next save or the wait
+        box.clear()
+        cause, seen = exc, set()
+        while cause is not None and id(cause) not in seen:  # kept until reported: not the copy its frames hold
+            seen.add(id(cause))
+            traceback.clear_frames(cause.__traceback__)
+            cause = cause.__cause__ or cause.__context__
         handle._fail(exc)
         log.error("%s", handle._error)
     finally:
