@@ -13,8 +13,9 @@ never reaches the artifact.
 
 Memory: at most one staged copy per process. A second asynchronous save (of any run) while the first is
 still writing waits for it before staging; that wait is stall, reported in the handle (``waited_s``) and
-the log. A save costs the loop ``waited_s + staged_s`` and the process one copy of the saved state until
-the background write ends.
+the log. A save costs the loop ``waited_s + staged_s`` and the process one copy of the saved state (CPU
+tensors), kept after the write for the next save's copy (fresh memory costs twice the copy to allocate
+and touch; ``release_staging_memory`` frees it).
 
 Failures are never silent: a background failure leaves the artifact uncommitted (``.save-in-progress``, no
 manifest: the resume guard and ``publish_pending`` never see it) and raises ``BackgroundSaveFailed``, naming
@@ -181,6 +182,7 @@ def save_in_background(run_dir: Path | str, iteration: int, components: Mapping[
                                   name=f"ckptflow-save-iter{iteration}")
         worker.start()  # not a daemon: an interpreter that exits after the call still commits the save
     except BaseException:
+        _ARENA.keep_used()
         _SLOT.release()
         raise
     log.info("iteration %d staged in %.2f s; writing %s in the background", iteration, handle.staged_s,
@@ -207,8 +209,45 @@ def _write_staged(handle: SaveHandle, box: list[dict[str, Any]], ready: Any,
         handle._fail(exc)
         log.error("%s", handle._error)
     finally:
+        _ARENA.keep_used()  # the copy's tensors are gone: its memory waits for the next save
         handle._done.set()
         _SLOT.release()
+
+
+class _Arena:
+    """The CPU memory of the last staged copy, kept for the next one: allocating and first touching fresh
+    memory costs about twice the copy itself. Used only by the holder of ``_SLOT``; after each save it
+    keeps exactly the buffers that save used (the rest is freed), so it never holds more than one copy."""
+
+    def __init__(self) -> None:
+        self._free: dict[int, list[Any]] = {}
+        self._used: list[Any] = []
+
+    def take(self, nbytes: int) -> Any:
+        import torch
+
+        pool = self._free.get(nbytes)
+        buf = pool.pop() if pool else torch.UntypedStorage(nbytes)
+        self._used.append(buf)
+        return buf
+
+    def keep_used(self) -> None:
+        self._free = {}
+        for buf in self._used:
+            self._free.setdefault(buf.nbytes(), []).append(buf)
+        self._used = []
+
+    def release(self) -> None:
+        self._free, self._used = {}, []
+
+
+_ARENA = _Arena()
+
+
+def release_staging_memory() -> None:
+    """Free the memory kept from the last asynchronous save's staged copy (after waiting for the save)."""
+    with _SLOT:
+        _ARENA.release()
 
 
 def stage_components(components: Mapping[str, Any], plan: tuple[str, ...]) -> tuple[dict[str, Any], Any]:
@@ -262,7 +301,9 @@ def _stage_tensor(t: Any, memo: dict[Any, Any], device: list[Any]) -> Any:
         key = ("storage", storage.data_ptr(), storage.nbytes())
         owned = memo.get(key)
         if owned is None:
-            owned = memo[key] = storage.clone()
+            owned = memo[key] = _ARENA.take(storage.nbytes())
+            as_bytes = torch.empty((0,), dtype=torch.uint8)
+            as_bytes.set_(owned).copy_(torch.empty((0,), dtype=torch.uint8).set_(storage))
         return torch.empty((0,), dtype=t.dtype).set_(owned, t.storage_offset(), t.size(), t.stride())
     # A device tensor becomes what .cpu() makes of it (a synchronous save's copy), in pinned memory,
     # copied without blocking the loop.
