@@ -206,6 +206,18 @@ def test_no_staged_tensor_outlives_its_background_write(tmp_path, monkeypatch, f
     assert refs[0]() is None  # a failure kept for its report holds none either (its memory is the arena's)
 
 
+def test_a_failure_after_the_commit_says_the_artifact_is_committed_and_kept(tmp_path):
+    model, _ = tiny_training()
+    typo = UploadSettings(enabled=True, bucket=f"file://{tmp_path / 'stroe'}", prefix="p/g/r/ts/checkpoints",
+                          preflight=True)
+    handle = save_and_publish(tmp_path, 10, {"model": model}, typo, asynchronous=True)
+    art = artifact_dir_for(tmp_path, 10)
+    with pytest.raises(BackgroundSaveFailed, match=rf"iteration 10 committed {art}, then failed: .*"
+                                                   rf"ckptflow publish --artifact-dir {art}"):
+        handle.result(timeout=120)
+    assert (art / MANIFEST).exists() and wait_for_publications(tmp_path, timeout=120) == []
+
+
 KILLED = """
 import os, sys
 sys.path.insert(0, sys.argv[2])

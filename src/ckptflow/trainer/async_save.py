@@ -99,11 +99,18 @@ class SaveHandle:
         return self._manifest
 
     def _fail(self, exc: BaseException) -> None:
-        self._error = BackgroundSaveFailed(
-            f"the background save of iteration {self.iteration} ({self.artifact_dir}) failed: "
-            f"{type(exc).__name__}: {exc}; nothing was committed",
-            remedy="fix the cause, then save again (the next save of that iteration discards the uncommitted "
-                   "directory by its ownership record)", iteration=self.iteration)
+        if self._manifest is not None:  # committed; what came after (preflight, queueing the publication) failed
+            self._error = BackgroundSaveFailed(
+                f"the background save of iteration {self.iteration} committed {self.artifact_dir}, then failed: "
+                f"{type(exc).__name__}: {exc}", iteration=self.iteration,
+                remedy=f"the artifact is kept; fix the cause and publish it with `ckptflow publish --artifact-dir "
+                       f"{self.artifact_dir}` or `snakemake publish_all`")
+        else:
+            self._error = BackgroundSaveFailed(
+                f"the background save of iteration {self.iteration} ({self.artifact_dir}) failed: "
+                f"{type(exc).__name__}: {exc}; nothing was committed",
+                remedy="fix the cause, then save again (the next save of that iteration discards the uncommitted "
+                       "directory by its ownership record)", iteration=self.iteration)
         self._error.__cause__ = exc
 
 
