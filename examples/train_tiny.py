@@ -63,7 +63,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="check the upload destination before step 1 (strict: an unreachable endpoint fails too)")
     p.add_argument("--async-save", action="store_true",
                    help="save asynchronously: each save copies the state and returns, a background thread writes, "
-                        "commits and queues the publication (one process)")
+                        "commits and queues the publication (every rank its own shards; rank 0 seals)")
     p.add_argument("--parallel", choices=("none", "ddp", "fsdp"),
                    help="none: one process; ddp / fsdp: every rank of torchrun (gloo); default ddp under torchrun")
     args = p.parse_args(argv)
@@ -71,8 +71,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.parallel = args.parallel or ("ddp" if world > 1 else "none")
     if args.parallel == "none" and world > 1:
         p.error(f"--parallel none runs one process, but WORLD_SIZE is {world}: pass --parallel ddp or fsdp")
-    if args.async_save and args.parallel != "none":
-        p.error("--async-save runs in one process for now: drop it under torchrun")
     return args
 
 

@@ -17,6 +17,15 @@ the log. A save costs the loop ``waited_s + staged_s`` and the process one copy 
 tensors), kept after the write for the next save's copy (fresh memory costs twice the copy to allocate
 and touch; ``release_staging_memory`` frees it).
 
+Many ranks (a process group of several ranks initialised, every rank making the call): at the call, the
+full model state is gathered to rank 0 over the training's group (as a synchronous save does) and staged
+there, and every rank stages its own optimizer state (a ``DTensor``'s local shard, on the same mesh).
+Each rank's background thread then writes its own DCP shards, and rank 0 writes ``model.pt`` and
+``trainer.pt`` and seals once every rank reported its shards durable, all of it agreed over a gloo process
+group of the saves' own (created by the first asynchronous save, collectively), so the training's
+collectives never wait for the save's, nor the save's for them. A failure on one rank commits nothing, and
+every rank raises the same ``RankFailed``, wrapped as ``BackgroundSaveFailed``, at its next save or wait.
+
 Failures are never silent: a background failure leaves the artifact uncommitted (``.save-in-progress``, no
 manifest: the resume guard and ``publish_pending`` never see it) and raises ``BackgroundSaveFailed``, naming
 the iteration and the cause, at ``SaveHandle.result()``, at the run's next save, or at
@@ -31,16 +40,18 @@ synchronous save (``write.py``), reached on the background thread.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from .. import testhooks
-from ..errors import CkptflowError, UsageError
+from ..errors import CkptflowError
 from ..records import manifest as manifest_record
 from .ranks import Ranks
 from .write import (
@@ -158,13 +169,13 @@ def save_in_background(run_dir: Path | str, iteration: int, components: Mapping[
     ``then(manifest)`` runs there after the commit (the publication of ``save_and_publish``)."""
     check_iteration(iteration)
     plan = check_plan(components)
-    if Ranks.current(collective).collective:
-        raise UsageError("asynchronous saves are not available in a process group of several ranks yet",
-                         remedy="save synchronously (asynchronous=False) under torchrun")
+    ranks = Ranks.current(collective)
+    background = _background_ranks(ranks)  # collective: a gloo group of the save's own, created at the first save
     run_dir = Path(run_dir)
     _raise_failure(_run_key(run_dir))  # an earlier background failure of this run raises here, at the next save
     handle = SaveHandle(run_dir, iteration)
-    refuse_committed(handle.artifact_dir, iteration)  # at the call, as a synchronous save refuses it
+    if not ranks.collective:
+        refuse_committed(handle.artifact_dir, iteration)  # at the call, as a synchronous save refuses it
     start = time.monotonic()
     if not _SLOT.acquire(blocking=False):
         _SLOT.acquire()
@@ -178,14 +189,14 @@ def save_in_background(run_dir: Path | str, iteration: int, components: Mapping[
             raise
     try:
         staged_at = time.monotonic()
-        staged, ready = stage_components(components, plan)
+        staged, ready = stage_components(components, plan, ranks)
         handle.staged_s = time.monotonic() - staged_at
         testhooks.reached("trainer-async:staged")
         with _LOCK:
             _HANDLES.append(handle)
         box = [staged]  # the worker empties it: the copy is freed before the next save may stage
         del staged
-        worker = threading.Thread(target=_write_staged, args=(handle, box, ready, then),
+        worker = threading.Thread(target=_write_staged, args=(handle, box, ready, background, then),
                                   name=f"ckptflow-save-iter{iteration}")
         worker.start()  # not a daemon: an interpreter that exits after the call still commits the save
     except BaseException:
@@ -197,13 +208,13 @@ def save_in_background(run_dir: Path | str, iteration: int, components: Mapping[
     return handle
 
 
-def _write_staged(handle: SaveHandle, box: list[dict[str, Any]], ready: Any,
+def _write_staged(handle: SaveHandle, box: list[dict[str, Any]], ready: Any, ranks: Ranks,
                   then: Callable[[manifest_record.Manifest], Any] | None) -> None:
     try:
         if ready is not None:
             ready.synchronize()  # the non-blocking device-to-host copies have landed
         testhooks.reached("trainer-async:before-write")
-        handle._manifest = write_now(handle.run_dir, handle.iteration, box.pop(), collective=False)
+        handle._manifest = write_now(handle.run_dir, handle.iteration, box.pop(), ranks=ranks)
         if then is not None:
             then(handle._manifest)
     except BaseException as exc:  # noqa: BLE001 - raised at result(), the next save or the wait
@@ -257,14 +268,29 @@ def release_staging_memory() -> None:
         _ARENA.release()
 
 
-def stage_components(components: Mapping[str, Any], plan: tuple[str, ...]) -> tuple[dict[str, Any], Any]:
+_SAVE_GROUP: list[Any] = []
+
+
+def _background_ranks(ranks: Ranks) -> Ranks:
+    """The ranks the background thread saves with: alone, or collective over a gloo process group of the
+    saves' own (created once, collectively, by every rank's first asynchronous save), so the save's
+    agreement and DCP's planning never wait behind, or block, the training's collectives."""
+    if not ranks.collective:
+        return Ranks()
+    if not _SAVE_GROUP:
+        _SAVE_GROUP.append(ranks.dist.new_group(backend="gloo", timeout=timedelta(minutes=30)))
+    return dataclasses.replace(ranks, group=_SAVE_GROUP[0])
+
+
+def stage_components(components: Mapping[str, Any], plan: tuple[str, ...],
+                     ranks: Ranks | None = None) -> tuple[dict[str, Any], Any]:
     """A copy of what a synchronous save of ``components`` would write, owned by the save: the model's
     state (``write.model_state``), the optimizer's (``write.optimizer_state``), the trainer state; and
     the CUDA event the background thread waits for before writing (None without CUDA tensors)."""
     memo: dict[Any, Any] = {}
     device: list[Any] = []
     model = components["model"]
-    staged = {"model": _stage(model_state(model, Ranks(), to_cpu=False), memo, device)}
+    staged = {"model": _stage(model_state(model, ranks or Ranks(), to_cpu=False), memo, device)}
     if "optimizer" in plan:
         staged["optimizer"] = _stage(optimizer_state(model, components["optimizer"]), memo, device)
     if "trainer_state" in plan:
@@ -298,9 +324,14 @@ def _stage(obj: Any, memo: dict[Any, Any], device: list[Any]) -> Any:
 
 def _stage_tensor(t: Any, memo: dict[Any, Any], device: list[Any]) -> Any:
     import torch
+    from torch.distributed.tensor import DTensor
 
+    if isinstance(t, DTensor):  # this rank's shard, staged; the same placement on the same mesh
+        local = _stage_tensor(t.to_local(), memo, device)
+        return DTensor.from_local(local, t.device_mesh, t.placements, run_check=False, shape=t.shape,
+                                  stride=t.stride())
     if type(t) not in (torch.Tensor, torch.nn.Parameter):
-        return copy.deepcopy(t, memo)  # a tensor subclass stages itself
+        return copy.deepcopy(t, memo)  # another tensor subclass stages itself
     t = t.detach()
     if t.device.type == "cpu":
         # The storage once, shared as it was: the same bytes torch.save writes for the live tensors.

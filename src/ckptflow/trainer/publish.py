@@ -221,8 +221,11 @@ def save_and_publish(
     if asynchronous:
         from .async_save import save_in_background
 
+        def publish(manifest: manifest_record.Manifest) -> None:  # on the background thread, rank 0 only
+            _publish_saved(run_dir, iteration, manifest, upload, False)
+
         return save_in_background(run_dir, iteration, components, collective=collective,
-                                  then=lambda manifest: _publish_saved(run_dir, iteration, manifest, upload, False))
+                                  then=publish if Ranks.current(collective).is_main else None)
     manifest = write_artifact(run_dir, iteration, components, collective=collective)
     return _publish_saved(run_dir, iteration, manifest, upload, collective)
 

@@ -115,11 +115,12 @@ def write_artifact(run_dir: Path | str, iteration: int, components: Mapping[str,
 
 
 def write_now(run_dir: Path | str, iteration: int, components: Mapping[str, Any], *,
-              collective: bool | None = None) -> manifest_record.Manifest:
-    """``write_artifact``'s synchronous save itself (the background thread of an asynchronous one runs it too)."""
+              collective: bool | None = None, ranks: Ranks | None = None) -> manifest_record.Manifest:
+    """``write_artifact``'s synchronous save itself (the background thread of an asynchronous one runs it too,
+    with ``ranks`` on a process group of its own)."""
     check_iteration(iteration)
     plan = check_plan(components)
-    ranks = Ranks.current(collective)
+    ranks = ranks or Ranks.current(collective)
     art = artifact_dir_for(run_dir, iteration)
     what = f"the save of {art}"
 
@@ -404,7 +405,7 @@ def _save_dcp(art: Path, name: str, state: dict, ranks: Ranks) -> dict[str, tupl
     target = art / name
     with warnings.catch_warnings():  # single process without a process group is the intended use here
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-        dcp.save({name: state}, checkpoint_id=str(target))
+        dcp.save({name: state}, checkpoint_id=str(target), process_group=ranks.group)
     files = [rel for rel in walk_files(target) if _own_shard(rel, ranks)]
     digests = hash_files(target, files, progress=False, desc=f"{name} sha256")
     for rel in files:
