@@ -192,8 +192,8 @@ def test_no_staged_tensor_outlives_its_background_write(tmp_path, monkeypatch, f
     refs = []
     real = async_save.stage_components
 
-    def capturing(components, plan):
-        staged, ready = real(components, plan)
+    def capturing(components, plan, ranks=None):
+        staged, ready = real(components, plan, ranks)
         refs.append(weakref.ref(next(iter(staged["model"].values()))))
         return staged, ready
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import sys
 import threading
 import time
 import traceback
@@ -324,12 +325,12 @@ def _stage(obj: Any, memo: dict[Any, Any], device: list[Any]) -> Any:
 
 def _stage_tensor(t: Any, memo: dict[Any, Any], device: list[Any]) -> Any:
     import torch
-    from torch.distributed.tensor import DTensor
 
-    if isinstance(t, DTensor):  # this rank's shard, staged; the same placement on the same mesh
-        local = _stage_tensor(t.to_local(), memo, device)
-        return DTensor.from_local(local, t.device_mesh, t.placements, run_check=False, shape=t.shape,
-                                  stride=t.stride())
+    dtensor = sys.modules.get("torch.distributed.tensor")  # loaded wherever a DTensor exists; never imported here
+    if dtensor is not None and isinstance(t, dtensor.DTensor):
+        # This rank's shard, staged, under the same spec (mesh, placements, global shape). Built directly:
+        # from_local would move a staged CPU shard back onto a CUDA mesh's device.
+        return dtensor.DTensor(_stage_tensor(t.to_local(), memo, device), t._spec, requires_grad=False)
     if type(t) not in (torch.Tensor, torch.nn.Parameter):
         return copy.deepcopy(t, memo)  # another tensor subclass stages itself
     t = t.detach()
