@@ -124,6 +124,7 @@ demo: setup
 # page cache are served from disk, which made the figures drift from one run to the next.
 # `make bench BENCH_FLAGS=--large` adds the 8 GiB figures of bench/publish.py, fetch.py and scrub.py (see each
 # one's docstring); `BENCH_FLAGS='--large --pin'` runs them with the server on CPU 0 and every client on CPU 1.
+# bench/trainer_stall.py: the loop's stall at a save (1 GiB model) beside torch.save + fsync and DCP.
 BENCH_FLAGS ?=
 bench: setup
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[all,test,bench]'
@@ -131,7 +132,7 @@ bench: setup
 	$(BIN)/python tests/helpers/servers.py down --root .ckptflow/bench-servers >/dev/null; rm -rf .ckptflow/bench-servers; \
 	trap '$(BIN)/python tests/helpers/servers.py down --root .ckptflow/bench-servers; rm -rf .ckptflow/bench-servers' EXIT; \
 	$(BIN)/python tests/helpers/servers.py up --only seaweedfs --profile demo --root .ckptflow/bench-servers >/dev/null || exit $$?; \
-	for b in transfer publish fetch ls scrub; do \
+	for b in transfer publish fetch ls scrub trainer_stall; do \
 	  test -f bench/$$b.py || continue; \
 	  flags=; case $$b in publish|fetch|scrub) flags='$(BENCH_FLAGS)';; esac; \
 	  echo "== bench/$$b.py $$flags" >&2; \

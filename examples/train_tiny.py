@@ -2,7 +2,8 @@
 
 It pins its attempt directory with the resume guard (refused: exit 3, nothing written), trains a small
 MLP for ``--steps`` optimizer steps, saves an artifact every ``--save-every`` steps with
-``save_and_publish`` (publication runs in the background while the next steps go on), waits for the
+``save_and_publish`` (publication runs in the background while the next steps go on; with
+``--async-save`` the write and commit too, the loop paying only for a copy of the state), waits for the
 publications at the end and prints one JSON line: the saved iterations and the publication outcomes.
 A failed upload never stops training: the artifact stays local and the log names the command that
 publishes it later (or ``snakemake publish_all``). At start it queues the publication of every committed
@@ -67,6 +68,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--preflight", choices=("off", "on", "strict"), default="on",
                    help="with --bucket: check the upload destination before step 1 (default on; strict: an "
                    "unreachable endpoint fails too; off: no check)")
+    p.add_argument("--async-save", action="store_true",
+                   help="save asynchronously: each save copies the state and returns, a background thread writes, "
+                        "commits and queues the publication (every rank its own shards; rank 0 seals)")
     p.add_argument("--parallel", choices=("none", "ddp", "fsdp"),
                    help="none: one process; ddp / fsdp: every rank of torchrun (gloo); default ddp under torchrun")
     args = p.parse_args(argv)
@@ -180,10 +184,14 @@ def train(args: argparse.Namespace) -> int:
         if step % args.save_every == 0:
             plan = PLANS[args.components]
             values = {"model": model, "optimizer": optim, "trainer_state": {"optimizer_step": step}}
-            save_and_publish(run_dir, step, {k: values[k] for k in plan}, upload)
+            handle = save_and_publish(run_dir, step, {k: values[k] for k in plan}, upload,
+                                      asynchronous=args.async_save)
             saved.append(step)
-            say(f"saved iter_{step:06d} t={time.time():.3f}", rank)
-    outcomes = wait_for_publications(run_dir)  # rank 0 waits; the others return at once
+            if args.async_save:  # staged: the next steps run while a background thread writes it
+                say(f"staged iter_{step:06d} in {handle.stall_s:.3f} s t={time.time():.3f}", rank)
+            else:
+                say(f"saved iter_{step:06d} t={time.time():.3f}", rank)
+    outcomes = wait_for_publications(run_dir)  # the saves first; rank 0 waits; the others return at once
     if rank:
         return 0
     say(json.dumps({

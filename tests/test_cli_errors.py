@@ -177,6 +177,7 @@ _REQUIRED = {
     "materialize": ("--ckpt-dir", "A", "--base", "B", "--out", "O"), "probe": ("--prefix", "p"),
     "status": ("R",), "ls": ("s3://b/p",), "resume-check": ("--attempt-dir", "A"),
     "retain-checkpoints": ("--run-dir", "R", "--keep-last", "1"), "gc-uploads": ("--prefix", "p/"),
+    "repair-part-digests": ("--artifact-dir", "A"),
 }
 
 

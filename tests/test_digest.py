@@ -1,6 +1,7 @@
 import hashlib
 import io
 import os
+import threading
 
 from ckptflow import digest
 from ckptflow.progress import ByteProgress
@@ -69,6 +70,34 @@ def test_hashing_writer_hashes_what_it_writes():
     w.write(b"abc")
     w.write(b"def")
     assert w.size == 6 and w.hexdigest() == hashlib.sha256(b"abcdef").hexdigest() and buf.getvalue() == b"abcdef"
+
+
+def test_hashing_writer_hashes_large_writes_on_another_thread_before_returning_the_buffer():
+    buf = io.BytesIO()
+    w = digest.HashingWriter(buf)
+    threads = []
+
+    class Recording:
+        def __init__(self):
+            self.h = hashlib.sha256()
+
+        def update(self, data):
+            threads.append(threading.current_thread())
+            self.h.update(data)
+
+        def hexdigest(self):
+            return self.h.hexdigest()
+
+    w._h = Recording()
+    big = bytearray(os.urandom(digest.OVERLAP_MIN + 17))
+    expected = hashlib.sha256(b"head" + bytes(big) + b"tail").hexdigest()
+    w.write(b"head")
+    w.write(big)
+    big[:] = bytes(len(big))  # the caller reuses its buffer as soon as write returns
+    w.write(memoryview(b"tail"))
+    assert w.hexdigest() == expected and w.size == len(big) + 8
+    assert buf.getvalue()[4:-4] != bytes(len(big))
+    assert [t is threading.current_thread() for t in threads] == [True, False, True]
 
 
 def test_is_sha256_hex():

@@ -396,19 +396,46 @@ def hash_files(
     return dict(sorted(results))
 
 
+# A write at least this large is hashed on a helper thread while this thread writes it.
+OVERLAP_MIN = 1024 * 1024
+
+
 class HashingWriter:
-    """Wrap a binary file object: every written byte is also hashed (one pass, no re-read)."""
+    """Wrap a binary file object: every written byte is also hashed (one pass, no re-read).
+
+    A large write (``OVERLAP_MIN`` bytes or more: a tensor's storage) is hashed on a helper thread while
+    this thread writes the same buffer; both release the GIL, so the digest costs what the slower of the
+    two costs instead of their sum. ``write`` returns only once both are done: the caller may reuse its
+    buffer at once (``torch.save`` hands memory it owns), and the digest sees the bytes in write order.
+    ``hexdigest`` (or ``close``) stops the helper thread."""
 
     def __init__(self, fh):
         self._fh = fh
         self._h = hashlib.sha256()
         self.size = 0
+        self._pool: ThreadPoolExecutor | None = None
 
     def write(self, data) -> int:
-        n = self._fh.write(data)
-        self._h.update(data)
-        self.size += len(data)
+        view = memoryview(data).cast("B")
+        if view.nbytes < OVERLAP_MIN:
+            n = self._fh.write(data)
+            self._h.update(view)
+        else:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256-write")
+            hashed = self._pool.submit(self._h.update, view)
+            try:
+                n = self._fh.write(data)
+            finally:
+                hashed.result()  # the buffer stays the caller's until it is hashed
+        self.size += view.nbytes
         return n
 
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
     def hexdigest(self) -> str:
+        self.close()
         return self._h.hexdigest()

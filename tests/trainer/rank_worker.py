@@ -5,7 +5,8 @@
 every rank got, the full model state and the full optimizer state (``OUT``, torch.save).
 
 ``fail RUN_DIR OUT``: a collective full-plan ``save_and_publish`` of iteration 2 in which rank 1 cannot
-hash its shards; every rank writes the error it raised to ``OUT.<rank>.json``.
+hash its shards; every rank writes the error it raised to ``OUT.<rank>.json``. ``fail-async``: the same save
+asynchronous, the error being the one ``wait_for_publications`` raised.
 """
 
 from __future__ import annotations
@@ -51,9 +52,9 @@ def resume(run_dir: str, out: str, parallel: str) -> None:
         torch.save(state, out)
 
 
-def fail(run_dir: str, out: str, parallel: str) -> None:
+def fail(run_dir: str, out: str, parallel: str, asynchronous: bool = False) -> None:
     import ckptflow.trainer.write as write
-    from ckptflow.trainer import UploadSettings, save_and_publish
+    from ckptflow.trainer import UploadSettings, save_and_publish, wait_for_publications
 
     tiny = example()
     model, optim = tiny.build(parallel)
@@ -67,7 +68,9 @@ def fail(run_dir: str, out: str, parallel: str) -> None:
         write.hash_files = broken
     upload = UploadSettings(enabled=True, bucket=sys.argv[5])
     try:
-        save_and_publish(run_dir, 2, {"model": model, "optimizer": optim, "trainer_state": {"optimizer_step": 2}}, upload)
+        save_and_publish(run_dir, 2, {"model": model, "optimizer": optim, "trainer_state": {"optimizer_step": 2}}, upload,
+                         asynchronous=asynchronous)
+        wait_for_publications(run_dir)
         raised = None
     except Exception as exc:  # noqa: BLE001 - what each rank raised is the result
         raised = {"type": type(exc).__name__, "message": str(exc)}
@@ -78,6 +81,6 @@ if __name__ == "__main__":
     mode, run_dir, out, parallel = sys.argv[1:5]
     if parallel != "none":
         dist.init_process_group("gloo")
-    {"resume": resume, "fail": fail}[mode](run_dir, out, parallel)
+    {"resume": resume, "fail": fail, "fail-async": lambda *a: fail(*a, asynchronous=True)}[mode](run_dir, out, parallel)
     if parallel != "none":
         dist.destroy_process_group()

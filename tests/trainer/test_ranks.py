@@ -60,10 +60,13 @@ def rows(root: Path) -> dict[str, dict]:
     return {r["name"]: r for r in done.report["rows"]}
 
 
-@pytest.fixture(scope="module", params=["ddp", "fsdp"])
+@pytest.fixture(scope="module", params=["ddp", "fsdp", "ddp-async", "fsdp-async"])
 def two_rank_run(request, tmp_path_factory):
+    """The example's run of two ranks; ``-async``: with ``--async-save`` (every rank stages and writes its
+    shards in the background, rank 0 seals over the saves' own gloo group)."""
     tmp = tmp_path_factory.mktemp(f"two-rank-{request.param}")
-    proc, run_dir, store = train(tmp, "--parallel", request.param, "--steps", "4")
+    parallel, _, mode = request.param.partition("-")
+    proc, run_dir, store = train(tmp, "--parallel", parallel, "--steps", "4", *(["--async-save"] if mode else []))
     assert proc.returncode == 0, proc.stderr[-4000:]
     return request.param, proc, run_dir, store
 
@@ -87,7 +90,7 @@ def test_every_rank_saves_collectively_rank0_writes_model_pt_seals_and_alone_pub
     assert {r["published"]["state"] for r in rows(run_dir).values()} == {"receipt"}
 
 
-@pytest.mark.parametrize("two_rank_run", ["fsdp"], indirect=True)  # the artifacts the FSDP run above saved
+@pytest.mark.parametrize("two_rank_run", ["fsdp", "fsdp-async"], indirect=True)  # the FSDP runs' artifacts
 def test_a_dcp_save_of_two_ranks_resumes_on_one_rank_and_on_two_bit_identically(two_rank_run, tmp_path):
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
@@ -130,13 +133,16 @@ def test_every_rank_follows_the_guard_rank0_decided_refused_or_a_fresh_attempt_m
     assert {"__0_0.distcp", "__1_0.distcp"} <= {f["path"] for f in manifest["components"]["optim"]["files"]}
 
 
-def test_a_failure_on_one_rank_seals_nothing_and_every_rank_raises_the_same_named_error(tmp_path):
+@pytest.mark.parametrize("mode", ["fail", "fail-async"])
+def test_a_failure_on_one_rank_seals_nothing_and_every_rank_raises_the_same_named_error(tmp_path, mode):
     run_dir, store = tmp_path / "runs" / RUN, tmp_path / "store"
     store.mkdir()
-    proc = torchrun(WORKER, "fail", str(run_dir), str(tmp_path / "raised"), "ddp", f"file://{store}")
+    proc = torchrun(WORKER, mode, str(run_dir), str(tmp_path / "raised"), "ddp", f"file://{store}")
     assert proc.returncode == 0, proc.stderr[-4000:]
     raised = [json.loads((tmp_path / f"raised.{rank}.json").read_text()) for rank in (0, 1)]
-    assert raised[0] == raised[1] and raised[0]["type"] == "RankFailed"
+    expected = "RankFailed" if mode == "fail" else "BackgroundSaveFailed"  # at the wait, naming iteration 2
+    assert raised[0] == raised[1] and raised[0]["type"] == expected
+    assert mode == "fail" or "background save of iteration 2" in raised[0]["message"]
     assert "failed on 1 of 2 ranks (rank 1: OSError: input/output error" in raised[0]["message"]
     art = run_dir / "checkpoint_artifacts" / "iter_000002"
     assert not (art / ".posttrain-checkpoint-artifact.json").exists() and (art / ".save-in-progress").is_file()
@@ -186,3 +192,22 @@ def test_a_rank_killed_mid_save_is_not_committed_and_the_requeued_job_resumes_an
         verified = run_cli("verify", "--artifact-dir", str(run_dir / "checkpoint_artifacts" / name),
                            "--credentials", str(seaweedfs_credentials_path))
         assert verified.returncode == 0, verified.stderr
+
+
+def test_a_rank_killed_during_its_background_write_commits_nothing_and_the_requeue_resumes(tmp_path):
+    killed, run_dir, _ = train(tmp_path, "--parallel", "fsdp", "--steps", "6", "--async-save",
+                               env={"CKPTFLOW_TEST_KILL_AT": "trainer-save:rank1-durable-iter4"})
+    assert killed.returncode != 0 and "staged iter_000002" in killed.stdout
+    arts = run_dir / "checkpoint_artifacts"
+    assert not (arts / "iter_000004" / ".posttrain-checkpoint-artifact.json").exists()
+    assert (arts / "iter_000002" / ".posttrain-checkpoint-artifact.json").is_file()
+    assert rows(tmp_path / "runs")["iter_000004"]["local"]["state"] == "incomplete"
+    requeued, _, _ = train(tmp_path, "--parallel", "fsdp", "--steps", "6", "--async-save")
+    assert requeued.returncode == 0, requeued.stderr[-4000:]
+    assert requeued.stdout.splitlines()[0].startswith("step 3 ")  # resumed from iter 2, not from step 0
+    result = result_line(requeued)
+    assert result["saved"] == [4, 6] and result["failed"] == []
+    after = rows(tmp_path / "runs")
+    assert sorted(after) == ["iter_000002", "iter_000004", "iter_000006"]
+    assert {r["local"]["state"] for r in after.values()} == {"committed"}
+    assert {r["published"]["state"] for r in after.values()} == {"receipt"}

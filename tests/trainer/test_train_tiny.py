@@ -127,3 +127,31 @@ def test_requeue_restart_over_a_committed_model_only_artifact_is_refused_and_not
     assert f"refusing to start in attempt directory {run_dir}" in err and "step-0 restart" in err
     assert "new job name" in err and "resume=off" in err and "full component plan" in err
     assert tree_bytes(tmp_path / "runs") == before and "step 1" not in out.read_text()
+
+
+def test_async_save_commits_and_publishes_every_save_and_a_kill_mid_write_resumes_from_the_last_commit(tmp_path):
+    run_dir = tmp_path / "runs" / RUN
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    out = tmp_path / "out.txt"
+    args = ["--steps", "6", "--save-every", "2", "--components", "model,optimizer,trainer_state", "--async-save",
+            "--bucket", f"file://{archive}"]
+    # Killed while iter 4's model.pt is written on the background thread (the second time a save reaches it).
+    proc = start(run_dir, out, *args, env={"CKPTFLOW_TEST_PAUSE_AT": "trainer-save:writing-model.pt",
+                                            "CKPTFLOW_TEST_PAUSE_FILE": str(tmp_path / "pause")})
+    flag = tmp_path / "pause"
+    wait_until(flag.exists, proc, "iter 2's background write")
+    flag.unlink()
+    wait_until(lambda: flag.exists() and "iter_000004" in flag.read_text(), proc, "iter 4's background write")
+    proc.kill()
+    assert proc.wait(60) == -9
+    arts = run_dir / "checkpoint_artifacts"
+    assert (arts / "iter_000002" / ".posttrain-checkpoint-artifact.json").exists()
+    assert not (arts / "iter_000004" / ".posttrain-checkpoint-artifact.json").exists()
+    proc = start(run_dir, out, *args)  # the requeue resumes from iter 2 and saves iter 4 again
+    assert proc.wait(300) == 0, out.with_suffix(".err").read_text()
+    report = json.loads(out.read_text().strip().splitlines()[-1])
+    assert report["saved"] == [4, 6] and {"iter_000004", "iter_000006"} <= set(report["published"])
+    assert "staged iter_000004" in out.read_text()
+    for it in (2, 4, 6):  # iter 2's publication by the killed job, or else by the requeue's catch-up
+        assert (arts / f"iter_{it:06d}" / ".uploaded").exists()

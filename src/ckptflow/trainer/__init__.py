@@ -7,6 +7,7 @@ torch is imported only inside the functions that need it, so ``import ckptflow.t
 
 from __future__ import annotations
 
+from .async_save import BackgroundSaveFailed, SaveHandle
 from .checkpoints import begin_checkpoint_save, finish_checkpoint_save
 from .preflight import PreflightResult, preflight
 from .publish import (
@@ -25,7 +26,8 @@ from .retention import observe_checkpoint, retain_checkpoints, write_checkpoint_
 from .write import artifact_dir_for, write_artifact
 
 __all__ = [
-    "BackgroundPublisher", "PreflightResult", "RankFailed", "TrainerPublishOutcome", "UploadSettings",
+    "BackgroundPublisher", "BackgroundSaveFailed", "PreflightResult", "RankFailed", "SaveHandle",
+    "TrainerPublishOutcome", "UploadSettings",
     "artifact_dir_for", "begin_checkpoint_save", "finish_checkpoint_save", "observe_checkpoint", "pin_run_attempt",
     "preflight", "publish_pending", "publisher_for", "retain_checkpoints", "save_and_publish", "trainer_publish",
     "wait_for_publications", "write_artifact", "write_checkpoint_receipt",

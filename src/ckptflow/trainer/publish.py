@@ -34,6 +34,7 @@ from ..errors import CkptflowError
 from ..records import manifest as manifest_record
 from ..records import receipt as receipt_record
 from ..store.base import ObjectStore
+from .async_save import settle as settle_saves
 from .ranks import Ranks
 from .resume import committed_artifacts
 from .write import artifact_dir_for, write_artifact
@@ -210,12 +211,31 @@ def publisher_for(run_dir: Path | str, upload: UploadSettings) -> BackgroundPubl
 
 def save_and_publish(
     run_dir: Path | str, iteration: int, components: Mapping[str, Any], upload: UploadSettings, *,
-    collective: bool | None = None,
-) -> manifest_record.Manifest:
+    collective: bool | None = None, asynchronous: bool = False,
+) -> Any:
     """Write the artifact now; when upload is enabled, queue its publication on the run's background
     publisher and return at once. A write failure raises (the save did not happen); a publication
-    failure is logged with the retry command and never raises."""
+    failure is logged with the retry command and never raises.
+
+    ``asynchronous=True`` (one process): stage the state, return a ``SaveHandle`` at once, and write,
+    commit and queue the publication on a background thread (``async_save``); a failure there raises at
+    the handle's ``result()``, at the run's next save or at ``wait_for_publications``."""
+    if asynchronous:
+        from .async_save import save_in_background
+
+        def publish(manifest: manifest_record.Manifest) -> None:  # on the background thread, rank 0 only
+            _publish_saved(run_dir, iteration, manifest, upload, False)
+
+        return save_in_background(run_dir, iteration, components, collective=collective,
+                                  then=publish if Ranks.current(collective).is_main else None)
     manifest = write_artifact(run_dir, iteration, components, collective=collective)
+    return _publish_saved(run_dir, iteration, manifest, upload, collective)
+
+
+def _publish_saved(run_dir: Path | str, iteration: int, manifest: manifest_record.Manifest, upload: UploadSettings,
+                   collective: bool | None) -> manifest_record.Manifest:
+    """What ``save_and_publish`` does once the artifact is committed: preflight on first use, the run's
+    earlier unpublished artifacts, then this one, queued on the background publisher."""
     testhooks.reached("trainer:after-save")
     if upload.enabled and upload.preflight:  # first use: the destination is checked before anything is queued
         from .preflight import preflight_once
@@ -269,7 +289,10 @@ def publish_in_background(run_dir: Path | str, artifact_dir: Path, upload: Uploa
 def wait_for_publications(run_dir: Path | str | None = None, timeout: float | None = None, *,
                           collective: bool | None = None) -> list[TrainerPublishOutcome]:
     """Block until the publications of ``run_dir`` (every run when None) are done; returns their outcomes.
-    Collective-safe: only rank 0 publishes, so only rank 0 waits; the other ranks return [] at once."""
+    Collective-safe: only rank 0 publishes, so only rank 0 waits; the other ranks return [] at once.
+    This process's asynchronous saves of the run are waited for first (their publications are queued at
+    their commit); the first background failure not yet reported raises here (``BackgroundSaveFailed``)."""
+    settle_saves(run_dir, timeout)
     if not Ranks.current(collective).is_main:
         return []
     with _PUBLISHERS_LOCK:

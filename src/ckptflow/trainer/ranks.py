@@ -46,6 +46,7 @@ class Ranks:
     rank: int = 0
     size: int = 1
     dist: Any = None  # torch.distributed when collective, else None
+    group: Any = None  # the process group the calls below use (None: the default one)
 
     @classmethod
     def current(cls, collective: bool | None = None) -> Ranks:
@@ -69,7 +70,7 @@ class Ranks:
         if self.dist is None:
             return obj
         box = [obj if self.is_main else None]
-        self.dist.broadcast_object_list(box, src=0)
+        self.dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
 
     def gather_all(self, obj: Any) -> list[Any]:
@@ -77,7 +78,7 @@ class Ranks:
         if self.dist is None:
             return [obj]
         out: list[Any] = [None] * self.size
-        self.dist.all_gather_object(out, obj)
+        self.dist.all_gather_object(out, obj, group=self.group)
         return out
 
     def settle(self, what: str, error: Exception | None, payload: Any = None) -> list[Any]:

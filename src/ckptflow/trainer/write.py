@@ -12,8 +12,9 @@
 - ``trainer_state``: a mapping with at least ``optimizer_step``, saved as ``trainer.pt`` with ``iter`` set to
   the iteration (manifest component ``trainer``).
 
-``model.pt`` and ``trainer.pt`` are hashed as their bytes are written (``digest.HashingWriter``), never
-read back; DCP shards are hashed right after DCP wrote them. The native manifest is committed last,
+``model.pt`` and ``trainer.pt`` are hashed as their bytes are written (``digest.HashingWriter``: a tensor's
+bytes on a helper thread while this one writes them, the kernel asked to start writing them to disk at
+once), never read back; DCP shards are hashed right after DCP wrote them. The native manifest is committed last,
 atomically. A committed artifact of the same iteration is never overwritten.
 
 Ownership: before its first byte a save writes ``.save-in-progress`` (its holder, then each entry it
@@ -25,6 +26,9 @@ one its record names with that same identity (a file still being written: the sa
 refuses the save by name and leaves every byte as it is. The DCP directory is recorded before any rank
 writes into it; the DCP-named files directly inside it (``__R_N.distcp``, ``.metadata``) are that save's
 even before rank 0 could record them (a rank killed between its shards and the seal).
+
+``write_artifact(..., asynchronous=True)`` stages the state and runs ``write_now`` on a background thread
+(``async_save``).
 
 Crash points: ``trainer-save:writing-<file>``, ``trainer-save:rank<R>-durable-iter<N>`` (rank R's shards of
 iteration N are fsynced, before it reports them), ``trainer-save:before-trainer-state``.
@@ -43,13 +47,14 @@ from typing import Any
 
 from .. import __version__, testhooks
 from ..artifact import ARTIFACTS_DIR, refuse_unrestorable_names
-from ..digest import HashingWriter, hash_files
+from ..digest import OVERLAP_MIN, HashingWriter, hash_files
 from ..errors import CkptflowError, Refused, UnsafePath, UsageError
 from ..fsutil import (
     atomic_write_bytes,
     fsync_dir,
     host_tag,
     parse_tagged_name,
+    start_writeback,
     temp_stem,
     walk_files,
     writer_gone,
@@ -81,8 +86,13 @@ def check_plan(components: Mapping[str, Any]) -> tuple[str, ...]:
     return PLAN[: len(names)]
 
 
+def check_iteration(iteration: Any) -> None:
+    if not isinstance(iteration, int) or isinstance(iteration, bool) or iteration < 0:
+        raise UsageError(f"iteration {iteration!r} is not an integer >= 0")
+
+
 def write_artifact(run_dir: Path | str, iteration: int, components: Mapping[str, Any], *,
-                   collective: bool | None = None) -> manifest_record.Manifest:
+                   collective: bool | None = None, asynchronous: bool = False) -> Any:
     """Write the planned components and commit the native manifest last; returns the manifest.
 
     Collective when a process group of several ranks is initialised (``ranks.Ranks``; ``collective=False``:
@@ -90,21 +100,32 @@ def write_artifact(run_dir: Path | str, iteration: int, components: Mapping[str,
     interrupted save, gathers the full model state (CPU offload) and writes ``model.pt`` and ``trainer.pt``;
     every rank writes and fsyncs its own DCP shards of ``optim/``; rank 0 seals only after every rank
     reported its part durable. A failure on any rank seals nothing and raises the same ``RankFailed`` on
-    every rank; the directory stays uncommitted (``.save-in-progress``, no manifest)."""
-    if not isinstance(iteration, int) or isinstance(iteration, bool) or iteration < 0:
-        raise UsageError(f"iteration {iteration!r} is not an integer >= 0")
+    every rank; the directory stays uncommitted (``.save-in-progress``, no manifest).
+
+    ``asynchronous=True`` (one process): stage a copy of the state and return a ``SaveHandle`` at once; a
+    background thread writes and commits it (``async_save``). A synchronous save first waits for this
+    process's background saves of the run and raises the failure of one not yet reported."""
+    from . import async_save  # it builds on this module
+
+    if asynchronous:
+        return async_save.save_in_background(run_dir, iteration, components, collective=collective)
+    check_iteration(iteration)
+    async_save.settle(run_dir)
+    return write_now(run_dir, iteration, components, collective=collective)
+
+
+def write_now(run_dir: Path | str, iteration: int, components: Mapping[str, Any], *,
+              collective: bool | None = None, ranks: Ranks | None = None) -> manifest_record.Manifest:
+    """``write_artifact``'s synchronous save itself (the background thread of an asynchronous one runs it too,
+    with ``ranks`` on a process group of its own)."""
+    check_iteration(iteration)
     plan = check_plan(components)
-    ranks = Ranks.current(collective)
+    ranks = ranks or Ranks.current(collective)
     art = artifact_dir_for(run_dir, iteration)
     what = f"the save of {art}"
 
     def prepare() -> _Ownership:
-        manifest_path = manifest_record.path_in(art)
-        if manifest_path.exists() or manifest_path.is_symlink():
-            raise Refused(
-                f"{art} is already a committed artifact ({manifest_path.name} present); it is never overwritten",
-                remedy=f"save iteration {iteration} under another run directory, or remove {art} yourself if it is unwanted",
-            )
+        refuse_committed(art, iteration)
         _clear_interrupted(art)
         art.mkdir(parents=True)
         return _Ownership(art)
@@ -116,7 +137,7 @@ def write_artifact(run_dir: Path | str, iteration: int, components: Mapping[str,
     model = components["model"]
     error: Exception | None = None
     try:
-        state = _model_state(model, ranks)
+        state = model_state(model, ranks)
         if ranks.is_main:
             comps["model"] = _save_hashed(art / MODEL_FILE, {"net": state}, owned)
             if "optimizer" in plan:
@@ -129,7 +150,7 @@ def write_artifact(run_dir: Path | str, iteration: int, components: Mapping[str,
     error = None
     try:
         if "optimizer" in plan:
-            shards = _save_dcp(art, OPTIM_DIR, _optimizer_state(model, components["optimizer"]), ranks)
+            shards = _save_dcp(art, OPTIM_DIR, optimizer_state(model, components["optimizer"]), ranks)
         testhooks.reached(f"trainer-save:rank{ranks.rank}-durable-iter{iteration}")
         testhooks.reached("trainer-save:before-trainer-state")
         if "trainer_state" in plan and ranks.is_main:
@@ -155,6 +176,16 @@ def write_artifact(run_dir: Path | str, iteration: int, components: Mapping[str,
 
 
 _ORDER = ("model", "optim", "trainer")
+
+
+def refuse_committed(art: Path, iteration: int) -> None:
+    """Refuses (by name) a save into ``art`` when it is a committed artifact: it is never overwritten."""
+    manifest_path = manifest_record.path_in(art)
+    if manifest_path.exists() or manifest_path.is_symlink():
+        raise Refused(
+            f"{art} is already a committed artifact ({manifest_path.name} present); it is never overwritten",
+            remedy=f"save iteration {iteration} under another run directory, or remove {art} yourself if it is unwanted",
+        )
 
 
 def _identity(path: Path) -> dict[str, int]:
@@ -278,10 +309,11 @@ def walk_all(root: Path) -> list[str]:
     return sorted(out)
 
 
-def _model_state(model: Any, ranks: Ranks | None = None) -> dict:
+def model_state(model: Any, ranks: Ranks | None = None, *, to_cpu: bool = True) -> dict:
     """The consolidated state to save as ``model.pt``. Collective with a module: the full state dict
     gathered to rank 0 with CPU offload (``get_model_state_dict``: parameter names without DDP/FSDP
-    wrapper prefixes), one tensor at a time, so no other rank holds the whole model; {} on the other ranks."""
+    wrapper prefixes), one tensor at a time, so no other rank holds the whole model; {} on the other ranks.
+    ``to_cpu=False``: device tensors are left where they are (an asynchronous save stages them itself)."""
     if ranks is not None and ranks.collective and not isinstance(model, Mapping):
         import torch
 
@@ -295,10 +327,10 @@ def _model_state(model: Any, ranks: Ranks | None = None) -> dict:
     state = model.state_dict() if hasattr(model, "state_dict") and callable(model.state_dict) else model
     if not isinstance(state, Mapping):
         raise UsageError(f"component model is a {type(model).__name__}, not a module or a state_dict")
-    return {k: (v.detach().cpu() if hasattr(v, "detach") else v) for k, v in state.items()}
+    return {k: ((v.detach().cpu() if to_cpu else v.detach()) if hasattr(v, "detach") else v) for k, v in state.items()}
 
 
-def _optimizer_state(model: Any, optimizer: Any) -> dict:
+def optimizer_state(model: Any, optimizer: Any) -> dict:
     if isinstance(optimizer, Mapping):
         return dict(optimizer)
     import torch
@@ -325,11 +357,20 @@ def _trainer_state(state: Any, iteration: int) -> dict:
 
 
 class _FlushingHashingWriter(HashingWriter):
-    """``torch.save`` to a file object also calls ``flush``."""
+    """``torch.save`` to a file object also calls ``flush``. After each tensor's bytes the kernel is asked to
+    start writing them to disk (``fsutil.start_writeback``), so the disk works while the next tensor is
+    written and hashed and the final ``fsync`` waits for little more than the last one."""
 
     def __init__(self, fh):
         super().__init__(fh)
         self._target = fh
+
+    def write(self, data) -> int:
+        n = super().write(data)
+        if n >= OVERLAP_MIN:
+            self._target.flush()
+            start_writeback(self._target.fileno())
+        return n
 
     def flush(self) -> None:
         self._target.flush()
@@ -343,7 +384,7 @@ def _save_hashed(path: Path, obj: Any, owned: _Ownership) -> manifest_record.Fil
         owned.created(path.name, writing=True)
         hashing = _FlushingHashingWriter(fh)
         torch.save(obj, hashing)
-        testhooks.reached(f"trainer-save:writing-{path.name}")
+        testhooks.reached(f"trainer-save:writing-{path.name}", path.parent.name)
         fh.flush()
         os.fsync(fh.fileno())
     owned.created(path.name, writing=False)
@@ -364,7 +405,7 @@ def _save_dcp(art: Path, name: str, state: dict, ranks: Ranks) -> dict[str, tupl
     target = art / name
     with warnings.catch_warnings():  # single process without a process group is the intended use here
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-        dcp.save({name: state}, checkpoint_id=str(target))
+        dcp.save({name: state}, checkpoint_id=str(target), process_group=ranks.group)
     files = [rel for rel in walk_files(target) if _own_shard(rel, ranks)]
     digests = hash_files(target, files, progress=False, desc=f"{name} sha256")
     for rel in files:
