@@ -129,6 +129,31 @@ def test_an_unexpected_publication_error_is_an_outcome_not_a_dead_thread(tmp_pat
     assert outcomes[1].retry in caplog.text
 
 
+def test_the_first_save_of_a_run_publishes_its_artifact_once_even_when_the_catch_up_publication_already_ended(
+        tmp_path, monkeypatch):
+    """The first save of a run queues the run's unpublished artifacts, this one among them (it is committed);
+    when that publication has already ended (here: failed at once) before the save queues its own, the
+    artifact is not published a second time."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    catch_up = trainer_publish_module.publish_pending
+
+    def pending_then_done(run_dir, upload, **kwargs):
+        queued = catch_up(run_dir, upload, **kwargs)
+        wait_for_publications(run_dir, timeout=60)  # the catch-up publication has ended
+        return queued
+
+    monkeypatch.setattr(trainer_publish_module, "publish_artifact", broken)
+    monkeypatch.setattr(trainer_publish_module, "publish_pending", pending_then_done)
+    (tmp_path / "store").mkdir()
+    upload = UploadSettings(enabled=True, bucket=f"file://{tmp_path / 'store'}", prefix=PREFIX)
+    model, _ = tiny_training()
+    save_and_publish(tmp_path / "run", 1, {"model": model}, upload)
+    outcomes = wait_for_publications(tmp_path / "run", timeout=60)
+    assert [(o.artifact_dir.name, o.ok) for o in outcomes] == [("iter_000001", False)]
+
+
 def test_a_publication_racing_publish_and_prune_of_its_artifact_reports_it_archived(tmp_path, caplog, monkeypatch):
     """The trainer's publication stops after its first payload; meanwhile the workflow's side publishes the
     same artifact and prunes it (real processes). The trainer's publication then finds its next payload gone:

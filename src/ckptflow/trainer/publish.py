@@ -247,9 +247,14 @@ def _publish_saved(run_dir: Path | str, iteration: int, manifest: manifest_recor
             raise
     if not Ranks.current(collective).is_main:
         return manifest  # collective: publication and the store are rank 0's (preflight above is collective)
+    art = artifact_dir_for(run_dir, iteration)
+    queued: list[Path] = []
     if upload.enabled and Path(run_dir).resolve() not in _CAUGHT_UP:
-        publish_pending(run_dir, upload, collective=False)  # the run's earlier unpublished artifacts first
-    publish_in_background(run_dir, artifact_dir_for(run_dir, iteration), upload)
+        queued = publish_pending(run_dir, upload, collective=False)  # the run's earlier unpublished artifacts first
+    # publish_pending queued this one too when it found it committed: queued again, a publication that had
+    # already ended (a quick failure) would run a second time.
+    if not any(os.path.samefile(art, other) for other in queued if os.path.exists(other)):
+        publish_in_background(run_dir, art, upload)
     return manifest
 
 
