@@ -167,8 +167,6 @@ def archived_artifact_of(path: Path | str) -> Path | None:
     """The committed artifact whose manifest lists ``path`` as a payload and whose receipt is its own (the
     bytes are archived: a payload missing there was pruned, and ``ckptflow restore`` brings it back); None
     when no ``iter_*`` directory above ``path`` is such an artifact. Reads two small records, no store."""
-    from .records import receipt as receipt_record
-
     target = Path(os.path.abspath(path))
     for artifact_dir in target.parents:
         if not ITER_DIR_RE.match(artifact_dir.name):

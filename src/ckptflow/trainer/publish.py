@@ -253,7 +253,7 @@ def _publish_saved(run_dir: Path | str, iteration: int, manifest: manifest_recor
         queued = publish_pending(run_dir, upload, collective=False)  # the run's earlier unpublished artifacts first
     # publish_pending queued this one too when it found it committed: queued again, a publication that had
     # already ended (a quick failure) would run a second time.
-    if not any(os.path.samefile(art, other) for other in queued if os.path.exists(other)):
+    if art not in queued:
         publish_in_background(run_dir, art, upload)
     return manifest
 
