@@ -24,7 +24,8 @@ setup: $(STAMP)
 # pyproject.toml declares ranges; constraints.txt is the lock the project is developed and tested with.
 # torch==2.13.0 is pinned there, so it is resolved in the same pip command as everything that depends
 # on it (transformers): pip takes the CPU build from local disk and never a newer torch.
-# The [docs] extra (MkDocs and Material) is part of it: the suite builds the site (tests/test_docs.py).
+# The [docs] extra (MkDocs and Material) is part of it: the suite builds the site (tests/test_docs.py);
+# so is [hf-test] (TRL, PEFT, datasets): the suite runs the callback under TRL's SFTTrainer and LoRA.
 # pip installs without compiling bytecode (--no-compile): compiling every file of every wheel took 38 s
 # of a fresh setup's 79, one file after another, for modules mostly never imported. Python writes the
 # bytecode of what is imported on first import instead; `make test` does that for the suite's imports
@@ -34,7 +35,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "the development environment is Python 3.11 (set PYTHON=...)")'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet --no-compile -c constraints.txt -e '.[all,test,docs]'
+	$(BIN)/python -m pip install --quiet --no-compile -c constraints.txt -e '.[all,test,docs,hf-test]'
 	@$(BIN)/python -c 'import torch; assert torch.__version__.startswith("2.13.0"), torch.__version__'
 	@touch $(WARM_MARK) $@
 
@@ -127,7 +128,7 @@ demo: setup
 # bench/trainer_stall.py: the loop's stall at a save (1 GiB model) beside torch.save + fsync and DCP.
 BENCH_FLAGS ?=
 bench: setup
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[all,test,bench]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[all,test,hf-test,bench]'
 	@set -u; \
 	$(BIN)/python tests/helpers/servers.py down --root .ckptflow/bench-servers >/dev/null; rm -rf .ckptflow/bench-servers; \
 	trap '$(BIN)/python tests/helpers/servers.py down --root .ckptflow/bench-servers; rm -rf .ckptflow/bench-servers' EXIT; \
