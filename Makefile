@@ -17,7 +17,7 @@ SLURM_UP ?= yes
 # collection alone: 11 CPU-s per worker without the cache, 8.7 with it).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup test test-fast test-core-legs demo lint bench docs docs-pages docs-examples servers-up servers-down s3-up s3-down slurm-up slurm-down clean
+.PHONY: setup dist test test-fast test-core-legs demo lint bench docs docs-pages docs-examples servers-up servers-down s3-up s3-down slurm-up slurm-down clean
 
 setup: $(STAMP)
 
@@ -123,6 +123,16 @@ demo: setup
 # use a private SeaweedFS (demo ports) so they never disturb a running test server, with fresh data each
 # time: SeaweedFS keeps the space of deleted objects until it compacts, and volumes that outgrow the
 # page cache are served from disk, which made the figures drift from one run to the next.
+# The wheel to install ckptflow where the checkout is not (no package index holds it yet):
+# dist/ckptflow-<version>-py3-none-any.whl, built by the venv's setuptools without a download, from a copy of
+# the files git tracks (setuptools' build/ directory in the checkout would keep a removed module in the wheel).
+DIST ?= dist
+dist: setup
+	@set -eu; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	git ls-files -z | tar --null -T - -cf - | tar -xf - -C "$$tmp"; \
+	$(BIN)/python -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir $(DIST) "$$tmp"; \
+	ls $(DIST)/*.whl
+
 # `make bench BENCH_FLAGS=--large` adds the 8 GiB figures of bench/publish.py, fetch.py and scrub.py (see each
 # one's docstring); `BENCH_FLAGS='--large --pin'` runs them with the server on CPU 0 and every client on CPU 1.
 # bench/trainer_stall.py: the loop's stall at a save (1 GiB model) beside torch.save + fsync and DCP.

@@ -6,7 +6,7 @@ when it has a full report but must still exit 1. ``cli.py`` owns output and exit
 opened by ``store.open`` from the raw ``--bucket``/``--credentials`` values.
 
 A verb that needs an optional dependency group calls ``require_extra`` first: the core install
-(``pip install ckptflow``) has no torch, transformers or snakemake, and such a verb then exits 2 with
+(``pip install /path/to/ckptflow``, no extra) has no torch, transformers or snakemake, and such a verb then exits 2 with
 one line naming the extra to install instead of an ImportError traceback.
 """
 
