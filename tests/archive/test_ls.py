@@ -45,11 +45,10 @@ def put(store, key: str, data: bytes) -> None:
 
 
 def declared(art: Path) -> tuple[int, int]:
-    """(files, bytes) the publisher declares for an artifact: the manifest's files, the manifest and, once it
-    was published, the part digests record publishing wrote beside it (a legacy archive has none)."""
+    """(files, bytes) ls reports for an artifact: its payload files, the manifest's, as seal, publish and
+    status count them (records.sizes); the manifest and the part digests record are objects, not its size."""
     files = read_manifest(art).physical_files()
-    records = [p for p in (manifest_path(art), art / ".posttrain-part-digests.json") if p.exists()]
-    return len(files) + len(records), sum(f.size for f in files) + sum(p.stat().st_size for p in records)
+    return len(files), sum(f.size for f in files)
 
 
 @pytest.fixture
@@ -276,3 +275,36 @@ def test_ls_shows_local_only_for_a_copy_whose_manifest_the_archive_declares(arch
     assert local_digest in got[100]["detail"] and str(mine[100]) in got[100]["detail"]
     assert str(mine[200] / ".uploaded") in got[200]["detail"] or str(mine[200]) in got[200]["detail"]
     assert "detail" not in got[300]
+
+
+@pytest.mark.slow
+def test_seal_publish_status_and_ls_give_one_artifact_the_same_bytes(archive, tmp_path):
+    """One definition of an artifact's size (``records.sizes``: its payload files' bytes), in every report
+    and every summary: seal's, publish's, status's local and archived, and ls's row and headline."""
+    from ckptflow.units import human_bytes
+    from helpers.artifacts import write_payloads
+
+    _, root_uri, opts = archive
+    runs = tmp_path / "runs"
+    art = write_payloads(runs / RUN1 / "checkpoint_artifacts" / "iter_000100", seed=100)
+    sealed = run_on_terminal("seal", "--artifact-dir", str(art), "--iteration", "100", "model=model.pt", "optim=optim")
+    assert sealed.returncode == 0, sealed.stderr
+    size = sum(f.size for f in read_manifest(art).physical_files())
+    published = publish(art, root_uri, opts)
+    assert published.returncode == 0, published.stderr
+    assert sum(e["size"] for e in published.report["inventory"] if not e["path"].startswith(".posttrain")) == size
+    status = run_cli("status", str(runs), *opts).report
+    listed = run_cli("ls", f"{root_uri}/proj", *opts).report
+    assert status["local_bytes"] == status["archived_bytes"] == status["rows"][0]["archived_bytes"] == size
+    assert listed["bytes"] == listed["artifacts"][0]["bytes"] == size
+    assert listed["artifacts"][0]["object_bytes"] > size  # the records are objects of the archive, not its size
+    shown = human_bytes(size)
+    assert f", {shown}" in sealed.stdout, sealed.stdout
+    summaries = [run_on_terminal("status", str(runs), *opts, columns=120),
+                 run_on_terminal("ls", f"{root_uri}/proj", *opts, columns=120)]
+    for proc in summaries:
+        assert proc.returncode == 0, proc.stderr
+    status_text, ls_text = (p.stdout for p in summaries)
+    assert f"local {shown}" in status_text and f"archived {shown}" in status_text, status_text
+    row = next(line for line in ls_text.splitlines() if "iter_000100" in line)
+    assert shown in row and f"payload files, {shown} as" in ls_text, ls_text

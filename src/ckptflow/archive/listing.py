@@ -41,6 +41,7 @@ from ..records import (
     LegacyRecord,
     parse_declaration,
     parse_manifest,
+    payload_sizes,
     utc_timestamp,
 )
 from ..store.base import ObjectInfo, ObjectStore
@@ -199,7 +200,8 @@ def _get(store: ObjectStore, art: ArchivedArtifact, filename: str) -> bytes:
 def _judge_declared(store: ObjectStore, art: ArchivedArtifact) -> None:
     data = art.declaration.result() if art.declaration is not None else _get(store, art, DECLARATION_FILENAME)
     declaration = parse_declaration(data, what=f"{DECLARATION_FILENAME} at {art.uri}")
-    art.files, art.bytes = len(declaration.files), sum(f.size for f in declaration.files)
+    sizes = payload_sizes(declaration.files)
+    art.files, art.bytes = len(sizes), sum(sizes)
     if declaration.iteration != art.iteration:
         art.state, art.detail = CORRUPT, (f"{DECLARATION_FILENAME} at {art.uri} is for iteration "
                                           f"{declaration.iteration}: the archive is misplaced; check how it was copied")
@@ -236,8 +238,7 @@ def _judge_legacy(store: ObjectStore, art: ArchivedArtifact) -> None:
         return
     art.manifest_sha256 = sha256_bytes(data)
     files = manifest.physical_files()
-    art.files = len(files) + 1
-    art.bytes = sum(f.size for f in files) + art.objects[MANIFEST_FILENAME].size
+    art.files, art.bytes = len(files), sum(f.size for f in files)
     art.state = "legacy"
     art.detail = (f"{art.uri} has a manifest but no {DECLARATION_FILENAME} (an older publisher): fetch checks "
                   "each file by HEAD; republish it to bind every file by digest")

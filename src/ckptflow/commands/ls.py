@@ -70,8 +70,9 @@ def _when(stamp: str | None) -> str:
 
 def summarize(report: dict[str, Any], elapsed: float | None = None, width: int | None = None) -> str:
     """The table: a line per run (shortened in its middle to the terminal's width, as ``status`` does), then
-    a line per iteration that fits 80 columns; details below it. Counts and bytes are the archive's
-    objects (payload files and records), as ``publish`` and ``verify`` count them."""
+    a line per iteration that fits 80 columns; details below it. An artifact's BYTES are its payload files'
+    (``records.sizes``: what seal, publish and status print for it; "—" where no record declares them); the
+    archive's objects (payload files and records) are counted in OBJECTS and in the headline."""
     from ..status.render import middle
 
     width = width or shutil.get_terminal_size().columns
@@ -80,8 +81,8 @@ def summarize(report: dict[str, Any], elapsed: float | None = None, width: int |
                        ("committed", "incomplete", "damaged", "legacy", "corrupt", "not-an-artifact") if c[s])
     lines = [f"{plural(c['artifacts'], 'artifact')} in {plural(c['runs'], 'run')} under {report['uri']}"
              + (f": {states}" if states else "") + "; "
-             + files_bytes(sum(a["objects"] for a in report["artifacts"]),
-                           sum(a["object_bytes"] for a in report["artifacts"]), "object")]
+             + files_bytes(sum(a["files"] or 0 for a in report["artifacts"]), report["bytes"])
+             + f" as {files_bytes(sum(a['objects'] for a in report['artifacts']), sum(a['object_bytes'] for a in report['artifacts']), 'object')}"]
     local = report["runs_root"] is not None
     header = f"  {'ITERATION':<12}{'STATE':<16}{'OBJECTS':>8}{'BYTES':>10}  {'PUBLISHED UTC':<17}"
     rows, run = [], None
@@ -90,7 +91,7 @@ def summarize(report: dict[str, Any], elapsed: float | None = None, width: int |
             run = a["run"]
             rows.append(middle(run or "(no run)", width))
         when = _when(a["published_at"])
-        line = f"  {a['name']:<12}{a['state']:<16}{a['objects']:>8}{human_bytes(a['object_bytes']):>10}  {when:<17}"
+        line = f"  {a['name']:<12}{a['state']:<16}{a['objects']:>8}{_DASH if a['bytes'] is None else human_bytes(a['bytes']):>10}  {when:<17}"
         rows.append((line + (a["local"]["state"] if local else "")).rstrip())
     if rows:
         lines += [(header + ("LOCAL" if local else "")).rstrip(), *rows]

@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..records import DECLARATION_FILENAME, LEGACY_MANIFEST_FILENAME, MANIFEST_FILENAME, PART_DIGESTS_FILENAME
+from ..records import is_record, payload_sizes
 from ..units import human_bytes  # the one size format; verbs import it from here
 
 # Rows listed per group (failed objects, pruned artifacts) before "… N more"; the report has them all.
@@ -42,8 +42,7 @@ def plural(n: int, word: str) -> str:
 # commits, prune frees, restore and fetch download); its *records* are ckptflow's own JSON beside them (the
 # manifest, the declaration, the part digests, a legacy manifest's original); the archive holds *objects*:
 # payload files and records. A count is always named as one of the three, and its bytes are always that
-# count's bytes.
-RECORD_NAMES = frozenset({MANIFEST_FILENAME, DECLARATION_FILENAME, PART_DIGESTS_FILENAME, LEGACY_MANIFEST_FILENAME})
+# count's bytes. The definition is ``records.sizes``' (``is_record``, ``payload_bytes``), which status and ls use too.
 
 
 def files_bytes(n_files: int, n_bytes: int, noun: str = "payload file") -> str:
@@ -51,14 +50,10 @@ def files_bytes(n_files: int, n_bytes: int, noun: str = "payload file") -> str:
     return f"{plural(n_files, noun)}, {human_bytes(n_bytes)}"
 
 
-def is_record(path: str) -> bool:
-    return path in RECORD_NAMES
-
-
 def inventory_total(entries: Iterable[dict[str, Any]]) -> tuple[int, int]:
     """(payload files, payload bytes) of a report's inventory (entries with ``path`` and ``size``): the
     records it lists (the manifest) are counted by ``records_in``."""
-    sizes = [int(e["size"]) for e in entries if not is_record(e["path"])]
+    sizes = payload_sizes(entries)
     return len(sizes), sum(sizes)
 
 

@@ -41,6 +41,7 @@ from .receipt import (
     read_receipt,
     write_receipt,
 )
+from .sizes import RECORD_NAMES, is_record, payload_bytes, payload_sizes
 from .staging import FILENAME as STAGING_FILENAME
 from .staging import StagingRecord, read_staging, write_staging
 
@@ -52,6 +53,7 @@ __all__ = [
     "MERGE_RECORD_FILENAME",
     "PART_DIGESTS_FILENAME",
     "RECEIPT_FILENAME",
+    "RECORD_NAMES",
     "STAGING_FILENAME",
     "CheckpointReceipt",
     "DcpComponent",
@@ -71,10 +73,13 @@ __all__ = [
     "inventory_from_list",
     "inventory_to_list",
     "is_legacy_receipt",
+    "is_record",
     "parse_any_receipt",
     "parse_declaration",
     "parse_manifest",
     "parse_receipt",
+    "payload_bytes",
+    "payload_sizes",
     "probe_record_path",
     "read_any_receipt",
     "read_declaration",

@@ -24,6 +24,7 @@ from ..records import (
     STAGING_FILENAME,
     LegacyRecord,
     merge_progress,
+    payload_bytes,
     read_materialized,
     read_merge_record,
     read_staging,
@@ -206,7 +207,7 @@ def _read_receipt(row: Row, path: Path, entries: dict[str, os.DirEntry],
                              uploaded_at=receipt.uploaded_at)
         return
     row.published = cell("receipt", destination=receipt.destination.to_dict(), uploaded_at=receipt.uploaded_at)
-    row.archived_bytes = sum(f.size for f in receipt.files)
+    row.archived_bytes = payload_bytes(receipt.files)
 
 
 def _payload_sizes(manifest: Manifest) -> Iterator[tuple[str, int]]:
