@@ -486,3 +486,36 @@ def test_a_teacher_built_from_another_model_than_the_artifacts_is_foreign(runs):
     assert got[(RUN, 600)]["materialized"] == "foreign" and got[(RUN, 500)]["materialized"] == "materialized"
     assert "was built from a model.pt of sha256" in rows[(RUN, 600)]["materialized"]["detail"]
     assert run_cli(*cli_args(runs)).report["counts"]["materialized"] == 2  # 500's and 700's
+
+
+def test_the_compact_table_never_cuts_a_word_and_fits_every_width(runs):
+    """From the narrowest terminal to one where the full layout fits: no line is wider than the terminal,
+    and every cell of the table shows whole words of its value (its leading words and ``…``, never
+    ``comm…ted``); a column left out for want of width is named."""
+    import re
+    from datetime import datetime, timezone
+
+    from ckptflow.status.render import COMPACT_HEADERS, compact_cells, render_report
+
+    report = collect(runs).to_report()
+    now = datetime.now(timezone.utc)
+    values = {w for r in report["rows"] for cell in compact_cells(r, now) for w in cell.split()}
+    values |= {*COMPACT_HEADERS, "…"}
+    compact = 0
+    for width in range(40, 200, 3):
+        text = render_report(report, width=width, now=now)
+        lines = text.split("\ndetails")[0].splitlines()  # a detail's path stays whole, to be copied
+        assert max(map(len, lines)) <= width, (width, text)
+        if not any(line.lstrip().startswith("ITER  ") for line in lines):
+            continue  # the full layout fitted: nothing is shortened
+        compact += 1
+        start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("ITER  "))
+        end = next(i for i, line in enumerate(lines) if re.match(r"\d+ iterations? in ", line))
+        for line in lines[start:end]:
+            if not line.startswith("  "):
+                continue  # a run's name (a path, shortened in its middle when it must be)
+            cut = [w for w in line.split() if w not in values]
+            assert not cut, (width, line, cut)
+        if "not shown for want of width" in text:
+            assert "--wide shows every column" in text
+    assert compact >= 5  # the compact table was drawn at several widths

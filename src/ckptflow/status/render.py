@@ -5,8 +5,10 @@ column with full timestamps and paths. A width (a terminal's) keeps that layout 
 as ages and teacher paths relative to the teachers directory, else gives the compact table: rows grouped
 under their run, the iteration as a number, publication and verification in one ARCHIVE column with the
 verification's age (``verified 2h ago``), the teacher as where it was built from (its path is
-``<teachers_dir>/<run>/iter_N``, which the row names), the local size only; a cell or run name still too
-wide is shortened in the middle (``…``) and the summary line is wrapped, so no line exceeds the width.
+``<teachers_dir>/<run>/iter_N``, which the row names), the local size only. A cell still too wide keeps
+its leading words and ends in ``…`` (a word is never cut); where even that does not fit, the least read
+columns are left out, said in one line; a run name too wide is shortened in its middle (a path: ``…``),
+and the summary line is wrapped, so no line exceeds the width.
 """
 
 from __future__ import annotations
@@ -131,7 +133,7 @@ def _counts_line(report: dict[str, Any]) -> str:
 # ------------------------------------------------------------------------------------- compact table
 
 _MIN_WIDTH = 40
-_COMPACT_HEADERS = ("ITER", "LOCAL", "MERGED", "ARCHIVE", "PRUNED", "STAGED", "TEACHER", "SIZE")
+COMPACT_HEADERS = ("ITER", "LOCAL", "MERGED", "ARCHIVE", "PRUNED", "STAGED", "TEACHER", "SIZE")
 _INDENT = "  "
 
 
@@ -163,7 +165,7 @@ def _archive_text(row: dict[str, Any], now: datetime) -> str:
     return text + (" (stale)" if verified.get("stale") else "")
 
 
-def _compact_cells(row: dict[str, Any], now: datetime) -> tuple[str, ...]:
+def compact_cells(row: dict[str, Any], now: datetime) -> tuple[str, ...]:
     merged = row["merged"]
     teacher = row["materialized"]
     return (
@@ -188,6 +190,50 @@ def middle(text: str, width: int) -> str:
     return text[:head] + "…" + text[len(text) - (width - 1 - head):]
 
 
+def words(text: str, width: int) -> str:
+    """``text`` in ``width`` characters without cutting a word: the leading words that fit and ``…``
+    (``verified 2h …``); ``text`` itself when it fits. A first word longer than ``width`` is the caller's
+    to avoid (``_fit_columns`` never makes a column narrower than its cells' first words)."""
+    if len(text) <= width:
+        return text
+    kept = ""
+    for word in text.split(" "):
+        candidate = f"{kept} {word}" if kept else word
+        if len(candidate) + 2 > width:  # room for " …"
+            break
+        kept = candidate
+    return f"{kept} …" if kept else text
+
+
+def _min_width(cell: str) -> int:
+    first, _, rest = cell.partition(" ")
+    return len(first) + (2 if rest else 0)
+
+
+# The columns dropped first when even words whole do not fit: what a person reads last.
+_DROP_ORDER = ("TEACHER", "STAGED", "MERGED", "PRUNED", "SIZE")
+
+
+def _fit_columns(table: list[tuple[str, ...]], room: int) -> tuple[list[int], list[int]]:
+    """The columns to show and their widths within ``room`` (two spaces between columns): the widest
+    column shrinks first, never below its header or the first word of any of its cells (a word is never
+    cut: ``comm…ted`` would read as nothing); when that is still too wide, whole columns are left out in
+    ``_DROP_ORDER``. ITER, LOCAL and ARCHIVE always stay."""
+    keep = list(range(len(COMPACT_HEADERS)))
+    full = {i: max(len(line[i]) for line in table) for i in keep}
+    floor = {i: max(len(COMPACT_HEADERS[i]), *(_min_width(line[i]) for line in table[1:])) for i in keep}
+    drop = [COMPACT_HEADERS.index(h) for h in _DROP_ORDER]
+    while sum(floor[i] for i in keep) + 2 * (len(keep) - 1) > room and drop:
+        keep.remove(drop.pop(0))
+    widths = {i: full[i] for i in keep}
+    while sum(widths.values()) + 2 * (len(keep) - 1) > room:
+        i = max(keep, key=lambda k: widths[k] - floor[k])
+        if widths[i] <= floor[i]:
+            break
+        widths[i] -= 1
+    return keep, [widths[i] for i in keep]
+
+
 def _render_compact(report: dict[str, Any], width: int, now: datetime) -> str:
     rows = report["rows"]
     lines = [middle(f"ckptflow status of {report['root']}", width)]
@@ -197,18 +243,17 @@ def _render_compact(report: dict[str, Any], width: int, now: datetime) -> str:
         lines += textwrap.wrap("not read (pass " + ", ".join(unread) + ")", width)
     if not rows:
         return "\n".join([*lines, "no artifacts found"]) + "\n"
-    table = [_COMPACT_HEADERS] + [_compact_cells(r, now) for r in rows]
-    widths = [max(len(line[i]) for line in table) for i in range(len(_COMPACT_HEADERS))]
-    room = width - len(_INDENT) - 2 * (len(widths) - 1)
-    while sum(widths) > room:  # shorten the widest column, never below its header
-        i = max(range(len(widths)), key=lambda k: widths[k] - len(_COMPACT_HEADERS[k]))
-        if widths[i] <= len(_COMPACT_HEADERS[i]):
-            break
-        widths[i] -= 1
-    right = {len(widths) - 1}
+    table = [COMPACT_HEADERS] + [compact_cells(r, now) for r in rows]
+    keep, widths = _fit_columns(table, width - len(_INDENT))
+    left_out = [h for i, h in enumerate(COMPACT_HEADERS) if i not in keep]
+    if left_out:
+        lines += textwrap.wrap(f"not shown for want of width: {', '.join(left_out)} (ckptflow status --wide shows "
+                               "every column)", width)
+    table = [tuple(line[i] for i in keep) for line in table]
+    right = {len(keep) - 1} if keep[-1] == len(COMPACT_HEADERS) - 1 else set()
 
     def fmt(line: tuple[str, ...]) -> str:
-        cells = [middle(v, w).rjust(w) if i in right else middle(v, w).ljust(w)
+        cells = [words(v, w).rjust(w) if i in right else words(v, w).ljust(w)
                  for i, (v, w) in enumerate(zip(line, widths, strict=True))]
         return (_INDENT + "  ".join(cells)).rstrip()
 
