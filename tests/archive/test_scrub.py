@@ -1,6 +1,7 @@
 """Scrubbing: ``verify --read-data --subset K/N`` and ``--all-under R``, real CLI processes against a real
 SeaweedFS and ``file://`` archives. N runs of the slices read every file exactly once; a byte flipped
-on the server is a ``mismatch`` and a removed object ``missing`` (exit 1); nothing is written to disk."""
+on the server is a ``mismatch`` and a removed object ``missing`` (exit 1); nothing is written to disk but
+each artifact's verification record, so status shows when its bytes were last read back."""
 
 from __future__ import annotations
 
@@ -103,7 +104,11 @@ def test_subsets_over_n_runs_read_every_file_once_and_catch_one_flipped_byte(pub
         else:
             assert bad == {} and proc.returncode == 0 and proc.report["status"] == "verified"
         assert written < 64 * 1024, f"slice {k} wrote {written} bytes: a scrub writes nothing but its report"
-    assert tree_state(published) == before
+    # Nothing of the artifact changes; the slice that found the damage recorded it for status.
+    from ckptflow.records import verification as verification_record
+
+    assert verification_record.read_verification(published).status == "failed"
+    assert {rel: state for rel, state in tree_state(published).items() if rel != verification_record.FILENAME} == before
 
     # The same slices on another day: an object's slice is a function of its key alone.
     again = run_cli("verify", "--artifact-dir", str(published), "--read-data", "--subset", f"1/{N}",
@@ -171,6 +176,50 @@ def test_all_under_scrubs_every_published_artifact_of_a_runs_root(tmp_path, arch
         ("optim/__0_0.distcp", "mismatch")]
     assert str(second) in proc.stderr
 
+
+
+@pytest.mark.slow
+def test_a_scrub_sets_the_verified_age_status_shows_and_a_slice_records_only_damage(tmp_path, archive):
+    from ckptflow.records import verification as verification_record
+    from ckptflow.status import collect_status
+
+    runs = tmp_path / "runs"
+    first = make_artifact(runs / "run1", iteration=300, seed=1)
+    second = make_artifact(runs / "run1", iteration=400, seed=2)
+    for art in (first, second):
+        publish_artifact(art, archive.store, UPLOAD_PREFIX, progress=False)
+    _, receipt_sha = receipt_record.read_receipt_digest(first)
+    old = verification_record.Verification("verified", "2026-01-01T00:00:00Z", False, 7, 0, receipt_sha)
+    verification_record.write_verification(first, old)
+
+    def verified(art):
+        row = next(r for r in collect_status(runs).to_report()["rows"] if r["artifact_dir"] == str(art))
+        return row["verified"]
+
+    proc, _ = scrub(archive, "--all-under", str(runs), "--subset", "1/2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert verification_record.read_verification(first) == old  # a clean slice proves nothing of the rest
+    assert not verification_record.path_in(second).exists()
+
+    proc, _ = scrub(archive, "--all-under", str(runs))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for art in (first, second):
+        record = verification_record.read_verification(art)
+        assert (record.status, record.read_data) == ("verified", True) and record.verified_at > old.verified_at
+        assert (verified(art)["state"], verified(art)["at"]) == ("verified", record.verified_at)
+
+    archive.flip_byte(f"{ARTIFACT_PREFIX.replace('iter_000300', 'iter_000400')}/optim/__0_0.distcp", 7)
+    outcomes = []
+    for k in (1, 2):
+        before = verification_record.path_in(second).read_bytes()
+        proc, _ = scrub(archive, "--all-under", str(runs), "--subset", f"{k}/2")
+        outcomes.append(proc.returncode)
+        if proc.returncode == 0:
+            assert verification_record.path_in(second).read_bytes() == before
+        else:
+            assert verification_record.read_verification(second).status == "failed"
+    assert sorted(outcomes) == [0, 1]  # the damaged file is in one slice, and only that slice fails
+    assert verified(second)["state"] == "failed" and verified(first)["state"] == "verified"
 
 
 def put_without_metadata(archive: Archive, key: str, data: bytes) -> None:

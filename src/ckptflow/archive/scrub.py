@@ -7,7 +7,9 @@ optionally one ``Subset`` of its files), at every destination its receipt lists 
 receipt, or whose receipt lists none of the named destinations, is listed as ``skipped`` (nothing to
 scrub there), and one whose receipt
 cannot be used (legacy, another artifact's, another endpoint's) as ``failed`` with the reason, while
-the others are still read. Nothing is written anywhere.
+the others are still read. Each artifact's outcome goes to its ``.verified.json`` as ``ckptflow verify``
+writes it (a whole scrub's, and a slice's when it found damage), so ``status`` shows when the bytes were last
+read back; nothing else is written.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ def scrub_runs_root(runs_root: Path | str, store_for, *, subset: Subset | None =
             pass  # verify_artifact names what is wrong with the receipt
         try:
             result.verified.append(verify_artifact(art, store_for, read_data=True, subset=subset, progress=progress,
-                                                   destinations=destinations))
+                                                   destinations=destinations, record=True))
         except CkptflowError as exc:  # this artifact's receipt or destination: named, the others still read
             result.refused.append((art, str(exc)))
     result.seconds = time.monotonic() - started

@@ -452,10 +452,11 @@ def verify_artifact(artifact_dir: Path | str, store_for, *, read_data: bool = Fa
     the receipt lists, or at those ``destinations`` names (``select_destinations``): the first one checked
     must be reachable (else this refuses), a later one that cannot be checked fails the result by name; on ``file://``
     the bytes are always read. ``subset`` (with ``read_data``): only the files of that slice. With ``record``
-    (``ckptflow verify`` of one artifact), the outcome of a whole check, verified or failed, is written to
-    ``.verified.json`` beside the receipt, where ``status`` finds it (a slice proves nothing about the other
-    files: not recorded); the workflow's verify step writes its report instead (its only output), and
-    status's live check and the scrub only look.
+    (``ckptflow verify`` of one artifact, and the scrub of a runs root), the outcome is written to
+    ``.verified.json`` beside the receipt, where ``status`` finds it: a whole check's, verified or failed,
+    and a slice's only when it failed (damage in one slice is damage of the artifact; a clean slice proves
+    nothing about the other files, so the previous outcome stands). The workflow's verify step writes
+    its report too (its only output), and status's live check only looks.
 
     ``store_for(receipt_destination)`` returns the store for the receipt's scheme and bucket, opened
     with the caller's credentials; its endpoint must equal the receipt's.
@@ -481,7 +482,7 @@ def verify_artifact(artifact_dir: Path | str, store_for, *, read_data: bool = Fa
     result = VerifyResult(artifact_dir=artifact_dir, receipt=receipt, objects=states, read_data=read == READ_ALL,
                           subset=subset, seconds=time.monotonic() - started, scrub=read_data,
                           receipt_sha256=receipt_sha256, others=others)
-    if record and subset is None:
+    if record and (subset is None or not result.ok):
         _record_outcome(result)
     return result
 
