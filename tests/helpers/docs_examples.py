@@ -11,6 +11,12 @@ only), and must exit as the sample says (0, with nothing on stderr, but for a re
 placeholder (``normalise``: the working directory, the cache, the bucket, the port, digests, times and
 durations), so the same inputs give byte-identical files.
 
+After the quick start's verbs, the others run there too, so every verb's reference page shows a real run
+(``docs_pages`` includes each verb's first sample above its option table, and refuses a verb without one):
+``repair-part-digests`` and ``gc-uploads`` dry runs on the published artifact, ``retain-checkpoints`` over an
+earlier attempt's full checkpoints, and ``merge`` of two experts of the tiny Qwen3 base
+(``tiny_models``) into a new run's artifact, then ``materialize`` of its teacher.
+
 The workflow's checks before planning are shown the same way (``CONFIG_ERRORS``): in that working
 directory, once a second checkpoint is sealed there (``iter_000200``, not published), with a site file
 copied from ``config/site.example.yaml`` (relative directories, no bucket, no credentials, neither in the
@@ -59,6 +65,8 @@ REGENERATE = "run `make docs-examples` (python tests/helpers/docs_examples.py) a
 # The quick start's names: the user's bucket (make s3-up's), run, artifact and probe prefix.
 BUCKET = "ckptflow-local"
 RUN = "myproj/sft/run1/20261201T120000Z"
+MERGED = "myproj/merge/avg1/20261202T120000Z"
+EARLIER = "myproj/sft/run1/20261130T120000Z"  # an earlier attempt of the run, with full checkpoints only
 ARTIFACT = f"runs/{RUN}/checkpoint_artifacts/iter_000100"
 URI = f"s3://{BUCKET}/{RUN}/checkpoint_artifacts/iter_000100"
 CREDENTIALS = Path(".ckptflow") / "s3" / "credentials-seaweedfs.json"  # below the working directory
@@ -90,6 +98,16 @@ SAMPLES = (
     Sample("fetch", ("fetch", "--artifact-uri", URI, "--dst", "stage")),
     # a training job's guard: a step-0 restart over the committed (model and optimizer only) artifact
     Sample("resume-check-refused", ("resume-check", "--attempt-dir", f"runs/{RUN}"), exit=1),
+    Sample("repair-part-digests", ("repair-part-digests", "--artifact-dir", ARTIFACT, "--dry-run")),
+    Sample("gc-uploads", ("gc-uploads", "--prefix", "myproj/sft/run1", "--dry-run")),
+    # an earlier attempt's full checkpoints (checkpoints/iter_N with trainer.pt, none uploaded): nothing may go
+    Sample("retain-checkpoints", ("retain-checkpoints", "--run-dir", f"runs/{EARLIER}", "--keep-last", "1", "--dry-run")),
+    # two experts of the tiny base (``tiny_models``), averaged into a new run's artifact, then its teacher (a
+    # 24-tensor model: --min-tensors lowers the floor meant for real models)
+    Sample("merge", ("merge", "--mode", "avg", "--experts", "experts/a/model.pt,experts/b/model.pt",
+                     "--out", f"runs/{MERGED}/checkpoint_artifacts/iter_000300/model.pt")),
+    Sample("materialize", ("materialize", "--ckpt-dir", f"runs/{MERGED}/checkpoint_artifacts/iter_000300",
+                           "--base", "base", "--out", "teachers/merged-iter_000300", "--min-tensors", "20")),
 )
 
 
@@ -224,8 +242,27 @@ def _config_errors(workdir: Path) -> str:
     return "\n".join(shown) + "\n"
 
 
+def _inputs(workdir: Path) -> None:
+    """What the samples after the quick start's read: two full checkpoints of an earlier attempt of the
+    run (``trainer.pt`` each) and, for merge and materialize, the tiny Qwen3 base and two experts of it (``torch.save({"net":
+    ...})``, what a trainer writes)."""
+    from helpers import tiny_models
+
+    for it in (50, 100):
+        ckpt = workdir / "runs" / EARLIER / "checkpoints" / f"iter_{it:06d}"
+        ckpt.mkdir(parents=True)
+        (ckpt / "trainer.pt").write_bytes(b"trainer state")
+        (ckpt / "model.pt").write_bytes(bytes(1000))
+    base = tiny_models.build_tiny_base("qwen3", workdir / "base")
+    state = tiny_models.in_memory_state_dict(base)
+    for seed, name in ((1, "a"), (2, "b")):
+        (workdir / "experts" / name).mkdir(parents=True)
+        tiny_models.save_consolidated(tiny_models.perturbed(state, 0.01, seed), workdir / "experts" / name / "model.pt")
+
+
 def _life(workdir: Path, bucket: str) -> dict[str, str]:
     write_payloads(workdir / ARTIFACT, shards=1)
+    _inputs(workdir)
     samples = {f"{sample.name}.txt": _run(sample, workdir, bucket) for sample in SAMPLES}
     samples[CONFIG_ERRORS_FILE] = normalise(_config_errors(workdir), workdir=workdir, bucket=bucket)
     return samples

@@ -119,6 +119,19 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
     return rows
 
 
+def _example(verb: str) -> list[str]:
+    """The verb's first sample of ``docs_examples.SAMPLES`` (its command as typed in the quick start's
+    working directory, and what it printed there: ``docs/examples/<name>.txt``, included at build time)."""
+    from helpers.docs_examples import SAMPLES
+
+    sample = next((s for s in SAMPLES if s.args[0] == verb), None)
+    if sample is None:
+        raise SystemExit(f"docs_pages: ckptflow {verb} has no sample in tests/helpers/docs_examples.py SAMPLES; add one")
+    return ["Example (a real run in the [quick start](../../getting-started.md)'s working directory; "
+            "what it prints on a terminal):", "", "```text", f"$ ckptflow {' '.join(sample.args)}",
+            f'--8<-- "examples/{sample.name}.txt"', "```", ""]
+
+
 def cli_pages() -> dict[str, str]:
     parser, verbs = verb_parsers()
     pages = {}
@@ -131,6 +144,7 @@ def cli_pages() -> dict[str, str]:
         page = [*_header(f"ckptflow {verb}", "the parser of `ckptflow`"), escape(help_text[:1].upper() + help_text[1:]) + ".", ""]
         if sub.description:
             page += [escape(sub.description), ""]
+        page += _example(verb)
         page += ["```text", _usage(sub), "```", "", *_option_rows(sub), "",
                  f"What it does and when it refuses: [the command line](../../command-line.md#{verb}).", ""]
         pages[f"cli/{verb}.md"] = "\n".join(page)
