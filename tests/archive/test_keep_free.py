@@ -251,6 +251,27 @@ def test_prune_paths_reports_hard_linked_payloads_as_held_and_frees_only_what_th
 
 
 @pytest.mark.slow
+def test_publish_delete_local_reports_hard_linked_payloads_as_held_and_frees_only_what_the_file_system_gets_back(
+        runs, archive):
+    from ckptflow.commands.publish import summarize as summarize_publish
+
+    store, _ = archive
+    linked = art_of(runs, "b", 100)
+    ckpt = run_dir(runs, "b") / "checkpoint-100"
+    link_payloads(linked, ckpt)
+    free = statvfs_free(runs)
+    report = publish_artifact(linked, store, f"proj/group/b/{TS}/checkpoints", progress=False,
+                              delete_local=True).to_report()
+    validate(report, "report_publish", what="publish report")
+    assert sorted(report["removed"]) == sorted(manifest_payload(linked))
+    assert report["freed_bytes"] == 0 and statvfs_free(runs) - free < 64 * 4096
+    held = {h["file"]: h for h in report["held"]}
+    assert set(held) == set(report["removed"]) and held["model.pt"]["other_names"] == [str(ckpt / "model.pt")]
+    shown = summarize_publish(report, None)
+    assert f"model.pt (also {ckpt / 'model.pt'})" in shown and "nothing freed" in shown, shown
+
+
+@pytest.mark.slow
 def test_a_changed_local_payload_is_kept_with_its_reason_and_the_next_oldest_goes(runs, archive):
     _, args = archive
     changed = art_of(runs, "b", 100)

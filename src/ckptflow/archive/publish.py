@@ -100,6 +100,7 @@ class PublishResult:
     uploaded_bytes: int = 0
     removed: list[str] = field(default_factory=list)
     freed_bytes: int = 0
+    held: list[dict] = field(default_factory=list)  # removed payloads whose bytes stay under another name
     sent_bytes: int = 0
     resumed_uploads: list[dict] = field(default_factory=list)
     aborted_uploads: list[dict] = field(default_factory=list)
@@ -110,6 +111,8 @@ class PublishResult:
         earlier = {"earlier_destinations": [d.to_dict() for d in self.earlier_destinations]} if self.earlier_destinations else {}
         if self.adopted_objects:
             earlier["adopted_objects"] = self.adopted_objects
+        if self.held:
+            earlier["held"] = self.held
         return {
             "status": self.status,
             "artifact_dir": str(self.artifact_dir),
@@ -475,7 +478,8 @@ def publish_artifact(
         )
         receipt_record.write_receipt(artifact_dir, receipt)
     if delete_local:
-        result.removed, result.freed_bytes = delete_verified_payloads(artifact_dir, inv.manifest, store, progress)
+        result.removed, result.freed_bytes, result.held = delete_verified_payloads(artifact_dir, inv.manifest, store,
+                                                                                   progress)
     return result
 
 
@@ -534,11 +538,13 @@ def delete_verified_payloads(
     manifest: manifest_record.Manifest,
     store: ObjectStore,
     progress: bool | None = None,
-) -> tuple[list[str], int]:
+) -> tuple[list[str], int, list[dict]]:
     """Remove the manifest's payload files once the receipt on disk proves the live remote copy
     (``release.prove_release``: the same checks as prune-verified; objects without a recorded server
     checksum are read back and hashed). The manifest, the receipt and every record stay. Raises
-    (deleting nothing) if any check fails; a file replaced after its check is kept."""
+    (deleting nothing) if any check fails; a file replaced after its check is kept. Returns the removed
+    paths, the bytes the file system got back, and the removed files still held under another name (a
+    hard link: unlinked from the artifact, nothing freed), as prune-verified reports them."""
     from .release import prove_release, unlink_checked
 
     receipt = receipt_record.read_receipt(artifact_dir)
@@ -546,4 +552,4 @@ def delete_verified_payloads(
     released = unlink_checked(artifact_dir, checked)
     for reason in released.kept:
         log.warning("%s: %s", artifact_dir, reason)
-    return released.removed, released.freed_bytes
+    return released.removed, released.freed_bytes, released.held

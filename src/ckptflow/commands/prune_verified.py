@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import UsageError
 from . import ReportedFailure
-from .summary import block, capped, files_bytes, human_bytes, plural
+from .summary import block, capped, files_bytes, held_text, human_bytes, plural
 
 
 def register(sub) -> None:
@@ -79,13 +79,6 @@ def _destinations(args: argparse.Namespace) -> tuple[str, ...] | None:
     return tuple(args.destination) if args.destination else None
 
 
-def _held_text(held: list[dict]) -> str:
-    """Which payloads stay on disk under other names, and those names (a removed entry's ``held``)."""
-    parts = [f"{h['file']} (also {', '.join(h['other_names'][:2]) or 'outside the run directory'}"
-             f"{' ...' if len(h['other_names']) > 2 else ''})" for h in held[:3]]
-    return "; ".join(parts) + (f" (+{len(held) - 3} more)" if len(held) > 3 else "")
-
-
 def summarize(report: dict[str, Any], elapsed: float | None) -> str:
     removed, kept = report["removed"], report["kept"]
     n_files = sum(len(r["files"]) for r in removed)
@@ -107,6 +100,6 @@ def summarize(report: dict[str, Any], elapsed: float | None) -> str:
     gone = [(verb, f"{r['path']} ({files_bytes(len(r['files']), r['bytes'])})"
              + (f"; {r['needs']}" if r.get("needs") else "")) for r in removed]
     left = [("kept", _kept(k)) for k in kept]
-    held = [("held", f"{r['path']}: {_held_text(r['held'])}: unlinked from the artifact, its bytes stay under "
+    held = [("held", f"{r['path']}: {held_text(r['held'])}: unlinked from the artifact, its bytes stay under "
              "those names (nothing freed)") for r in removed if r.get("held")]
     return block(headline, [*capped(gone, verb), *capped(held, "held"), *capped(left, "kept")], elapsed)

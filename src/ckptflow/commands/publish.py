@@ -10,6 +10,7 @@ from .summary import (
     block,
     destination_uri,
     files_bytes,
+    held_text,
     human_bytes,
     inventory_total,
     is_record,
@@ -126,4 +127,6 @@ def summarize(report: dict[str, Any], elapsed: float | None) -> str:
         ("resumed", resumed_row),
         ("aborted", aborted_row),
         ("freed", freed),
+        ("held", f"{held_text(report['held'])}: unlinked from the artifact, their bytes stay under those names "
+                 "(nothing freed)" if report.get("held") else None),
     ], elapsed)

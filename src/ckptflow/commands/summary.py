@@ -61,6 +61,13 @@ def records_in(entries: Iterable[dict[str, Any]]) -> int:
     return sum(1 for e in entries if is_record(e["path"]))
 
 
+def held_text(held: list[dict]) -> str:
+    """Which payloads stay on disk under other names, and those names (a report's ``held``)."""
+    parts = [f"{h['file']} (also {', '.join(h['other_names'][:2]) or 'outside the run directory'}"
+             f"{' ...' if len(h['other_names']) > 2 else ''})" for h in held[:3]]
+    return "; ".join(parts) + (f" (+{len(held) - 3} more)" if len(held) > 3 else "")
+
+
 def payload_and_records(n_files: int, n_bytes: int, n_records: int) -> str:
     """``3 payload files, 3.10 MiB as 5 objects (with 2 records)``: what an archive of them holds."""
     return (f"{files_bytes(n_files, n_bytes)} as {plural(n_files + n_records, 'object')} "
