@@ -1,6 +1,10 @@
 """The cost of the Hugging Face callback's export (``trainer.hf.export_checkpoint``) for one checkpoint:
 wall time and bytes the file system gives to the artifact, against a hard-linked export (links and the same
-seal: what the export cost before artifacts owned their bytes) and ``cp -r`` of the same directory.
+seal: what the export cost before artifacts owned their bytes) and ``cp -r`` of the same directory; then
+what the training loop waits for: the time inside ``ArtifactCallback.on_save`` with ``asynchronous=False``
+(the whole export) and ``asynchronous=True`` (the snapshot of the files; the export on a background thread),
+and the next save's wait for that export (``on_step_end`` with ``should_save``) when the next save comes at
+once, before the export could end (the worst case: a loop that trains for longer between saves waits less).
 
     python bench/hf_export.py --dir /scratch/bench --gib 1
 
@@ -17,10 +21,11 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from ckptflow.artifact import ComponentSpec, seal_artifact
 from ckptflow.fsutil import clone_file
-from ckptflow.trainer.hf import export_checkpoint
+from ckptflow.trainer.hf import ArtifactCallback, export_checkpoint
 
 MiB = 1 << 20
 
@@ -62,6 +67,31 @@ def linked_export(ckpt: Path, run_dir: Path, iteration: int) -> None:
                   progress=False)
 
 
+def callback_rows(ckpt: Path, root: Path) -> list[tuple[str, tuple[float, int]]]:
+    """The loop's wait at ``on_save`` (both modes) and, asynchronous, at the next save, for ``ckpt``."""
+    step = int(ckpt.name.split("-")[1])
+    args = SimpleNamespace(output_dir=str(ckpt.parent), save_total_limit=None, save_strategy="steps")
+    state = SimpleNamespace(global_step=step, max_steps=10 * step, best_model_checkpoint=None)
+    rows = []
+    for mode in ("sync", "async"):
+        callback = ArtifactCallback(root / f"callback-{mode}", asynchronous=mode == "async")
+        saving = SimpleNamespace(should_save=False, should_training_stop=False)
+        os.sync()
+        before, start = used(root), time.perf_counter()
+        callback.on_save(args, state, saving)
+        in_on_save = time.perf_counter() - start
+        start = time.perf_counter()
+        callback.on_step_end(args, state, SimpleNamespace(should_save=True, should_training_stop=False))
+        waited = time.perf_counter() - start
+        os.sync()
+        grew = used(root) - before
+        assert callback.exported == [step]
+        rows.append((f"on_save, asynchronous={mode == 'async'}", (in_on_save, grew)))
+        if mode == "async":
+            rows.append(("  + the next save's wait", (waited, 0)))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temporary directory)")
@@ -81,6 +111,9 @@ def main() -> None:
         base = rows[0][1][0]
         for name, (seconds, grew) in rows:
             print(f"  {name:28s} {seconds:7.2f} s  x{seconds / base:4.2f}  disk +{grew / (1 << 20):7.1f} MiB")
+        print("the training loop's wait (ArtifactCallback; the next save right after this one):")
+        for name, (seconds, grew) in callback_rows(ckpt, root):
+            print(f"  {name:28s} {seconds:7.2f} s  disk +{grew / (1 << 20):7.1f} MiB")
     finally:
         shutil.rmtree(root)
 

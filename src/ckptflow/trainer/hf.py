@@ -187,9 +187,7 @@ def copy_and_seal(snapshot: CheckpointSnapshot) -> manifest_record.Manifest:
             raise Refused(f"{ckpt / rel} {what} after the Trainer saved it, before its copy into {art} was complete; "
                           "the copy is not the checkpoint the Trainer saved, and is not committed",
                           remedy=f"leave {ckpt} as the Trainer wrote it until iteration {iteration} is committed "
-                                 "(or export synchronously: ArtifactCallback(..., asynchronous=False)), then resume "
-                                 "from the newest committed artifact (resume_point) so that the Trainer saves "
-                                 f"iteration {iteration} again")
+                                 "(ArtifactCallback(..., asynchronous=False) exports it inside on_save)")
         made[how] = made.get(how, 0) + 1
     log.info("%s: %s from %s", art, ", ".join(f"{n} file(s) {'reflinked' if how == 'reflink' else 'copied'}"
                                            for how, n in sorted(made.items())), ckpt)
@@ -284,8 +282,9 @@ class ArtifactCallback(TrainerCallback):
             snapshot = snapshot_checkpoint(ckpt, run_dir, step)
             self._handle = run_in_background(
                 run_dir, step, lambda: copy_and_seal(snapshot), then=publish,
-                remedy=f"resume from the newest committed artifact (resume_point) so that the Trainer saves {ckpt} "
-                       f"again; its export discards the uncommitted {snapshot.artifact_dir} by its ownership record")
+                remedy=f"fix the cause, then resume from the newest committed artifact (resume_point) so that the "
+                       f"Trainer saves {ckpt} again; its export discards the uncommitted {snapshot.artifact_dir} "
+                       "by its ownership record")
 
         background_ranks(ranks).decide(f"the export of {ckpt}", start)
         self._pending = step
