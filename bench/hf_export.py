@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import tempfile
 import time
@@ -67,35 +68,36 @@ def linked_export(ckpt: Path, run_dir: Path, iteration: int) -> None:
                   progress=False)
 
 
-def callback_rows(ckpt: Path, root: Path) -> list[tuple[str, tuple[float, int]]]:
-    """The loop's wait at ``on_save`` (both modes) and, asynchronous, at the next save, for ``ckpt``."""
+def callback_rows(ckpt: Path, root: Path, rounds: int) -> list[tuple[str, list[float]]]:
+    """The loop's wait at ``on_save`` (both modes, alternating, ``rounds`` each) and, asynchronous, at the next
+    save, for ``ckpt``; each export into a fresh run directory, after ``os.sync``."""
     step = int(ckpt.name.split("-")[1])
     args = SimpleNamespace(output_dir=str(ckpt.parent), save_total_limit=None, save_strategy="steps")
     state = SimpleNamespace(global_step=step, max_steps=10 * step, best_model_checkpoint=None)
-    rows = []
-    for mode in ("sync", "async"):
-        callback = ArtifactCallback(root / f"callback-{mode}", asynchronous=mode == "async")
-        saving = SimpleNamespace(should_save=False, should_training_stop=False)
-        os.sync()
-        before, start = used(root), time.perf_counter()
-        callback.on_save(args, state, saving)
-        in_on_save = time.perf_counter() - start
-        start = time.perf_counter()
-        callback.on_step_end(args, state, SimpleNamespace(should_save=True, should_training_stop=False))
-        waited = time.perf_counter() - start
-        os.sync()
-        grew = used(root) - before
-        assert callback.exported == [step]
-        rows.append((f"on_save, asynchronous={mode == 'async'}", (in_on_save, grew)))
-        if mode == "async":
-            rows.append(("  + the next save's wait", (waited, 0)))
-    return rows
+    seconds: dict[str, list[float]] = {}
+    for r in range(rounds):
+        for mode in ("sync", "async"):
+            callback = ArtifactCallback(root / f"callback-{mode}-{r}", asynchronous=mode == "async")
+            os.sync()
+            start = time.perf_counter()
+            callback.on_save(args, state, SimpleNamespace(should_save=False, should_training_stop=False))
+            in_on_save = time.perf_counter() - start
+            start = time.perf_counter()
+            callback.on_step_end(args, state, SimpleNamespace(should_save=True, should_training_stop=False))
+            waited = time.perf_counter() - start
+            assert callback.exported == [step]
+            seconds.setdefault(f"on_save, asynchronous={mode == 'async'}", []).append(in_on_save)
+            if mode == "async":
+                seconds.setdefault("  + the next save's wait", []).append(waited)
+            shutil.rmtree(root / f"callback-{mode}-{r}")
+    return list(seconds.items())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temporary directory)")
     parser.add_argument("--gib", type=float, default=1.0)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the callback's timings (medians)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="hf-export-", dir=args.dir))
     try:
@@ -111,9 +113,10 @@ def main() -> None:
         base = rows[0][1][0]
         for name, (seconds, grew) in rows:
             print(f"  {name:28s} {seconds:7.2f} s  x{seconds / base:4.2f}  disk +{grew / (1 << 20):7.1f} MiB")
-        print("the training loop's wait (ArtifactCallback; the next save right after this one):")
-        for name, (seconds, grew) in callback_rows(ckpt, root):
-            print(f"  {name:28s} {seconds:7.2f} s  disk +{grew / (1 << 20):7.1f} MiB")
+        print(f"the training loop's wait (ArtifactCallback; the next save right after this one; median of "
+              f"{args.rounds}):")
+        for name, runs in callback_rows(ckpt, root, args.rounds):
+            print(f"  {name:28s} {statistics.median(runs):7.3f} s  ({', '.join(f'{x:.3f}' for x in runs)})")
     finally:
         shutil.rmtree(root)
 
