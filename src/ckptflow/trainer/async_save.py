@@ -32,6 +32,10 @@ the iteration and the cause, at ``SaveHandle.result()``, at the run's next save,
 ``wait_for_publications``, whichever comes first (once). A process killed during the background write
 leaves the same uncommitted directory, which the next save of that iteration discards by its record.
 
+``run_in_background`` runs a save that stages nothing (the Hugging Face callback's export of the files the
+Trainer wrote, ``hf.copy_and_seal``) on a background thread as one of the run's saves: the same handle, waits
+and failure reports, and its ranks agree over the same gloo group (``background_ranks``).
+
 Crash points: ``trainer-async:staged`` (the state is staged, the background thread not started),
 ``trainer-async:before-write`` (on the background thread, before the first byte), then those of a
 synchronous save (``write.py``), reached on the background thread.
