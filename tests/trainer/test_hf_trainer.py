@@ -457,3 +457,52 @@ def test_a_background_export_killed_leaves_no_manifest_and_the_requeue_resumes_f
         assert owns_copy_of(art(run_dir, n), run_dir / f"checkpoint-{n}")
         assert not (art(run_dir, n) / ".save-in-progress").exists()
     assert [r["local"]["state"] for r in run_cli("status", str(run_dir), "--json").report["rows"]] == ["committed"] * 3
+
+
+def test_the_callback_waits_for_the_export_only_where_the_trainer_may_rotate_or_delete_the_checkpoint(
+        tmp_path, monkeypatch):
+    """The callback's hooks called as the Trainer calls them (one process): the export of checkpoint-N runs
+    while the loop goes on, and is committed before any point where the Trainer may delete checkpoint-N."""
+    from types import SimpleNamespace
+
+    from ckptflow.trainer.hf import ArtifactCallback
+
+    def hooks(step: int, strategy: str = "steps", limit: int | None = None, best: str | None = None):
+        args = SimpleNamespace(output_dir=str(tmp_path / "out"), save_total_limit=limit, save_strategy=strategy)
+        state = SimpleNamespace(global_step=step, max_steps=8, best_model_checkpoint=best)
+        return args, state
+
+    def control(save: bool = False, stop: bool = False):
+        return SimpleNamespace(should_save=save, should_training_stop=stop)
+
+    def committed(n: int) -> bool:
+        return manifest_record.path_in(art(run_dir, n)).is_file()
+
+    run_dir, flag = tmp_path / "runs" / RUN, tmp_path / "pause"
+    for n in (2, 4, 6, 8):
+        fake_checkpoint(tmp_path / "out" / f"checkpoint-{n}", seed=n)
+    callback = ArtifactCallback(run_dir)
+    monkeypatch.setenv("CKPTFLOW_TEST_PAUSE_AT", "hf-export:copying-iter2")
+    monkeypatch.setenv("CKPTFLOW_TEST_PAUSE_FILE", str(flag))
+    callback.on_save(*hooks(2), control())
+    wait_until(flag.exists, SimpleNamespace(poll=lambda: None), "the export of iteration 2 paused before its copy")
+    callback.on_step_end(*hooks(3), control())  # a step without a save: the loop goes on
+    callback.on_evaluate(*hooks(3), control())  # an evaluation that no save follows
+    assert not art(run_dir, 2).exists() and callback.exported == []
+    flag.unlink()
+    callback.on_step_end(*hooks(4), control(save=True))  # the save at 4 (its rotation) waits for iteration 2
+    assert committed(2) and callback.exported == [2]
+    assert owns_copy_of(art(run_dir, 2), tmp_path / "out" / "checkpoint-2")
+
+    callback.on_save(*hooks(4, strategy="best"), control())
+    callback.on_evaluate(*hooks(5, strategy="best"), control())  # save_strategy="best": a save may follow
+    assert committed(4) and callback.exported == [2, 4]
+    callback.on_save(*hooks(6), control())
+    callback.on_epoch_end(*hooks(6), control(save=True))
+    assert committed(6) and callback.exported == [2, 4, 6]
+    # The last save, save_total_limit=1 with a best checkpoint: the Trainer's end deletes the others before
+    # on_train_end, so on_save itself waits.
+    callback.on_save(*hooks(8, limit=1, best=str(tmp_path / "out" / "checkpoint-2")), control(stop=True))
+    assert committed(8) and callback.exported == [2, 4, 6, 8]
+    callback.on_train_end(*hooks(8), control())
+    assert callback.exported == [2, 4, 6, 8]
