@@ -1,7 +1,8 @@
 """A Hugging Face Trainer run on CPU whose checkpoints become ckptflow artifacts, published in the background.
 
 ``ArtifactCallback`` turns every ``checkpoint-N`` the Trainer saves into ``<run-dir>/checkpoint_artifacts/iter_N``
-(files of its own: reflinks or copies, sealed, published in the background by the main process); the
+(files of its own: reflinks or copies, sealed, published in the background by the main process; the copy and
+the seal run off the training loop unless ``--export sync``, the next save waiting for them); the
 Trainer's ``save_total_limit`` may delete ``checkpoint-N`` meanwhile. ``--resume auto`` resumes from the run's
 newest committed artifact (``resume_point``; a pruned one is refused, naming ``ckptflow restore``, and so is a
 damaged one, naming its remedy). The model is any causal LM
@@ -46,6 +47,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--preflight", choices=("off", "on", "strict"), default="on",
                    help="with --bucket: check the destination at train begin, before the first step (default on; "
                    "strict: an unreachable endpoint fails too; off: no check)")
+    p.add_argument("--export", choices=("async", "sync"), default="async",
+                   help="export each checkpoint off the training loop, the next save waiting for it (async, the "
+                   "default), or inside the Trainer's on_save (sync)")
     return p.parse_args(argv)
 
 
@@ -81,7 +85,7 @@ def train(args: argparse.Namespace) -> int:
     upload = UploadSettings(enabled=bool(args.bucket), bucket=args.bucket, credentials=args.credentials,
                             prefix=args.upload_prefix, preflight=args.preflight != "off",
                             strict=args.preflight == "strict")
-    callback = ArtifactCallback(args.run_dir, upload)
+    callback = ArtifactCallback(args.run_dir, upload, asynchronous=args.export == "async")
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     training = TrainingArguments(
         output_dir=args.run_dir, max_steps=args.steps, save_strategy="steps", save_steps=args.save_every,

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -347,3 +348,161 @@ def test_an_artifact_sharing_inodes_with_a_rewritten_checkpoint_is_named_damaged
     restored = run_cli("restore", "--artifact-dir", str(linked))
     assert restored.returncode == 0, restored.stderr
     assert resume_point(run_dir) == str(linked) and local_state(run_dir)["state"] == "committed"
+
+
+# ------------------------------------------------------------------ the export off the training loop
+
+def paused_at(flag: Path, point: str) -> Callable[[], bool]:
+    def check() -> bool:
+        try:
+            return point in flag.read_text()
+        except FileNotFoundError:
+            return False
+    return check
+
+
+def rewrite_same_size(path: Path) -> None:
+    """Truncate ``path`` and write other bytes of the same size into the same inode."""
+    data = path.read_bytes()
+    other = data.swapcase()
+    assert other != data
+    with open(path, "wb") as fh:
+        fh.write(other)
+
+
+def bytes_of(directory: Path) -> dict[str, bytes]:
+    return {rel: (directory / rel).read_bytes() for rel in files_of(directory) if not rel.startswith(".")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_on_save_returns_before_the_export_and_a_rewrite_before_its_copy_stops_training_at_the_next_save(
+        base, tmp_path, ranks):
+    run_dir, flag = tmp_path / "runs" / RUN, tmp_path / "pause"
+    flags = ("--steps", "4", "--save-every", "2", "--preflight", "off")
+    # The background export of iteration 2 pauses before its first copy; the loop goes on to the next save.
+    proc = train(base, run_dir, *flags, ranks=ranks, wait=False, env={
+        "CKPTFLOW_TEST_PAUSE_AT": "hf-export:copying-iter2,hf-export:next-save-waits",
+        "CKPTFLOW_TEST_PAUSE_FILE": str(flag)})
+    try:
+        def stderr() -> str:
+            return proc.communicate()[1][-4000:]
+
+        wait_until(paused_at(flag, "hf-export:next-save-waits iter2"), proc,
+                   "the save at step 4 waiting for the export of iteration 2", 300, stderr)
+        # on_save of step 2 returned with nothing copied; steps 3 and 4 ran; the save at 4 has not started.
+        assert not (art(run_dir, 2)).exists() and not (run_dir / "checkpoint-4").exists()
+        rewrite_same_size(run_dir / "checkpoint-2" / "config.json")  # a user's tool, before the copy
+        flag.unlink()
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode != 0
+    refusals = [line for line in err.splitlines()
+                if line.startswith("train_hf_trainer: ") and not line.startswith("train_hf_trainer: ERROR: ")]
+    assert len(refusals) == ranks, err[-4000:]  # every rank stops with the same error
+    assert len(set(refusals)) == 1 and "iteration 2" in refusals[0], refusals
+    assert "checkpoint-2/config.json changed" in refusals[0] and "nothing was committed" in refusals[0]
+    assert not manifest_record.path_in(art(run_dir, 2)).exists() and not (run_dir / "checkpoint-4").exists()
+    assert local_state(run_dir)["state"] == "incomplete"
+    if ranks > 1:
+        return
+
+    # The requeue (no artifact committed: a fresh start) saves checkpoint-2 again; its export discards the
+    # refused copy by its ownership record; each artifact holds its checkpoint's bytes as the Trainer saved them.
+    again = result(train(base, run_dir, *flags))
+    assert again["resumed_from"] is None and again["exported"] == [2, 4]
+    for n in (2, 4):
+        assert owns_copy_of(art(run_dir, n), run_dir / f"checkpoint-{n}")
+    assert [r["local"]["state"] for r in run_cli("status", str(run_dir), "--json").report["rows"]] == ["committed"] * 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("export", ["async", "sync"])
+def test_a_rewrite_after_the_copy_never_reaches_the_committed_artifact(base, tmp_path, export):
+    run_dir, flag = tmp_path / "runs" / RUN, tmp_path / "pause"
+    proc = train(base, run_dir, "--steps", "2", "--save-every", "2", "--export", export, wait=False,
+                 env={"CKPTFLOW_TEST_PAUSE_AT": "hf-export:copied-iter2", "CKPTFLOW_TEST_PAUSE_FILE": str(flag)})
+    try:
+        wait_until(paused_at(flag, "hf-export:copied-iter2"), proc, "the copies of iteration 2", 300,
+                   lambda: proc.communicate()[1][-4000:])
+        saved = bytes_of(run_dir / "checkpoint-2")
+        rewrite_same_size(run_dir / "checkpoint-2" / "config.json")
+        flag.unlink()
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert result(subprocess.CompletedProcess([], proc.returncode, out, err))["exported"] == [2]
+    assert bytes_of(art(run_dir, 2)) == saved != bytes_of(run_dir / "checkpoint-2")
+    assert local_state(run_dir)["state"] == "committed"
+
+
+@pytest.mark.slow
+def test_a_background_export_killed_leaves_no_manifest_and_the_requeue_resumes_from_the_previous_artifact(
+        base, tmp_path):
+    run_dir = tmp_path / "runs" / RUN
+    killed = train(base, run_dir, "--steps", "4", "--save-every", "2", env={
+        "CKPTFLOW_TEST_KILL_AT": "hf-export:copied-iter4"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-4000:]
+    assert manifest_record.path_in(art(run_dir, 2)).is_file()
+    assert not manifest_record.path_in(art(run_dir, 4)).exists() and (art(run_dir, 4) / ".save-in-progress").exists()
+
+    requeued = result(train(base, run_dir, "--steps", "6", "--save-every", "2"))
+    assert requeued["resumed_from"] == str(art(run_dir, 2)) and requeued["exported"] == [4, 6]
+    for n in (4, 6):
+        assert owns_copy_of(art(run_dir, n), run_dir / f"checkpoint-{n}")
+        assert not (art(run_dir, n) / ".save-in-progress").exists()
+    assert [r["local"]["state"] for r in run_cli("status", str(run_dir), "--json").report["rows"]] == ["committed"] * 3
+
+
+def test_the_callback_waits_for_the_export_only_where_the_trainer_may_rotate_or_delete_the_checkpoint(
+        tmp_path, monkeypatch):
+    """The callback's hooks called as the Trainer calls them (one process): the export of checkpoint-N runs
+    while the loop goes on, and is committed before any point where the Trainer may delete checkpoint-N."""
+    from types import SimpleNamespace
+
+    from ckptflow.trainer.hf import ArtifactCallback
+
+    def hooks(step: int, strategy: str = "steps", limit: int | None = None, best: str | None = None):
+        args = SimpleNamespace(output_dir=str(tmp_path / "out"), save_total_limit=limit, save_strategy=strategy)
+        state = SimpleNamespace(global_step=step, max_steps=8, best_model_checkpoint=best)
+        return args, state
+
+    def control(save: bool = False, stop: bool = False):
+        return SimpleNamespace(should_save=save, should_training_stop=stop)
+
+    def committed(n: int) -> bool:
+        return manifest_record.path_in(art(run_dir, n)).is_file()
+
+    run_dir, flag = tmp_path / "runs" / RUN, tmp_path / "pause"
+    for n in (2, 4, 6, 8):
+        fake_checkpoint(tmp_path / "out" / f"checkpoint-{n}", seed=n)
+    callback = ArtifactCallback(run_dir)
+    monkeypatch.setenv("CKPTFLOW_TEST_PAUSE_AT", "hf-export:copying-iter2")
+    monkeypatch.setenv("CKPTFLOW_TEST_PAUSE_FILE", str(flag))
+    callback.on_save(*hooks(2), control())
+    wait_until(flag.exists, SimpleNamespace(poll=lambda: None), "the export of iteration 2 paused before its copy")
+    callback.on_step_end(*hooks(3), control())  # a step without a save: the loop goes on
+    callback.on_evaluate(*hooks(3), control())  # an evaluation that no save follows
+    assert not art(run_dir, 2).exists() and callback.exported == []
+    flag.unlink()
+    callback.on_step_end(*hooks(4), control(save=True))  # the save at 4 (its rotation) waits for iteration 2
+    assert committed(2) and callback.exported == [2]
+    assert owns_copy_of(art(run_dir, 2), tmp_path / "out" / "checkpoint-2")
+
+    callback.on_save(*hooks(4, strategy="best"), control())
+    callback.on_evaluate(*hooks(5, strategy="best"), control())  # save_strategy="best": a save may follow
+    assert committed(4) and callback.exported == [2, 4]
+    callback.on_save(*hooks(6), control())
+    callback.on_epoch_end(*hooks(6), control(save=True))
+    assert committed(6) and callback.exported == [2, 4, 6]
+    # The last save, save_total_limit=1 with a best checkpoint: the Trainer's end deletes the others before
+    # on_train_end, so on_save itself waits.
+    callback.on_save(*hooks(8, limit=1, best=str(tmp_path / "out" / "checkpoint-2")), control(stop=True))
+    assert committed(8) and callback.exported == [2, 4, 6, 8]
+    callback.on_train_end(*hooks(8), control())
+    assert callback.exported == [2, 4, 6, 8]

@@ -32,6 +32,10 @@ the iteration and the cause, at ``SaveHandle.result()``, at the run's next save,
 ``wait_for_publications``, whichever comes first (once). A process killed during the background write
 leaves the same uncommitted directory, which the next save of that iteration discards by its record.
 
+``run_in_background`` runs a save that stages nothing (the Hugging Face callback's export of the files the
+Trainer wrote, ``hf.copy_and_seal``) on a background thread as one of the run's saves: the same handle, waits
+and failure reports, and its ranks agree over the same gloo group (``background_ranks``).
+
 Crash points: ``trainer-async:staged`` (the state is staged, the background thread not started),
 ``trainer-async:before-write`` (on the background thread, before the first byte), then those of a
 synchronous save (``write.py``), reached on the background thread.
@@ -82,9 +86,10 @@ class SaveHandle:
     the call waited for the process's previous asynchronous save (one staged copy at a time); ``staged_s``:
     how long it copied the state. Both are the loop's stall."""
 
-    def __init__(self, run_dir: Path, iteration: int):
+    def __init__(self, run_dir: Path, iteration: int, *, remedy: str | None = None):
         self.run_dir = run_dir
         self.iteration = iteration
+        self._remedy = remedy  # what to do when nothing was committed (default: save that iteration again)
         self.artifact_dir = artifact_dir_for(run_dir, iteration)
         self.waited_s = 0.0
         self.staged_s = 0.0
@@ -121,8 +126,8 @@ class SaveHandle:
             self._error = BackgroundSaveFailed(
                 f"the background save of iteration {self.iteration} ({self.artifact_dir}) failed: "
                 f"{type(exc).__name__}: {exc}; nothing was committed",
-                remedy="fix the cause, then save again (the next save of that iteration discards the uncommitted "
-                       "directory by its ownership record)", iteration=self.iteration)
+                remedy=self._remedy or "fix the cause, then save again (the next save of that iteration discards "
+                       "the uncommitted directory by its ownership record)", iteration=self.iteration)
         self._error.__cause__ = exc
 
 
@@ -171,7 +176,7 @@ def save_in_background(run_dir: Path | str, iteration: int, components: Mapping[
     check_iteration(iteration)
     plan = check_plan(components)
     ranks = Ranks.current(collective)
-    background = _background_ranks(ranks)  # collective: a gloo group of the save's own, created at the first save
+    background = background_ranks(ranks)  # collective: a gloo group of the save's own, created at the first save
     run_dir = Path(run_dir)
     _raise_failure(_run_key(run_dir))  # an earlier background failure of this run raises here, at the next save
     handle = SaveHandle(run_dir, iteration)
@@ -220,17 +225,53 @@ def _write_staged(handle: SaveHandle, box: list[dict[str, Any]], ready: Any, ran
             then(handle._manifest)
     except BaseException as exc:  # noqa: BLE001 - raised at result(), the next save or the wait
         box.clear()
-        cause, seen = exc, set()
-        while cause is not None and id(cause) not in seen:  # kept until reported: not the copy its frames hold
-            seen.add(id(cause))
-            traceback.clear_frames(cause.__traceback__)
-            cause = cause.__cause__ or cause.__context__
-        handle._fail(exc)
-        log.error("%s", handle._error)
+        _keep_failure(handle, exc)
     finally:
         _ARENA.keep_used()  # the copy's tensors are gone: its memory waits for the next save
         handle._done.set()
         _SLOT.release()
+
+
+def _keep_failure(handle: SaveHandle, exc: BaseException) -> None:
+    """Keep a background failure in ``handle`` for its report, its frames cleared (kept until reported:
+    not the staged copy or the buffers its frames hold), and log it."""
+    cause, seen = exc, set()
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        traceback.clear_frames(cause.__traceback__)
+        cause = cause.__cause__ or cause.__context__
+    handle._fail(exc)
+    log.error("%s", handle._error)
+
+
+def run_in_background(run_dir: Path | str, iteration: int, commit: Callable[[], manifest_record.Manifest], *,
+                      then: Callable[[manifest_record.Manifest], Any] | None = None,
+                      remedy: str | None = None) -> SaveHandle:
+    """Run ``commit()`` (it writes and commits the artifact of ``iteration``, returning its manifest), then
+    ``then(manifest)``, on a background thread, as one of this process's saves of ``run_dir``: ``settle``,
+    ``wait_for_publications`` and the run's next asynchronous save wait for it and raise its failure
+    (``BackgroundSaveFailed``, ``remedy`` when nothing was committed) once. It holds no staged copy: the
+    Hugging Face callback's export, which reads the files the Trainer wrote. An earlier background failure
+    of the run not yet reported raises here first."""
+    run_dir = Path(run_dir)
+    _raise_failure(_run_key(run_dir))
+    handle = SaveHandle(run_dir, iteration, remedy=remedy)
+    with _LOCK:
+        _HANDLES.append(handle)
+    threading.Thread(target=_run_commit, args=(handle, commit, then), name=f"ckptflow-export-iter{iteration}").start()
+    return handle  # not a daemon: an interpreter that exits meanwhile still commits (or refuses) the export
+
+
+def _run_commit(handle: SaveHandle, commit: Callable[[], manifest_record.Manifest],
+                then: Callable[[manifest_record.Manifest], Any] | None) -> None:
+    try:
+        handle._manifest = commit()
+        if then is not None:
+            then(handle._manifest)
+    except BaseException as exc:  # noqa: BLE001 - raised at result(), the next save or the wait
+        _keep_failure(handle, exc)
+    finally:
+        handle._done.set()
 
 
 class _Arena:
@@ -272,7 +313,7 @@ def release_staging_memory() -> None:
 _SAVE_GROUP: list[Any] = []
 
 
-def _background_ranks(ranks: Ranks) -> Ranks:
+def background_ranks(ranks: Ranks) -> Ranks:
     """The ranks the background thread saves with: alone, or collective over a gloo process group of the
     saves' own (created once, collectively, by every rank's first asynchronous save), so the save's
     agreement and DCP's planning never wait behind, or block, the training's collectives."""

@@ -15,10 +15,33 @@ This is the one module of ckptflow that imports transformers (the ``hf`` extra, 
 
 At each save (``on_save``, after the Trainer wrote ``checkpoint-N`` and rotated older ones) every process
 waits for the others (each rank writes its own ``rng_state_R.pth``); then the main process alone
-(``Ranks.decide``: rank 0 of the process group, the process itself without one) exports the checkpoint
-(``export_checkpoint``) and queues its publication on the run's background publisher, as ``save_and_publish``
-does; the other ranks never touch the artifact or the store. A failed export stops training on every rank
-with the same error (``RankFailed`` under many ranks).
+(``Ranks.decide``: rank 0 of the process group, the process itself without one) exports the checkpoint and
+queues its publication on the run's background publisher, as ``save_and_publish`` does; the other ranks never
+touch the artifact or the store.
+
+By default (``asynchronous=True``) the export runs off the training loop: ``on_save`` records each file of
+``checkpoint-N`` with its identity (``snapshot_checkpoint``: inode, size, modification and change time) and
+returns; a background thread (``async_save.run_in_background``) copies and seals it (``copy_and_seal``) and
+queues the publication. The Trainer's next save waits for it before it starts: the DefaultFlowCallback sets
+``control.should_save`` in ``on_step_end`` / ``on_epoch_end`` before the save, whose ``save_total_limit``
+rotation may delete ``checkpoint-N``, so the callback waits there (in ``on_evaluate`` under
+``save_strategy="best"``, and in ``on_save`` itself for the last save when the Trainer's end keeps only the
+best checkpoint); ``on_train_end`` and ``wait_for_publications`` wait too. A failed background export stops
+training at that wait on every rank with the same error (``BackgroundSaveFailed``; ``RankFailed`` under many
+ranks, agreed over the saves' own gloo process group, ``async_save.background_ranks``), nothing committed.
+A file of ``checkpoint-N`` rewritten, replaced or removed between ``on_save`` and the end of its copy refuses
+the export by name (its identity is compared right after its copy), so the artifact holds the bytes the
+Trainer saved or is not committed; a change after the copy does not reach the artifact. Not seen: a rewrite of
+the same size within the file system's timestamp tick of the Trainer's own write. ``asynchronous=False``
+exports inside ``on_save`` (``export_checkpoint``), the loop waiting for the whole copy and seal. A failed
+synchronous export stops training on every rank at that save.
+
+Crash points (the background thread): ``hf-export:copying-iter<N>`` (before the ownership record and the first
+copy), ``hf-export:copied-iter<N>`` and ``hf-export:before-seal`` (every file copied, checked and fsynced, no
+manifest), ``hf-export:after-seal`` (committed, the publication not queued); on the loop
+``hf-export:next-save-waits`` (the next save starts waiting for the export). A kill before the seal leaves
+``iter_N`` without its manifest; the requeued run resumes from the previous committed artifact
+(``resume_point``), and the Trainer's save of N again discards it by its ownership record and exports anew.
 
 ``export_checkpoint`` gives every file of ``checkpoint-N`` an inode of its own in ``iter_N`` under the same
 relative path (``fsutil.clone_file``: a reflink where the file system offers one, Btrfs or XFS, no byte copied;
@@ -45,13 +68,15 @@ naming ``ckptflow restore``, and a damaged one, whose files are not the bytes it
 for a fresh run. Also at ``on_train_begin``: the preflight of the destination when ``UploadSettings.preflight``
 is set (``preflight_once``, every rank: rank 0 checks), and on the main process the background publication of
 every committed artifact without a receipt (``publish_pending``: what a killed attempt left). At
-``on_train_end`` the main process waits for the publications (``wait_at_end``).
+``on_train_end`` every rank waits for the pending export and the main process for the publications
+(``wait_at_end``).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from transformers import TrainerCallback
@@ -62,6 +87,8 @@ from ..artifact import COMPONENT_NAME_RE, ComponentSpec, changed_payloads, chang
 from ..errors import NotFound, Refused
 from ..fsutil import clone_file, fsync_dir, walk_files
 from ..records import manifest as manifest_record
+from ..records.receipt import FileIdentity
+from .async_save import SaveHandle, background_ranks, run_in_background
 from .preflight import preflight_once
 from .publish import UploadSettings, publish_in_background, publish_pending, wait_for_publications
 from .ranks import Ranks
@@ -98,9 +125,24 @@ def resume_point(run_dir: Path | str) -> str | None:
     return str(art)
 
 
-def export_checkpoint(checkpoint_dir: Path | str, run_dir: Path | str, iteration: int) -> manifest_record.Manifest:
-    """Reflink or copy (never hard-link) every file of ``checkpoint_dir`` into the run's ``iter_N`` and seal it,
-    the manifest last; returns the manifest. A committed ``iter_N`` is refused, never overwritten."""
+@dataclass(frozen=True)
+class CheckpointSnapshot:
+    """``checkpoint-N`` as the Trainer left it at ``on_save``: each file (relative, POSIX) and its identity
+    (``FileIdentity``: inode, size, modification and change time), to be exported as ``iter_N`` of ``run_dir``."""
+
+    checkpoint_dir: Path
+    run_dir: Path
+    iteration: int
+    files: tuple[tuple[str, FileIdentity], ...]
+
+    @property
+    def artifact_dir(self) -> Path:
+        return artifact_dir_for(self.run_dir, self.iteration)
+
+
+def snapshot_checkpoint(checkpoint_dir: Path | str, run_dir: Path | str, iteration: int) -> CheckpointSnapshot:
+    """Record every file of ``checkpoint_dir`` with its identity, for ``copy_and_seal``; a missing or empty
+    checkpoint and a committed ``iter_N`` are refused here, before anything is written."""
     ckpt = Path(checkpoint_dir)
     if not ckpt.is_dir():
         raise NotFound(f"checkpoint directory {ckpt} does not exist",
@@ -114,25 +156,56 @@ def export_checkpoint(checkpoint_dir: Path | str, run_dir: Path | str, iteration
         raise Refused(f"{art} is already a committed artifact ({manifest_path.name} present); it is never overwritten "
                       f"by {ckpt}", remedy=f"resume training from {art} (resume_from_checkpoint) rather than from an "
                       "older checkpoint, or train under a new run directory")
+    return CheckpointSnapshot(ckpt, Path(run_dir), iteration, tuple((rel, FileIdentity.of(ckpt / rel)) for rel in files))
+
+
+def copy_and_seal(snapshot: CheckpointSnapshot) -> manifest_record.Manifest:
+    """Reflink or copy (never hard-link) every file of the snapshot into ``iter_N`` and seal it, the manifest
+    last; returns the manifest. Each file's identity is compared with the snapshot's right after its copy: a
+    file rewritten, replaced or removed since the snapshot (before or during its copy) refuses the export by
+    name, nothing committed (a change after its copy is not the artifact's: the copy holds the bytes of the
+    snapshot). A committed ``iter_N`` is refused (``begin_owned_save``: its manifest is no entry of an
+    interrupted export), never overwritten."""
+    ckpt, art, iteration = snapshot.checkpoint_dir, snapshot.artifact_dir, snapshot.iteration
+    testhooks.reached(f"hf-export:copying-iter{iteration}")
     owned = begin_owned_save(art)
     dirs: list[str] = []
     made: dict[str, int] = {}
-    for rel in files:
+    for rel, seen in snapshot.files:
         for parent in reversed(PurePosixPath(rel).parents[:-1]):
             if parent.as_posix() not in dirs:
                 (art / parent).mkdir()
                 owned.created(parent.as_posix(), writing=True)
                 dirs.append(parent.as_posix())
-        how = _own_copy(ckpt / rel, art / rel, owned, rel)
+        try:
+            how = _own_copy(ckpt / rel, art / rel, owned, rel)
+            now = FileIdentity.of(ckpt / rel)
+        except FileNotFoundError:
+            now = None
+        if now != seen:
+            what = "was removed" if now is None else "changed (rewritten or replaced)"
+            raise Refused(f"{ckpt / rel} {what} after the Trainer saved it, before its copy into {art} was complete; "
+                          "the copy is not the checkpoint the Trainer saved, and is not committed",
+                          remedy=f"leave {ckpt} as the Trainer wrote it until iteration {iteration} is committed "
+                                 "(ArtifactCallback(..., asynchronous=False) exports it inside on_save)")
         made[how] = made.get(how, 0) + 1
     log.info("%s: %s from %s", art, ", ".join(f"{n} file(s) {'reflinked' if how == 'reflink' else 'copied'}"
                                            for how, n in sorted(made.items())), ckpt)
     for d in dirs:
         fsync_dir(art / d)
     fsync_dir(art)
+    testhooks.reached(f"hf-export:copied-iter{iteration}")
     testhooks.reached("hf-export:before-seal")
-    specs = [ComponentSpec(name=_component_name(top), path=top) for top in sorted({r.split("/")[0] for r in files})]
+    tops = sorted({rel.split("/")[0] for rel, _ in snapshot.files})
+    specs = [ComponentSpec(name=_component_name(top), path=top) for top in tops]
     return seal_artifact(art, iteration, specs, progress=False, before_commit=owned.release)
+
+
+def export_checkpoint(checkpoint_dir: Path | str, run_dir: Path | str, iteration: int) -> manifest_record.Manifest:
+    """Reflink or copy (never hard-link) every file of ``checkpoint_dir`` into the run's ``iter_N`` and seal it,
+    the manifest last; returns the manifest (``snapshot_checkpoint`` then ``copy_and_seal``, here and now). A
+    committed ``iter_N`` is refused, never overwritten."""
+    return copy_and_seal(snapshot_checkpoint(checkpoint_dir, run_dir, iteration))
 
 
 def _own_copy(src: Path, dst: Path, owned, rel: str) -> str:
@@ -162,14 +235,21 @@ def refuse_a_start_behind(run_dir: Path | str, step: int) -> None:
 
 class ArtifactCallback(TrainerCallback):
     """Turns every ``checkpoint-N`` the Trainer saves into the sealed artifact ``iter_N`` of ``run_dir``
-    (default: the Trainer's ``output_dir``) and publishes it in the background when ``upload`` is enabled."""
+    (default: the Trainer's ``output_dir``) and publishes it in the background when ``upload`` is enabled.
+    ``asynchronous`` (default): ``on_save`` records the checkpoint's files and returns, the copy and the seal
+    run on a background thread, and the Trainer's next save (``on_step_end`` / ``on_epoch_end`` with
+    ``should_save``, ``on_evaluate`` under ``save_strategy="best"``) and ``on_train_end`` wait for it;
+    ``asynchronous=False``: ``on_save`` exports the checkpoint itself, the loop waiting."""
 
     def __init__(self, run_dir: Path | str | None = None, upload: UploadSettings | None = None, *,
-                 wait_at_end: bool = True):
+                 wait_at_end: bool = True, asynchronous: bool = True):
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.upload = upload or UploadSettings()
         self.wait_at_end = wait_at_end
+        self.asynchronous = asynchronous
         self.exported: list[int] = []
+        self._pending: int | None = None  # the iteration whose export runs in the background (every rank)
+        self._handle: SaveHandle | None = None  # its background export (the main process)
 
     def _run(self, args) -> Path:
         return self.run_dir if self.run_dir is not None else Path(args.output_dir)
@@ -188,14 +268,60 @@ class ArtifactCallback(TrainerCallback):
         ckpt, run_dir = checkpoint_dir_for(args.output_dir, step), self._run(args)
         ranks.settle(f"the save of {ckpt}", None)  # every rank's files of the checkpoint are written
 
-        def export() -> None:
-            export_checkpoint(ckpt, run_dir, step)
+        def publish(_manifest=None) -> None:
             testhooks.reached("hf-export:after-seal")
             publish_in_background(run_dir, artifact_dir_for(run_dir, step), self.upload)
 
-        ranks.decide(f"the export of {ckpt}", export)
+        if not self.asynchronous:
+            ranks.decide(f"the export of {ckpt}", lambda: publish(export_checkpoint(ckpt, run_dir, step)))
+            self.exported.append(step)
+            return
+        self._wait_for_export()  # a save nothing announced (a custom save): its export waits here at the latest
+
+        def start() -> None:
+            snapshot = snapshot_checkpoint(ckpt, run_dir, step)
+            self._handle = run_in_background(
+                run_dir, step, lambda: copy_and_seal(snapshot), then=publish,
+                remedy=f"fix the cause, then resume from the newest committed artifact (resume_point) so that the "
+                       f"Trainer saves {ckpt} again; its export discards the uncommitted {snapshot.artifact_dir} "
+                       "by its ownership record")
+
+        background_ranks(ranks).decide(f"the export of {ckpt}", start)
+        self._pending = step
+        if args.save_total_limit == 1 and state.best_model_checkpoint is not None and (
+                control.should_training_stop or state.global_step >= state.max_steps):
+            self._wait_for_export()  # the Trainer's end removes every checkpoint but the best before on_train_end
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if control.should_save:  # set by the DefaultFlowCallback: the save (and its rotation) comes next
+            self._wait_for_export()
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if control.should_save:
+            self._wait_for_export()
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        if args.save_strategy == "best":  # a save may follow the evaluation, decided by its metric
+            self._wait_for_export()
+
+    def _wait_for_export(self) -> None:
+        """Every rank: wait for the background export (the main process's), before the Trainer's next save may
+        rotate checkpoint-N away; its failure raises on every rank alike (``RankFailed`` under many ranks),
+        agreed over the saves' own gloo group. Nothing pending (the same on every rank): nothing to do."""
+        step, handle = self._pending, self._handle
+        if step is None:
+            return
+        self._pending = self._handle = None
+        ranks = Ranks.current()
+
+        def wait() -> None:
+            testhooks.reached("hf-export:next-save-waits", f"iter{step}")
+            handle.result()  # BackgroundSaveFailed, naming the iteration and the cause
+
+        background_ranks(ranks).decide(f"the export of checkpoint-{step}", wait)
         self.exported.append(step)
 
     def on_train_end(self, args, state, control, **kwargs):
+        self._wait_for_export()
         if self.wait_at_end and Ranks.current().is_main and self.upload.enabled:
             wait_for_publications(self._run(args))  # each failure was logged with its retry command
