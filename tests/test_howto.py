@@ -25,8 +25,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ckptflow.artifact import ComponentSpec, seal_artifact
 from helpers import REPO, docs_examples
-from helpers.artifacts import make_artifact
+from helpers.artifacts import write_payloads
 
 HOWTO = REPO / "docs" / "how-to"
 PAGES = sorted(HOWTO.glob("*.md"))
@@ -202,15 +203,10 @@ def test_the_hugging_face_example_runs_as_written_on_the_offline_base(tmp_path):
     assert trained.returncode == 0, trained.stderr
     result = json.loads(trained.stdout.strip().splitlines()[-1])
     text = (HOWTO / "hugging-face.md").read_text(encoding="utf-8")
-    published = [name for name, outcome in _outcomes(result).items() if outcome == "published"]
-    assert sorted(published) == ["iter_000002", "iter_000004"] and "(`iter_000002` and `iter_000004` published)" in text
+    assert result["resumed_from"] is None and result["exported"] == [2, 4] and not result["failed"]
+    assert result["published"] == ["iter_000002", "iter_000004"] and "(`iter_000002` and `iter_000004` published)" in text
     tensors = json.loads((workdir / "demo-run" / "base" / "model.safetensors.index.json").read_text())["weight_map"]
-    assert f"That base has {len(tensors)} tensors" in text
-
-
-def _outcomes(result: dict) -> dict[str, str]:
-    """The example's JSON line's publication outcomes, artifact -> outcome."""
-    return {entry["artifact"]: entry["outcome"] for entry in result["publications"]}
+    assert f"That base has {len(tensors)} tensors" in text and f"--min-tensors {len(tensors)}`" in text
 
 
 @pytest.mark.slow
@@ -222,8 +218,10 @@ def test_the_workflow_for_a_runs_root_runs_as_written_from_another_directory(tmp
     workdir = tmp_path / "work"
     workdir.mkdir()
     (workdir / "site.yaml").write_text("\n".join(site) + "\n", encoding="utf-8")
-    for it in (100, 200):  # the quick start's runs/: committed artifacts of one run
-        make_artifact(workdir / "runs" / docs_examples.RUN, iteration=it, model_bytes=1000, shards=1)
+    for it in (100, 200):  # the quick start's runs/: artifacts of one run, sealed as its seal sample does
+        art = write_payloads(workdir / "runs" / docs_examples.RUN / "checkpoint_artifacts" / f"iter_{it:06d}",
+                             model_bytes=1000, shards=1, seed=it)
+        seal_artifact(art, it, [ComponentSpec("model", "model.pt"), ComponentSpec("optim", "optim")], progress=False)
     shown = others("workflow.md")
     assert shown[0].line.startswith("C=") and not shown[0].output  # the checkout: this one
     env = workdir_env(C=str(REPO), CKPTFLOW_BUCKET=seaweedfs_bucket,
