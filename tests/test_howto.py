@@ -6,9 +6,11 @@ prints is the sample ``tests/test_docs_examples.py`` holds to a real run. Every 
 written, in a fresh working directory (``examples/`` and ``demo/`` linked from the checkout, which is where
 the pages run them), with the output a page shows compared with what it printed: the training job and its
 requeue after a kill, the Hugging Face example on the demo's offline base, the workflow for a runs root
-from another directory with a site file. The Slurm pages' scripts and the scrub's cron line are checked
-for syntax (``bash -n``) and their checkout paths for existence: the Slurm commands themselves need the
-single-node Slurm (``tests/workflow/test_slurm*.py`` run the same profiles)."""
+from another directory with a site file, and the Slurm first run's copies and dry run (which needs no
+Slurm daemon). The sbatch scripts (the scrub job, the training job that Slurm requeues on the Slurm page)
+and the scrub's crontab line are checked for syntax (``bash -n``), and the first run's other lines for
+syntax and for the checkout files they name: the real run and ``sacct`` need a cluster
+(``tests/workflow/test_slurm*.py`` run the same profiles on the single-node Slurm)."""
 
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ RUN_BY = {
     "training-job.md": "test_the_training_job_and_its_requeue_run_as_written",
     "hugging-face.md": "test_the_hugging_face_example_runs_as_written_on_the_offline_base",
     "workflow.md": "test_the_workflow_for_a_runs_root_runs_as_written_from_another_directory",
-    "slurm-first-run.md": "test_the_slurm_commands_scripts_and_cron_line_parse_and_name_real_files",
+    "slurm-first-run.md": "test_the_slurm_first_runs_dry_run_plans_and_the_scripts_and_cron_line_parse",
 }
 
 
@@ -138,7 +140,7 @@ def test_every_ckptflow_line_is_a_sample_followed_by_its_output():
             f"docs/how-to/{command.page}: `{command.line}` must be followed by its sample's include alone")
 
 
-def test_the_slurm_commands_scripts_and_cron_line_parse_and_name_real_files(tmp_path):
+def test_the_slurm_first_runs_dry_run_plans_and_the_scripts_and_cron_line_parse(tmp_path):
     scripts = [lines for page in [*PAGES, REPO / "docs" / "slurm.md"]
                for lang, lines in fenced(page.read_text(encoding="utf-8"))
                if lang == "bash" and lines and lines[0] == "#!/bin/bash"]
@@ -169,6 +171,26 @@ def test_the_slurm_commands_scripts_and_cron_line_parse_and_name_real_files(tmp_
         for path in re.findall(r"\$C/(\S+)", line):
             assert path == ".venv/bin:$PATH" or (REPO / path).exists(), f"{line}: the checkout has no {path}"
     assert sum("--profile $C/profiles/slurm --profile ~/ckptflow-slurm.yaml" in line for line in lines) == 2
+    # The copies, then the dry run, which needs no Slurm daemon: with both profiles and the site file filled in
+    # (a runs root holding one sealed artifact, a file:// archive), it plans and submits nothing.
+    home, runs = tmp_path / "home", tmp_path / "runs"
+    home.mkdir()
+    art = write_payloads(runs / docs_examples.RUN / "checkpoint_artifacts" / "iter_000100", model_bytes=1000, shards=1)
+    seal_artifact(art, 100, [ComponentSpec("model", "model.pt"), ComponentSpec("optim", "optim")], progress=False)
+    env = workdir_env(HOME=str(home), C=str(REPO), CKPTFLOW_CACHE_DIR=str(tmp_path / "cache"))
+    copies = run_lines([f"{lines[1]} && {line}" for line in lines[2:5]], tmp_path, env)
+    assert [proc.returncode for proc in copies] == [0, 0, 0], [proc.stderr for proc in copies]
+    assert [c.line.split()[0] for c in others("slurm-first-run.md")[2:5]] == ["cp", "cp", "chmod"]
+    site = yaml.safe_load((home / "ckptflow-site.yaml").read_text(encoding="utf-8"))
+    site.update(runs_root=str(runs), bucket=f"file://{tmp_path / 'archive'}", credentials=None,
+                **{key: str(tmp_path / "out" / key) for key in ("reports_dir", "logs_dir", "stage_dir", "teachers_dir")})
+    (home / "ckptflow-site.yaml").write_text(yaml.safe_dump(site), encoding="utf-8")
+    [dry] = [c for c in others("slurm-first-run.md") if " -n -- " in c.line]
+    [planned] = run_lines([f"{lines[1]} && {dry.line}"], tmp_path, env)
+    printed = planned.stdout + planned.stderr
+    assert planned.returncode == 0, printed
+    assert all(expected((line,), tmp_path).search(printed) for line in dry.output if line != "..."), printed
+    assert "prune_batch" in printed and not (tmp_path / "archive").exists()
 
 
 @pytest.mark.slow
