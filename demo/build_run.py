@@ -1,8 +1,9 @@
 """Build the demo's training run offline: a tiny Qwen3-MoE base, three experts, one trainer artifact.
 
-    python demo/build_run.py ROOT
+    python demo/build_run.py [--base-only] ROOT
 
-writes, under ROOT (which must not exist or be empty):
+writes, under ROOT (which must not exist or be empty; with ``--base-only``, ``base/`` alone: an offline
+causal LM for ``examples/train_hf_trainer.py``, in about half the time):
 
 - ``base/``: a complete Hugging Face Qwen3-MoE directory: ``config.json`` (a real ``Qwen3MoeConfig``,
   scaled down), bf16 weights in several safetensors shards with their index, a byte-level BPE tokenizer
@@ -145,7 +146,7 @@ def artifact_dir(root: Path, run: str, iteration: int) -> Path:
     return root / "runs" / run / TS / "checkpoint_artifacts" / f"iter_{iteration:06d}"
 
 
-def build(root: Path) -> dict:
+def build(root: Path, *, base_only: bool = False) -> dict:
     import transformers as tf
     from transformers.utils import logging as hf_logging
 
@@ -161,6 +162,8 @@ def build(root: Path) -> dict:
     tf.GenerationConfig(eos_token_id=[EOS_ID, PAD_ID], pad_token_id=PAD_ID, do_sample=True, temperature=0.6,
                         top_p=0.95, top_k=20).save_pretrained(base)
     out = {"base": str(base), "base_loss": round(base_loss, 3), "experts": {}, "prompt": PROMPT}
+    if base_only:
+        return out
     for seed, (name, lines) in enumerate(CORPUS.items(), start=1):
         expert = tf.Qwen3MoeForCausalLM.from_pretrained(base, dtype=torch.float32)
         _, loss = train(expert, tokenizer, lines, steps=15, lr=2e-3, seed=seed)
@@ -176,7 +179,9 @@ def build(root: Path) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
+    base_only = argv[:1] == ["--base-only"]
+    argv = argv[1:] if base_only else argv
+    if len(argv) != 1 or argv[0].startswith("-"):
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
     root = Path(argv[0])
@@ -185,7 +190,7 @@ def main(argv: list[str]) -> int:
         return 1
     torch.set_num_threads(2)
     start = time.monotonic()
-    out = build(root)
+    out = build(root, base_only=base_only)
     out["seconds"] = round(time.monotonic() - start, 1)
     print(json.dumps(out, indent=2))
     return 0

@@ -15,10 +15,13 @@ After the quick start's verbs, the others run there too, so every verb's referen
 (``docs_pages`` includes each verb's first sample above its option table, and refuses a verb without one):
 ``repair-part-digests`` and ``gc-uploads`` dry runs on the published artifact, ``retain-checkpoints`` over an
 earlier attempt's full checkpoints, and ``merge`` of two experts of the tiny Qwen3 base
-(``tiny_models``) into a new run's artifact, then ``materialize`` of its teacher.
+(``tiny_models``) into a new run's artifact, then ``materialize`` of its teacher. Last come the how-to pages'
+(``docs/how-to/``, whose ``ckptflow`` lines ``tests/test_howto.py`` holds to these samples): a scrub of one
+slice and of the whole runs root, ``prune-verified --keep-free`` once a later iteration of the run
+(``SECOND``) is sealed and published too, and a fetch into another directory.
 
 The workflow's checks before planning are shown the same way (``CONFIG_ERRORS``): in that working
-directory, once a second checkpoint is sealed there (``iter_000200``, not published), with a site file
+directory, once another checkpoint is sealed there (``iter_000200``, not published), with a site file
 copied from ``config/site.example.yaml`` (relative directories, no bucket, no credentials, neither in the
 environment), the real ``snakemake -n`` of the checkout's ``Snakefile`` is refused before it plans, and
 ``config-errors.txt`` holds each command line (as a user types it there) and the one ``ckptflow: ...``
@@ -69,6 +72,8 @@ MERGED = "myproj/merge/avg1/20261202T120000Z"
 EARLIER = "myproj/sft/run1/20261130T120000Z"  # an earlier attempt of the run, with full checkpoints only
 ARTIFACT = f"runs/{RUN}/checkpoint_artifacts/iter_000100"
 URI = f"s3://{BUCKET}/{RUN}/checkpoint_artifacts/iter_000100"
+SECOND = f"runs/{RUN}/checkpoint_artifacts/iter_000150"  # a later iteration, sealed and published before SECOND_BEFORE
+SECOND_BEFORE = "prune-keep-free"
 CREDENTIALS = Path(".ckptflow") / "s3" / "credentials-seaweedfs.json"  # below the working directory
 COLUMNS = 80
 
@@ -108,11 +113,18 @@ SAMPLES = (
                      "--out", f"runs/{MERGED}/checkpoint_artifacts/iter_000300/model.pt")),
     Sample("materialize", ("materialize", "--ckpt-dir", f"runs/{MERGED}/checkpoint_artifacts/iter_000300",
                            "--base", "base", "--out", "teachers/merged-iter_000300", "--min-tensors", "20")),
+    # the how-to pages' (docs/how-to/): a scrub's slice and a whole runs root's, freeing disk until a floor
+    # of free space is reached (a dry run, once a later iteration of the run is published too: SECOND; the
+    # newest artifact of each run stays), a fetch into another machine's directory
+    Sample("verify-subset", ("verify", "--artifact-dir", ARTIFACT, "--read-data", "--subset", "1/7")),
+    Sample("verify-all-under", ("verify", "--all-under", "runs")),
+    Sample("prune-keep-free", ("prune-verified", "--runs-root", "runs", "--keep-free", "100%", "--dry-run")),
+    Sample("fetch-elsewhere", ("fetch", "--artifact-uri", URI, "--dst", "elsewhere/stage")),
 )
 
 
 # The workflow's checks before planning: each a dry run from the quick start's working directory, once its
-# run holds a second committed iteration, iter_000200, not yet published (and iter_000100, published),
+# run holds a third committed iteration, iter_000200, not yet published (and iter_000100 and SECOND, published),
 # with the site file SITE there, refused before Snakemake plans a job.
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 SITE = "site.yaml"
@@ -174,6 +186,8 @@ PLACEHOLDERS: tuple[Callable[[str], str], ...] = (
     _in_column("ARCHIVE", r"\b(\d+[smhd] ago|just now)", "<age> ago"),  # status: the verification's age
     _sub(r"^(  took +).*$", r"\1<duration>"),  # every summary's last row
     _sub(r"\b\d+(\.\d+)? ?[KMGT]?i?B/s\b", "<speed>"),
+    _sub(r"\b\d+(\.\d+)? [KMGT]?i?B free and would have \d+(\.\d+)? [KMGT]?i?B\b",
+         "<size> free and would have <size>"),  # prune-verified --keep-free: the file system's free space
 )
 
 
@@ -260,10 +274,23 @@ def _inputs(workdir: Path) -> None:
         tiny_models.save_consolidated(tiny_models.perturbed(state, 0.01, seed), workdir / "experts" / name / "model.pt")
 
 
+def _second(workdir: Path, bucket: str) -> None:
+    """``SECOND`` sealed and published as the quick start did ``ARTIFACT`` (before ``SECOND_BEFORE``): a run
+    with two verified artifacts, the older one of which ``--keep-free`` may free."""
+    write_payloads(workdir / SECOND, shards=1, seed=1)
+    for args in (("seal", "--artifact-dir", SECOND, "--iteration", "150", "model=model.pt", "optim=optim"),
+                 ("publish", "--artifact-dir", SECOND)):
+        _run(Sample("second", args), workdir, bucket)
+
+
 def _life(workdir: Path, bucket: str) -> dict[str, str]:
     write_payloads(workdir / ARTIFACT, shards=1)
     _inputs(workdir)
-    samples = {f"{sample.name}.txt": _run(sample, workdir, bucket) for sample in SAMPLES}
+    samples = {}
+    for sample in SAMPLES:
+        if sample.name == SECOND_BEFORE:
+            _second(workdir, bucket)
+        samples[f"{sample.name}.txt"] = _run(sample, workdir, bucket)
     samples[CONFIG_ERRORS_FILE] = normalise(_config_errors(workdir), workdir=workdir, bucket=bucket)
     return samples
 
