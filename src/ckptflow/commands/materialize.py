@@ -24,7 +24,9 @@ def register(sub) -> None:
     src.add_argument("--artifact-uri", metavar="URI",
                      help="an archived artifact: s3://B/.../checkpoint_artifacts/iter_N (also gs://, file://); "
                      "fetched only when a build is needed")
-    s.add_argument("--base", required=True, metavar="HF_DIR", help="the Hugging Face base directory (config, index, sidecars)")
+    s.add_argument("--base", metavar="HF_DIR",
+                   help="the Hugging Face base directory (config, index, sidecars); for a LoRA artifact the model it "
+                   "was trained on; not used for a Hugging Face Trainer artifact of a full fine-tune (required otherwise)")
     s.add_argument("--out", required=True, metavar="DIR", help="the teacher directory; built beside it and renamed into place")
     s.add_argument("--expect-tensors", type=int, default=0, metavar="N", help="exact tensor count required (default 0: any)")
     s.add_argument("--min-tensors", type=int, default=DEFAULT_MIN_TENSORS, metavar="N",

@@ -92,7 +92,7 @@ from ..conversion import shards as hf_shards
 from ..errors import UsageError
 from ..lock import reading
 from ..records.materialized import Materialized
-from . import preflight, recovery
+from . import hf_artifact, preflight, recovery
 from .build import Built, build, fetch_model, recover
 from .identity import Identity, base_identity
 from .lock import DEFAULT_WAIT_SECONDS, check_wait_seconds, output_lock
@@ -149,7 +149,7 @@ class MaterializeResult:
 
 @dataclass(frozen=True)
 class MaterializeRequest:
-    base_dir: Path
+    base_dir: Path | None  # None: a full Trainer artifact, its own base (``hf_artifact``)
     out: Path
     stage_root: Path | None  # the named stage root (--stage-dir, default <out>.stage); None: a local source
     expect_tensors: int
@@ -168,7 +168,7 @@ class MaterializeRequest:
 
 def materialize(
     *,
-    base: Path | str,
+    base: Path | str | None,
     out: Path | str,
     ckpt_dir: Path | str | None = None,
     artifact_uri: str | None = None,
@@ -192,13 +192,20 @@ def materialize(
     ``verify_tensors=False`` (--no-verify) skips only the bitwise tensor probes of ``verify_output``.
     ``unified_chat_template`` (--unified-chat-template): see ``conversion.chat_template``; part of the identity.
     """
-    base_dir, out = Path(os.path.abspath(base)), Path(os.path.abspath(out))
+    base_dir = Path(os.path.abspath(base)) if base is not None else None
+    out = Path(os.path.abspath(out))
     stage_root = _check_arguments(base_dir, out, ckpt_dir, artifact_uri, expect_tensors, min_tensors, stage_dir,
                                   keep_staged, max_shard_bytes)
     wait = check_wait_seconds(lock_wait_seconds)
-    source = resolve_source(ckpt_dir=ckpt_dir, artifact_uri=artifact_uri, store=store, credentials=credentials)
     request = MaterializeRequest(base_dir, out, stage_root, expect_tensors, min_tensors, verify_tensors, force,
                                  keep_staged, max_shard_bytes, progress, bool(unified_chat_template))
+    trainer = hf_artifact.resolve(ckpt_dir=ckpt_dir, artifact_uri=artifact_uri, store=store, credentials=credentials)
+    if trainer is not None:  # a Hugging Face Trainer artifact: its own build, no conversion
+        return hf_artifact.materialize_trainer(request, trainer, wait, credentials)
+    if base_dir is None:
+        raise UsageError(f"--base is required to materialize {ckpt_dir or artifact_uri}: its model.pt is converted "
+                         "onto the base's layout", remedy="pass --base the Hugging Face base directory")
+    source = resolve_source(ckpt_dir=ckpt_dir, artifact_uri=artifact_uri, store=store, credentials=credentials)
     with output_lock(out, wait), contextlib.ExitStack() as held:
         opened = None
         if source.kind == "ckpt-dir":  # before the source is judged: a prune keeps what a reader marks
@@ -282,14 +289,14 @@ def _check_arguments(base_dir, out, ckpt_dir, artifact_uri, expect_tensors, min_
         raise UsageError(f"--max-shard-size must be a positive number of bytes, got {max_shard_bytes!r}")
     if out == Path(out.anchor):
         raise UsageError("--out is the file-system root", remedy="name a directory for the teacher")
-    if _overlaps(out, base_dir):
+    if base_dir is not None and _overlaps(out, base_dir):
         raise UsageError(f"--out {out} and --base {base_dir} overlap", remedy="write the teacher outside the base")
     if ckpt_dir is not None and _overlaps(out, Path(os.path.abspath(ckpt_dir))):
         raise UsageError(f"--out {out} and --ckpt-dir {ckpt_dir} overlap", remedy="write the teacher elsewhere")
     if artifact_uri is None:
         return None
     stage_root = Path(os.path.abspath(stage_dir)) if stage_dir is not None else out.with_name(out.name + ".stage")
-    if _overlaps(out, stage_root) or _overlaps(base_dir, stage_root):
+    if _overlaps(out, stage_root) or (base_dir is not None and _overlaps(base_dir, stage_root)):
         raise UsageError(f"--stage-dir {stage_root} overlaps --out or --base",
                          remedy="stage beside the output, not in it")
     return stage_root

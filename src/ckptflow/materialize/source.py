@@ -175,9 +175,11 @@ def _archived_instead(artifact_dir: Path, credentials) -> ModelSource | None:
 def _model_component(manifest: manifest_record.Manifest, where: str) -> manifest_record.FileComponent:
     model = manifest.components.get(MODEL_COMPONENT)
     if not isinstance(model, manifest_record.FileComponent):
-        found = "a DCP directory" if model is not None else f"absent (components: {sorted(manifest.components)})"
-        raise Refused(f"the manifest of {where} has no {MODEL_COMPONENT!r} file component ({found})",
-                      remedy="materialize needs a consolidated model.pt (a trainer's or merge's `model` component)")
+        found = ("is a DCP directory" if model is not None
+                 else f"is absent; its components: {', '.join(sorted(manifest.components)) or 'none'}")
+        raise Refused(f"the manifest of {where} has no {MODEL_COMPONENT!r} file component: it {found}",
+                      remedy="materialize needs a consolidated model.pt (a trainer's or merge's `model` component), "
+                      "or a Hugging Face Trainer artifact (safetensors weights and config.json, or a LoRA adapter)")
     return model
 
 
