@@ -44,6 +44,7 @@ import contextlib
 import logging
 import os
 import re
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -153,6 +154,23 @@ def _is_model_file(name: str) -> bool:
     if name in (hf_shards.SINGLE_NAME, hf_shards.INDEX_NAME) or _SHARD.match(name):
         return True
     return not hf_shards.is_weight_file(name)  # config, generation config, tokenizer, templates, README
+
+
+def trainer_files_present(artifact_dir: Path, manifest: manifest_record.Manifest) -> tuple[bool, str]:
+    """Whether the files a teacher reads from the Trainer artifact ``artifact_dir`` are on disk with their
+    recorded sizes (sizes only: the build verifies), and why; refuses an artifact with no model by name."""
+    found = teacher_files(manifest, str(artifact_dir))
+    assert found is not None  # the caller found no model component
+    sizes = {c.path: c.size for c in manifest.components.values() if isinstance(c, manifest_record.FileComponent)}
+    for rel in sorted(found[1]):
+        path = artifact_dir / rel
+        try:
+            size = path.stat().st_size if path.is_file() else None
+        except OSError:
+            size = None
+        if size != sizes[rel]:
+            return False, f"{path} is {'missing' if size is None else f'{size} bytes, not {sizes[rel]}'}"
+    return True, f"the {found[0]} Trainer model files of {artifact_dir} are present with their recorded sizes"
 
 
 def resolve(*, ckpt_dir: Path | str | None, artifact_uri: str | None, store=None, credentials=None) -> TrainerSource | None:
@@ -328,9 +346,9 @@ def materialize_trainer(req: MaterializeRequest, source: TrainerSource, wait: fl
             held.enter_context(reading(Path(source.location)))
             again = _local(Path(source.location), credentials)  # a prune may have run while this waited
             assert again is not None
-            if again.kind != source.kind:
-                req = replace(req, stage_root=out.with_name(out.name + ".stage"))
             source = again
+        if source.kind == "artifact-uri" and req.stage_root is None:  # --ckpt-dir, served by its archive
+            req = replace(req, stage_root=out.with_name(out.name + ".stage"))
         base = None
         if source.form == LORA:
             assert req.base_dir is not None
@@ -502,8 +520,10 @@ def merge_adapter(base_dir: Path, adapter_dir: Path, *, where: str) -> dict:
     from transformers import AutoModelForCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype="auto", device_map="cpu")
-        merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+        with warnings.catch_warnings():  # PEFT 0.21 still calls transformers' deprecated is_gradient_checkpointing
+            warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*", category=FutureWarning)
+            model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype="auto", device_map="cpu")
+            merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
     except Exception as exc:  # noqa: BLE001 - transformers and PEFT raise many types; name the adapter and why
         raise Refused(f"PEFT cannot merge the adapter {where} into {base_dir}: {type(exc).__name__}: {exc}",
                       path=str(base_dir), remedy="pass --base the model the adapter was trained on") from None
