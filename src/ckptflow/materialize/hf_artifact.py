@@ -41,6 +41,7 @@ teacher built again.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import re
@@ -296,6 +297,9 @@ def check_adapter(source: TrainerSource, base_dir: Path | None) -> None:
     config, where = source.adapter_config, f"{source.location}/{ADAPTER_CONFIG}"
     kind = config.get("peft_type")
     named = config.get("base_model_name_or_path")
+    if importlib.util.find_spec("peft") is None:
+        raise Refused(f"merging the LoRA adapter {source.location} needs PEFT, which is not installed",
+                      remedy="install peft (the hf-test extra pins it: pip install 'ckptflow[hf-test]'), then rerun")
     if kind not in MERGEABLE:
         raise Refused(f"{where} is a {kind} adapter: PEFT's merge_and_unload cannot merge it into its base's weights",
                       path=where, remedy="load the adapter on its base with PEFT at inference instead of a merged teacher")

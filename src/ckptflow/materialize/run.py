@@ -3,6 +3,9 @@
 Order of work (each step only after the previous one succeeded; nothing is written before step 6, except
 that step 4 renames back an output a killed swap left aside)::
 
+    0. Trainer artifact  a manifest without a ``model`` component is a Hugging Face Trainer artifact (a full
+                         fine-tune, or a LoRA adapter): ``hf_artifact`` builds its teacher (no conversion, the
+                         same lock, decision, fetch, staged build and swap); what follows is for a model.pt
     1. source identity   --ckpt-dir: the local native manifest's ``model`` file component (size, sha256);
                          --artifact-uri: the remote native manifest alone (one small GET), no payload
     2. lock              ``<out>.lock`` (``lock.py``), waited for up to --lock-wait-seconds; held to the end;
