@@ -195,3 +195,14 @@ def test_an_artifact_with_no_model_at_all_is_refused_naming_its_components(train
     line = proc.stderr.strip().splitlines()[-1]
     assert "holds no model to materialize" in line and "its components: optimizer.pt, trainer_state.json" in line, line
     assert "absent (components" not in line and "))" not in line
+
+
+def test_unified_chat_template_reads_the_full_artifacts_own_templates_before_anything_is_written(trained, tmp_path):
+    """A Trainer under transformers v5 saves its tokenizer's template as chat_template.jinja and no processor
+    template (chat_template.json): --unified-chat-template refuses the artifact by name, as it refuses such a
+    base, before any build."""
+    out = tmp_path / "teacher"
+    proc = materialize_cli(trained.full, out, "--unified-chat-template")
+    assert proc.returncode == 1 and not out.exists() and not list(tmp_path.iterdir())
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "REFUSED before anything is published" in line and f"{trained.full} has no chat_template.json" in line, line

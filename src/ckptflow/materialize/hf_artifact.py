@@ -174,11 +174,21 @@ def trainer_files_present(artifact_dir: Path, manifest: manifest_record.Manifest
     return True, f"the {found[0]} Trainer model files of {artifact_dir} are present with their recorded sizes"
 
 
-def resolve(*, ckpt_dir: Path | str | None, artifact_uri: str | None, store=None, credentials=None) -> TrainerSource | None:
-    """The Trainer-artifact source of a request, or None when the artifact is a model.pt one (or the local
+@dataclass(frozen=True)
+class Resolved:
+    """What ``resolve`` found: a Trainer artifact, or (``trainer`` None) what the model.pt path reuses: the
+    archived manifest's bytes and the store they came from (so the manifest is read once)."""
+
+    trainer: TrainerSource | None
+    manifest_bytes: bytes | None = None
+    store: ObjectStore | None = None
+
+
+def resolve(*, ckpt_dir: Path | str | None, artifact_uri: str | None, store=None, credentials=None) -> Resolved:
+    """The Trainer-artifact source of a request, or none when the artifact is a model.pt one (or the local
     directory is no committed artifact: the model.pt path names that)."""
     if ckpt_dir is not None:
-        return _local(Path(os.path.abspath(ckpt_dir)), credentials)
+        return Resolved(_local(Path(os.path.abspath(ckpt_dir)), credentials))
     assert artifact_uri is not None
     return _archived(artifact_uri, store, credentials)
 
@@ -241,7 +251,7 @@ def _pruned(artifact_dir: Path, missing: list[str], credentials) -> TrainerSourc
                        path=str(artifact_dir), remedy="restore the payload, or materialize from the archive with "
                        "--artifact-uri") from None
     uri = receipt_archive_uri(receipt)
-    archived = _archived(str(uri), None, credentials if credentials is not None else credentials_for(uri, None))
+    archived = _archived(str(uri), None, credentials if credentials is not None else credentials_for(uri, None)).trainer
     local = manifest_record.read_manifest(artifact_dir)
     found = teacher_files(local, str(artifact_dir))
     assert found is not None
@@ -254,7 +264,7 @@ def _pruned(artifact_dir: Path, missing: list[str], credentials) -> TrainerSourc
     return archived
 
 
-def _archived(artifact_uri: str, store: ObjectStore | None, credentials) -> TrainerSource | None:
+def _archived(artifact_uri: str, store: ObjectStore | None, credentials) -> Resolved:
     artifact = parse_artifact_uri(artifact_uri, what="--artifact-uri")
     uri, name = artifact.uri, artifact.name
     store, prefix = open_uri(uri, store, credentials)
@@ -265,20 +275,20 @@ def _archived(artifact_uri: str, store: ObjectStore | None, credentials) -> Trai
     try:
         data = store.get_bytes(key(manifest_record.FILENAME))
     except NotFound:
-        return None  # the model.pt path refuses it by name
+        return Resolved(None, None, store)  # the model.pt path refuses it by name
     manifest = manifest_record.parse_manifest(data, what=f"{manifest_record.FILENAME} at {uri}")
     if manifest.iteration != artifact.iteration:
-        return None  # idem
+        return Resolved(None, data, store)  # idem
     found = teacher_files(manifest, str(uri))
     if found is None:
-        return None
+        return Resolved(None, data, store)
     form, chosen = found
     source = _source("artifact-uri", form, str(uri), manifest, chosen, str(uri), uri=uri, store=store,
                      artifact_name=name)
     if form == LORA:
         source = replace(source, adapter_config=_adapter_config(store.get_bytes(key(ADAPTER_CONFIG)), source,
                                                                 f"{uri}/{ADAPTER_CONFIG}"))
-    return source
+    return Resolved(source)
 
 
 def _adapter_config(data: bytes, source: TrainerSource, where: str) -> dict[str, Any]:
@@ -353,13 +363,16 @@ def materialize_trainer(req: MaterializeRequest, source: TrainerSource, wait: fl
             source = again
         if source.kind == "artifact-uri" and req.stage_root is None:  # --ckpt-dir, served by its archive
             req = replace(req, stage_root=out.with_name(out.name + ".stage"))
-        base = None
+        base, unified = None, None
         if source.form == LORA:
             assert req.base_dir is not None
             base = preflight.check_base(req.base_dir, expect_tensors=req.expect_tensors, min_tensors=req.min_tensors)
             base_id = base_identity(req.base_dir)
+            unified = preflight.check_unified(req.base_dir) if req.unified else None
         else:
             base_id = source.base_identity()
+            if req.unified and source.kind == "ckpt-dir":  # an archived one: once its templates are fetched
+                unified = preflight.check_unified(Path(source.location))
         options = {**req.options(), OPTION: source.form}
         if source.form == FULL:
             options.pop("max_shard_bytes", None)  # the weights are copied as they are
@@ -382,7 +395,9 @@ def materialize_trainer(req: MaterializeRequest, source: TrainerSource, wait: fl
             else:
                 src_dir = Path(source.location)
             build = _build_full if source.form == FULL else _build_lora
-            taken, record, summary = build(req, source, src_dir, wanted, decision)
+            if req.unified and unified is None:
+                unified = preflight.check_unified(src_dir)
+            taken, record, summary = build(req, source, src_dir, wanted, decision, unified)
         finally:
             if stage is not None:
                 stage_report = stage.report(kept=close_stage(stage))
@@ -463,8 +478,8 @@ def _summary(index: hf_shards.Index, tmp: Path, checks: list[str], verified: boo
     return check_loaders(tmp, summary)
 
 
-def _build_full(req: MaterializeRequest, source: TrainerSource, src_dir: Path, wanted: Identity, decision):
-    unified = preflight.check_unified(src_dir) if req.unified else None
+def _build_full(req: MaterializeRequest, source: TrainerSource, src_dir: Path, wanted: Identity, decision,
+                unified: chat_template.Unified | None):
     with staged_tree(req.out) as tmp:
         for e in source.files:
             clone_file(src_dir / e.path, tmp / e.path)
@@ -491,9 +506,9 @@ def _build_full(req: MaterializeRequest, source: TrainerSource, src_dir: Path, w
     return taken, record, summary
 
 
-def _build_lora(req: MaterializeRequest, source: TrainerSource, src_dir: Path, wanted: Identity, decision):
+def _build_lora(req: MaterializeRequest, source: TrainerSource, src_dir: Path, wanted: Identity, decision,
+                unified: chat_template.Unified | None):
     assert req.base_dir is not None
-    unified = preflight.check_unified(req.base_dir) if req.unified else None
     merged = merge_adapter(req.base_dir, src_dir, where=source.location)
     base_index = hf_shards.read_index(req.base_dir, what="base")
     missing = sorted(k for k in base_index.weight_map if k not in merged)

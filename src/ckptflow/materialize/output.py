@@ -114,6 +114,9 @@ def _decide(out: Path, wanted: Identity, base_dir: Path | None, *, force: bool) 
     damage = damage_of(out, old, base_dir)
     if damage:
         return Decision("build", f"rebuilt: {damage}", True, old)
+    if base_dir is None:
+        return Decision("skip", "the same request's output is complete and intact (every file its marker lists, "
+                        "by size, and by sha256 but the weights)", False, old)
     return Decision("skip", "the same request's output is complete and intact (marker, shard sizes, index, "
                     "config and sidecars; shards are not re-hashed)", False, old)
 

@@ -202,13 +202,14 @@ def materialize(
     wait = check_wait_seconds(lock_wait_seconds)
     request = MaterializeRequest(base_dir, out, stage_root, expect_tensors, min_tensors, verify_tensors, force,
                                  keep_staged, max_shard_bytes, progress, bool(unified_chat_template))
-    trainer = hf_artifact.resolve(ckpt_dir=ckpt_dir, artifact_uri=artifact_uri, store=store, credentials=credentials)
-    if trainer is not None:  # a Hugging Face Trainer artifact: its own build, no conversion
-        return hf_artifact.materialize_trainer(request, trainer, wait, credentials)
+    found = hf_artifact.resolve(ckpt_dir=ckpt_dir, artifact_uri=artifact_uri, store=store, credentials=credentials)
+    if found.trainer is not None:  # a Hugging Face Trainer artifact: its own build, no conversion
+        return hf_artifact.materialize_trainer(request, found.trainer, wait, credentials)
     if base_dir is None:
         raise UsageError(f"--base is required to materialize {ckpt_dir or artifact_uri}: its model.pt is converted "
                          "onto the base's layout", remedy="pass --base the Hugging Face base directory")
-    source = resolve_source(ckpt_dir=ckpt_dir, artifact_uri=artifact_uri, store=store, credentials=credentials)
+    source = resolve_source(ckpt_dir=ckpt_dir, artifact_uri=artifact_uri, store=found.store or store,
+                            credentials=credentials, manifest_bytes=found.manifest_bytes)
     with output_lock(out, wait), contextlib.ExitStack() as held:
         opened = None
         if source.kind == "ckpt-dir":  # before the source is judged: a prune keeps what a reader marks
