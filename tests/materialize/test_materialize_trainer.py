@@ -206,3 +206,18 @@ def test_unified_chat_template_reads_the_full_artifacts_own_templates_before_any
     assert proc.returncode == 1 and not out.exists() and not list(tmp_path.iterdir())
     line = proc.stderr.strip().splitlines()[-1]
     assert "REFUSED before anything is published" in line and f"{trained.full} has no chat_template.json" in line, line
+
+
+def test_an_adapter_peft_cannot_merge_is_refused_by_name(trained, tmp_path):
+    art = tmp_path / "runs" / "p" / "checkpoint_artifacts" / "iter_000002"
+    art.mkdir(parents=True)
+    config = json.loads((trained.lora / "adapter_config.json").read_text())
+    (art / "adapter_config.json").write_text(json.dumps({**config, "peft_type": "PROMPT_TUNING"}))
+    (art / "adapter_model.safetensors").write_bytes((trained.lora / "adapter_model.safetensors").read_bytes())
+    seal_artifact(art, 2, [ComponentSpec(n, n) for n in ("adapter_config.json", "adapter_model.safetensors")],
+                  progress=False)
+    out = tmp_path / "teacher"
+    proc = materialize_cli(art, out, base=trained.base)
+    assert proc.returncode == 1 and not out.exists()
+    line = proc.stderr.strip().splitlines()[-1]
+    assert f"{art}/adapter_config.json is a PROMPT_TUNING adapter" in line and "merge_and_unload" in line, line

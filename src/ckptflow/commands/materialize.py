@@ -82,7 +82,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def summarize(report: dict[str, Any], elapsed: float | None) -> str:
     shards = report["shards"]
-    what = (f"{plural(report['tensor_count'], 'tensor')} in {plural(len(shards), 'shard')}, "
+    trainer = report["options"].get("trainer_artifact")  # a teacher from a Trainer artifact: its marker lists every file
+    what = (f"{plural(report['tensor_count'], 'tensor')} in {plural(len(shards), 'file' if trainer else 'shard')}, "
             f"{human_bytes(sum(s['size'] for s in shards))}")
     if report["status"] == "built":
         headline = f"built the Hugging Face model: {what}"
@@ -93,10 +94,14 @@ def summarize(report: dict[str, Any], elapsed: float | None) -> str:
     if ver is not None:
         probed = len(ver["probed"]) + len(ver["probed_experts"])
         tensors = f"{plural(probed, 'tensor')} compared bitwise" if ver["tensors_verified"] else "no tensor compared (--no-verify)"
+        if trainer and ver["tensors_verified"]:
+            tensors = "every tensor compared bitwise" + (" with PEFT's merge" if trainer == "lora" else "")
         checks = f"{plural(len(ver['checks']), 'check')} passed, {tensors}"
     return block(headline, [
         ("out", report["out"]),
-        ("from", f"{src['location']} (model.pt {human_bytes(src['size'])})"),
+        ("from", f"{src['location']} (model.pt {human_bytes(src['size'])})" if not trainer else
+            f"{src['location']} (Trainer artifact: {human_bytes(src['size'])} of "
+            f"{'model' if trainer == 'full' else 'adapter'} files)"),
         ("why", report["reason"]),
         ("verified", checks),
         ("fetched", None if fetched is None else
