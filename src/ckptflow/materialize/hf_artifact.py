@@ -539,7 +539,7 @@ def merge_adapter(base_dir: Path, adapter_dir: Path, *, where: str) -> dict:
     from transformers import AutoModelForCausalLM
 
     try:
-        with warnings.catch_warnings():  # PEFT 0.21 still calls transformers' deprecated is_gradient_checkpointing
+        with _no_bars(), warnings.catch_warnings():  # PEFT 0.21 still calls the deprecated is_gradient_checkpointing
             warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*", category=FutureWarning)
             model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype="auto", device_map="cpu")
             merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
@@ -584,7 +584,8 @@ def _compare_loaded(tmp: Path, expected, *, what: str, every: bool = False) -> N
     from ..conversion.layout import bitwise_equal
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(tmp), dtype="auto", device_map="cpu")
+        with _no_bars():
+            model = AutoModelForCausalLM.from_pretrained(str(tmp), dtype="auto", device_map="cpu")
     except Exception as exc:  # noqa: BLE001 - transformers raises many types; name the teacher and why
         raise VerificationFailed(f"transformers cannot load the staged teacher {tmp}: {type(exc).__name__}: {exc}",
                                  path=str(tmp), remedy="check the artifact's config and weights") from None
@@ -599,3 +600,17 @@ def _compare_loaded(tmp: Path, expected, *, what: str, every: bool = False) -> N
         if a.dtype != b.dtype or a.shape != b.shape or not bitwise_equal(a, b):
             raise VerificationFailed(f"tensor {key} of the teacher transformers loads from {tmp} differs from {what}",
                                      path=str(tmp), remedy="rebuild the teacher; if it persists, report the model type")
+
+
+@contextlib.contextmanager
+def _no_bars():
+    """transformers' progress bars ("Loading weights") off inside the block: the report says what was loaded."""
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
