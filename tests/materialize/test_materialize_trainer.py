@@ -221,3 +221,17 @@ def test_an_adapter_peft_cannot_merge_is_refused_by_name(trained, tmp_path):
     assert proc.returncode == 1 and not out.exists()
     line = proc.stderr.strip().splitlines()[-1]
     assert f"{art}/adapter_config.json is a PROMPT_TUNING adapter" in line and "merge_and_unload" in line, line
+
+
+def test_status_tells_a_trainer_artifacts_teacher_from_a_foreign_one(trained, tmp_path):
+    """``ckptflow status`` compares a teacher's source digest with the artifact's: for a Trainer artifact the
+    digest of the inventory of the files its teacher reads. The LoRA run's teacher slot holding the full run's
+    teacher is foreign."""
+    teachers = tmp_path / "teachers"
+    for run in (FULL_RUN, LORA_RUN):
+        proc = materialize_cli(trained.full, teachers / run / "iter_000002")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    status = run_cli("status", str(trained.full.parents[5]), "--teachers-dir", str(teachers))
+    assert status.returncode == 0, status.stderr[-3000:]
+    rows = {r["run"]: r["materialized"] for r in status.report["rows"]}
+    assert rows[FULL_RUN]["state"] == "materialized" and rows[LORA_RUN]["state"] == "foreign", rows

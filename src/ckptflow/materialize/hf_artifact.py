@@ -157,6 +157,18 @@ def _is_model_file(name: str) -> bool:
     return not hf_shards.is_weight_file(name)  # config, generation config, tokenizer, templates, README
 
 
+def source_sha256(manifest: manifest_record.Manifest) -> str | None:
+    """The source digest a teacher built from this Trainer artifact records (``.materialized``'s ``source``);
+    None for a model.pt artifact, one with no model, or one whose manifest records no digest for a file."""
+    try:
+        found = teacher_files(manifest, "the artifact")
+        if found is None:
+            return None
+        return _identity(_entries(manifest, found[1], "the artifact"), None).sha256
+    except Refused:
+        return None
+
+
 def trainer_files_present(artifact_dir: Path, manifest: manifest_record.Manifest) -> tuple[bool, str]:
     """Whether the files a teacher reads from the Trainer artifact ``artifact_dir`` are on disk with their
     recorded sizes (sizes only: the build verifies), and why; refuses an artifact with no model by name."""
