@@ -26,6 +26,8 @@ from helpers.cli import run_cli
 from helpers.trainer_artifacts import train_sft
 from helpers.trees import tree_state
 
+pytestmark = pytest.mark.slow  # each trains or loads a model with torch
+
 FULL_RUN = "proj/grp/full/20261129T000000Z"
 LORA_RUN = "proj/grp/lora/20261129T000000Z"
 MODEL_FILES = {"chat_template.jinja", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
