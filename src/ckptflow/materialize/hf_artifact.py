@@ -34,8 +34,9 @@ transformers loads from the teacher has exactly the tensors of PEFT's ``merge_an
 (bitwise), always (the merge is the build).
 
 A local artifact whose teacher files were pruned after publication is served by the archive its receipt
-names. Recovery of a killed build's staged tree is not attempted for these sources: it is removed and the
-teacher built again.
+names. Recovery of a killed build's staged tree is not attempted for these sources: the teacher is built
+again, and the killed run's tree removed as ``output.remove_dead_leftovers`` says (one with a marker once
+<out> is complete).
 """
 
 from __future__ import annotations
