@@ -237,3 +237,16 @@ def test_status_tells_a_trainer_artifacts_teacher_from_a_foreign_one(trained, tm
     assert status.returncode == 0, status.stderr[-3000:]
     rows = {r["run"]: r["materialized"] for r in status.report["rows"]}
     assert rows[FULL_RUN]["state"] == "materialized" and rows[LORA_RUN]["state"] == "foreign", rows
+
+
+def test_force_replaces_a_model_pt_teacher_with_a_trainer_one(models, trained, tmp_path):
+    """What a model.pt build wrote (its base's sidecars included) is what a forced Trainer build may remove."""
+    out = tmp_path / "teacher"
+    first = run_cli(*cli_args(models.artifact(), models.base(), out), env={"CKPTFLOW_PROGRESS": "0"}, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    refused = materialize_cli(trained.full, out)
+    assert refused.returncode == 1 and "--force" in refused.stderr
+    forced = materialize_cli(trained.full, out, "--force")
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    assert forced.report["status"] == "built" and forced.report["replaced_identity"] is not None
+    assert files_of(out) == MODEL_FILES | {marker.FILENAME}

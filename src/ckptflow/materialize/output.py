@@ -167,11 +167,19 @@ def build_files(base_dir: Path | None, record: Materialized | None) -> set[str]:
     may remove from <out>. The marker, config.json, the index, the files the marker lists, the base's
     sidecars (``base_dir`` None: a build from a Trainer artifact, whose marker lists all of its files)."""
     files = {marker.FILENAME, hf_sidecars.CONFIG_NAME, hf_shards.INDEX_NAME}
+    if base_dir is None and record is not None and "trainer_artifact" not in record.options:
+        base_dir = _recorded_base(record)  # a model.pt teacher replaced by a Trainer one: its base's sidecars
     if base_dir is not None:
         files.update(hf_sidecars.list_sidecars(base_dir).files)
     if record is not None:
         files.update(e.path for e in record.shards)
     return files
+
+
+def _recorded_base(record: Materialized) -> Path | None:
+    """The base directory a model.pt teacher's marker records, while it is one (else its sidecars are unknown)."""
+    path = Path(record.base.path)
+    return path if path.is_absolute() and path.is_dir() else None
 
 
 def _walk(tree: Path, prefix: str = "") -> Iterator[tuple[str, bool]]:
