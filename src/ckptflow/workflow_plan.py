@@ -82,8 +82,12 @@ class TeacherSource:
 def _model_present(artifact_dir: Path) -> tuple[bool, str]:
     manifest = manifest_record.read_manifest(artifact_dir)
     model = manifest.components.get("model")
-    if model is None or not hasattr(model, "size"):
-        raise Refused(f"the manifest of {artifact_dir} has no 'model' file component",
+    if model is None:  # a Hugging Face Trainer artifact: the files a teacher reads (or its refusal by name)
+        from .materialize.hf_artifact import trainer_files_present
+
+        return trainer_files_present(artifact_dir, manifest)
+    if not hasattr(model, "size"):
+        raise Refused(f"the manifest of {artifact_dir} has no 'model' file component: it is a DCP directory",
                       path=str(manifest_record.path_in(artifact_dir)), remedy="materialize an artifact that holds a model.pt")
     path = artifact_dir / model.path
     try:

@@ -24,7 +24,9 @@ def register(sub) -> None:
     src.add_argument("--artifact-uri", metavar="URI",
                      help="an archived artifact: s3://B/.../checkpoint_artifacts/iter_N (also gs://, file://); "
                      "fetched only when a build is needed")
-    s.add_argument("--base", required=True, metavar="HF_DIR", help="the Hugging Face base directory (config, index, sidecars)")
+    s.add_argument("--base", metavar="HF_DIR",
+                   help="the Hugging Face base directory (config, index, sidecars); for a LoRA artifact the model it "
+                   "was trained on; not used for a Hugging Face Trainer artifact of a full fine-tune (required otherwise)")
     s.add_argument("--out", required=True, metavar="DIR", help="the teacher directory; built beside it and renamed into place")
     s.add_argument("--expect-tensors", type=int, default=0, metavar="N", help="exact tensor count required (default 0: any)")
     s.add_argument("--min-tensors", type=int, default=DEFAULT_MIN_TENSORS, metavar="N",
@@ -80,7 +82,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def summarize(report: dict[str, Any], elapsed: float | None) -> str:
     shards = report["shards"]
-    what = (f"{plural(report['tensor_count'], 'tensor')} in {plural(len(shards), 'shard')}, "
+    trainer = report["options"].get("trainer_artifact")  # a teacher from a Trainer artifact: its marker lists every file
+    what = (f"{plural(report['tensor_count'], 'tensor')} in {plural(len(shards), 'file' if trainer else 'shard')}, "
             f"{human_bytes(sum(s['size'] for s in shards))}")
     if report["status"] == "built":
         headline = f"built the Hugging Face model: {what}"
@@ -91,10 +94,14 @@ def summarize(report: dict[str, Any], elapsed: float | None) -> str:
     if ver is not None:
         probed = len(ver["probed"]) + len(ver["probed_experts"])
         tensors = f"{plural(probed, 'tensor')} compared bitwise" if ver["tensors_verified"] else "no tensor compared (--no-verify)"
+        if trainer and ver["tensors_verified"]:
+            tensors = "every tensor compared bitwise" + (" with PEFT's merge" if trainer == "lora" else "")
         checks = f"{plural(len(ver['checks']), 'check')} passed, {tensors}"
     return block(headline, [
         ("out", report["out"]),
-        ("from", f"{src['location']} (model.pt {human_bytes(src['size'])})"),
+        ("from", f"{src['location']} (model.pt {human_bytes(src['size'])})" if not trainer else
+            f"{src['location']} (Trainer artifact: {human_bytes(src['size'])} of "
+            f"{'model' if trainer == 'full' else 'adapter'} files)"),
         ("why", report["reason"]),
         ("verified", checks),
         ("fetched", None if fetched is None else

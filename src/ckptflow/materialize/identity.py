@@ -45,7 +45,7 @@ class Identity:
         if self.conversion_version != other.conversion_version:
             diffs.append(f"conversion version {self.conversion_version} -> {other.conversion_version}")
         if (self.source.sha256, self.source.size) != (other.source.sha256, other.source.size):
-            diffs.append("source model.pt")
+            diffs.append("source model.pt" if not self.source_is_trainer() else "source files")
         if self.base.config_sha256 != other.base.config_sha256:
             diffs.append("base config.json")
         if self.base.index_sha256 != other.base.index_sha256:
@@ -54,6 +54,10 @@ class Identity:
             if self.options.get(name) != other.options.get(name):
                 diffs.append(f"option {name} {self.options.get(name)} -> {other.options.get(name)}")
         return diffs
+
+    def source_is_trainer(self) -> bool:
+        """Built from a Hugging Face Trainer artifact (``hf_artifact``: its files, not a model.pt)."""
+        return "trainer_artifact" in self.options
 
     def to_dict(self) -> dict[str, Any]:
         return {"conversion_version": self.conversion_version, "source": self.source.to_dict(),

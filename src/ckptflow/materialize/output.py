@@ -56,10 +56,12 @@ class Decision:
 # --------------------------------------------------------------------------------------------- decide
 
 
-def decide(out: Path, wanted: Identity, base_dir: Path, *, force: bool) -> Decision:
+def decide(out: Path, wanted: Identity, base_dir: Path | None, *, force: bool) -> Decision:
     """Skip, build, or raise ``Refused`` (nothing touched); see ``run``'s module doc for the table.
 
     A build that replaces <out> is refused while <out> holds a file no build writes (``unaccounted``).
+    ``base_dir`` None: a teacher whose marker lists every file it holds (``hf_artifact``: a build from a
+    Hugging Face Trainer artifact), judged by that inventory alone.
     """
     decision = _decide(out, wanted, base_dir, force=force)
     if decision.replace:
@@ -67,7 +69,7 @@ def decide(out: Path, wanted: Identity, base_dir: Path, *, force: bool) -> Decis
     return decision
 
 
-def _decide(out: Path, wanted: Identity, base_dir: Path, *, force: bool) -> Decision:
+def _decide(out: Path, wanted: Identity, base_dir: Path | None, *, force: bool) -> Decision:
     if not os.path.lexists(out):
         return Decision("build", "no previous output")
     if out.is_symlink() or not out.is_dir():
@@ -112,12 +114,23 @@ def _decide(out: Path, wanted: Identity, base_dir: Path, *, force: bool) -> Deci
     damage = damage_of(out, old, base_dir)
     if damage:
         return Decision("build", f"rebuilt: {damage}", True, old)
+    if base_dir is None:
+        return Decision("skip", "the same request's output is complete and intact (every file its marker lists, "
+                        "by size, and by sha256 but the weights)", False, old)
     return Decision("skip", "the same request's output is complete and intact (marker, shard sizes, index, "
                     "config and sidecars; shards are not re-hashed)", False, old)
 
 
-def damage_of(out: Path, record: Materialized, base_dir: Path) -> str | None:
-    """Why a marked output is not intact, or None. Cheap: sizes and small files, no shard is read."""
+def damage_of(out: Path, record: Materialized, base_dir: Path | None) -> str | None:
+    """Why a marked output is not intact, or None. Cheap: sizes and small files, no shard is read.
+    ``base_dir`` None: the marker lists every file of the output; each must have its recorded size, and
+    the small ones (not weights) their recorded sha256."""
+    if base_dir is None:
+        weights = [e for e in record.shards if hf_shards.is_weight_file(e.path)]
+        small = [e for e in record.shards if not hf_shards.is_weight_file(e.path)]
+        problem = (damaged_entry(out, weights, record="the marker", rehash=False)
+                   or damaged_entry(out, small, record="the marker", rehash=True))
+        return f"file {problem}" if problem else None
     problem = damaged_entry(out, record.shards, record="the marker", rehash=False)
     if problem:
         return f"shard {problem}"
@@ -149,13 +162,24 @@ _SHARD_RE = re.compile(r"^model-[0-9]{5}-of-[0-9]{5}\.safetensors$")  # conversi
 _LISTED = 20  # unaccounted files named in a refusal
 
 
-def build_files(base_dir: Path, record: Materialized | None) -> set[str]:
+def build_files(base_dir: Path | None, record: Materialized | None) -> set[str]:
     """The paths a build writes into its tree (besides shards named like ``shard_name``): what a rebuild
-    may remove from <out>. The marker, config.json, the index, the shards the marker lists, the base's sidecars."""
-    files = {marker.FILENAME, hf_sidecars.CONFIG_NAME, hf_shards.INDEX_NAME, *hf_sidecars.list_sidecars(base_dir).files}
+    may remove from <out>. The marker, config.json, the index, the files the marker lists, the base's
+    sidecars (``base_dir`` None: a build from a Trainer artifact, whose marker lists all of its files)."""
+    files = {marker.FILENAME, hf_sidecars.CONFIG_NAME, hf_shards.INDEX_NAME}
+    if base_dir is None and record is not None and "trainer_artifact" not in record.options:
+        base_dir = _recorded_base(record)  # a model.pt teacher replaced by a Trainer one: its base's sidecars
+    if base_dir is not None:
+        files.update(hf_sidecars.list_sidecars(base_dir).files)
     if record is not None:
         files.update(e.path for e in record.shards)
     return files
+
+
+def _recorded_base(record: Materialized) -> Path | None:
+    """The base directory a model.pt teacher's marker records, while it is one (else its sidecars are unknown)."""
+    path = Path(record.base.path)
+    return path if path.is_absolute() and path.is_dir() else None
 
 
 def _walk(tree: Path, prefix: str = "") -> Iterator[tuple[str, bool]]:
@@ -179,7 +203,7 @@ def _build_dirs(files: set[str]) -> set[str]:
     return {d.as_posix() for f in files for d in PurePosixPath(f).parents if d.as_posix() != "."}
 
 
-def unaccounted(tree: Path, base_dir: Path, record: Materialized | None) -> list[str]:
+def unaccounted(tree: Path, base_dir: Path | None, record: Materialized | None) -> list[str]:
     """Entries of ``tree`` no build writes (user files, their directories), sorted; nothing followed."""
     files = build_files(base_dir, record)
     dirs = _build_dirs(files)
@@ -202,7 +226,7 @@ def refuse_unaccounted(out: Path, names: list[str]) -> None:
                   path=str(out), remedy=f"move them out of {out} (nothing was changed), then rerun; or choose another --out")
 
 
-def remove_build_files(tree: Path, base_dir: Path) -> list[str]:
+def remove_build_files(tree: Path, base_dir: Path | None) -> list[str]:
     """Remove from ``tree`` what a build wrote there, the marker first, then directories left empty and
     ``tree`` itself. Returns what is left (files no build writes stay, and so does ``tree`` then)."""
     files = build_files(base_dir, record_in(tree))
@@ -275,7 +299,7 @@ def restore_orphaned(out: Path) -> str | None:
     return None
 
 
-def remove_dead_leftovers(out: Path, base_dir: Path, *, previous: bool) -> list[str]:
+def remove_dead_leftovers(out: Path, base_dir: Path | None, *, previous: bool) -> list[str]:
     """Remove what killed runs left beside <out> that is not the only complete tree: staged trees without
     a marker always; once <out> is complete, staged trees with one and (``previous``) previous trees (of
     these, only what a build wrote: a file someone added stays, with the tree holding it)."""
@@ -294,7 +318,7 @@ def remove_dead_leftovers(out: Path, base_dir: Path, *, previous: bool) -> list[
     return removed
 
 
-def _remove_previous(aside: Path, base_dir: Path) -> list[str]:
+def _remove_previous(aside: Path, base_dir: Path | None) -> list[str]:
     left = remove_build_files(aside, base_dir)
     if left:
         log.warning("kept %s: it holds files no build writes (%s); move them, then remove it", aside, ", ".join(left))
@@ -319,7 +343,7 @@ def staged_tree(out: Path) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def swap_into_place(tmp: Path, out: Path, wanted: Identity, *, replace: bool, base_dir: Path) -> Materialized | None:
+def swap_into_place(tmp: Path, out: Path, wanted: Identity, *, replace: bool, base_dir: Path | None) -> Materialized | None:
     """Put the complete staged tree at <out>. Returns None, or the record of a concurrent build of the same
     identity that took <out> first (then ``tmp`` is left for ``staged_tree`` to remove).
 

@@ -3,6 +3,9 @@
 Order of work (each step only after the previous one succeeded; nothing is written before step 6, except
 that step 4 renames back an output a killed swap left aside)::
 
+    0. Trainer artifact  a manifest without a ``model`` component is a Hugging Face Trainer artifact (a full
+                         fine-tune, or a LoRA adapter): ``hf_artifact`` builds its teacher (no conversion, the
+                         same lock, decision, fetch, staged build and swap); what follows is for a model.pt
     1. source identity   --ckpt-dir: the local native manifest's ``model`` file component (size, sha256);
                          --artifact-uri: the remote native manifest alone (one small GET), no payload
     2. lock              ``<out>.lock`` (``lock.py``), waited for up to --lock-wait-seconds; held to the end;
@@ -92,7 +95,7 @@ from ..conversion import shards as hf_shards
 from ..errors import UsageError
 from ..lock import reading
 from ..records.materialized import Materialized
-from . import preflight, recovery
+from . import hf_artifact, preflight, recovery
 from .build import Built, build, fetch_model, recover
 from .identity import Identity, base_identity
 from .lock import DEFAULT_WAIT_SECONDS, check_wait_seconds, output_lock
@@ -149,7 +152,7 @@ class MaterializeResult:
 
 @dataclass(frozen=True)
 class MaterializeRequest:
-    base_dir: Path
+    base_dir: Path | None  # None: a full Trainer artifact, its own base (``hf_artifact``)
     out: Path
     stage_root: Path | None  # the named stage root (--stage-dir, default <out>.stage); None: a local source
     expect_tensors: int
@@ -168,7 +171,7 @@ class MaterializeRequest:
 
 def materialize(
     *,
-    base: Path | str,
+    base: Path | str | None,
     out: Path | str,
     ckpt_dir: Path | str | None = None,
     artifact_uri: str | None = None,
@@ -192,13 +195,21 @@ def materialize(
     ``verify_tensors=False`` (--no-verify) skips only the bitwise tensor probes of ``verify_output``.
     ``unified_chat_template`` (--unified-chat-template): see ``conversion.chat_template``; part of the identity.
     """
-    base_dir, out = Path(os.path.abspath(base)), Path(os.path.abspath(out))
+    base_dir = Path(os.path.abspath(base)) if base is not None else None
+    out = Path(os.path.abspath(out))
     stage_root = _check_arguments(base_dir, out, ckpt_dir, artifact_uri, expect_tensors, min_tensors, stage_dir,
                                   keep_staged, max_shard_bytes)
     wait = check_wait_seconds(lock_wait_seconds)
-    source = resolve_source(ckpt_dir=ckpt_dir, artifact_uri=artifact_uri, store=store, credentials=credentials)
     request = MaterializeRequest(base_dir, out, stage_root, expect_tensors, min_tensors, verify_tensors, force,
                                  keep_staged, max_shard_bytes, progress, bool(unified_chat_template))
+    found = hf_artifact.resolve(ckpt_dir=ckpt_dir, artifact_uri=artifact_uri, store=store, credentials=credentials)
+    if found.trainer is not None:  # a Hugging Face Trainer artifact: its own build, no conversion
+        return hf_artifact.materialize_trainer(request, found.trainer, wait, credentials)
+    if base_dir is None:
+        raise UsageError(f"--base is required to materialize {ckpt_dir or artifact_uri}: its model.pt is converted "
+                         "onto the base's layout", remedy="pass --base the Hugging Face base directory")
+    source = resolve_source(ckpt_dir=ckpt_dir, artifact_uri=artifact_uri, store=found.store or store,
+                            credentials=credentials, manifest_bytes=found.manifest_bytes)
     with output_lock(out, wait), contextlib.ExitStack() as held:
         opened = None
         if source.kind == "ckpt-dir":  # before the source is judged: a prune keeps what a reader marks
@@ -282,14 +293,14 @@ def _check_arguments(base_dir, out, ckpt_dir, artifact_uri, expect_tensors, min_
         raise UsageError(f"--max-shard-size must be a positive number of bytes, got {max_shard_bytes!r}")
     if out == Path(out.anchor):
         raise UsageError("--out is the file-system root", remedy="name a directory for the teacher")
-    if _overlaps(out, base_dir):
+    if base_dir is not None and _overlaps(out, base_dir):
         raise UsageError(f"--out {out} and --base {base_dir} overlap", remedy="write the teacher outside the base")
     if ckpt_dir is not None and _overlaps(out, Path(os.path.abspath(ckpt_dir))):
         raise UsageError(f"--out {out} and --ckpt-dir {ckpt_dir} overlap", remedy="write the teacher elsewhere")
     if artifact_uri is None:
         return None
     stage_root = Path(os.path.abspath(stage_dir)) if stage_dir is not None else out.with_name(out.name + ".stage")
-    if _overlaps(out, stage_root) or _overlaps(base_dir, stage_root):
+    if _overlaps(out, stage_root) or (base_dir is not None and _overlaps(base_dir, stage_root)):
         raise UsageError(f"--stage-dir {stage_root} overlaps --out or --base",
                          remedy="stage beside the output, not in it")
     return stage_root

@@ -109,11 +109,13 @@ def resolve_source(
     artifact_uri: str | None = None,
     store: ObjectStore | None = None,
     credentials: Credentials | None = None,
+    manifest_bytes: bytes | None = None,
 ) -> ModelSource:
+    """``manifest_bytes``: the archived manifest as the caller already read it from ``store`` (not read again)."""
     if ckpt_dir is not None:
         return _local_source(Path(os.path.abspath(ckpt_dir)))
     assert artifact_uri is not None
-    return _archive_source(artifact_uri, store, credentials)
+    return _archive_source(artifact_uri, store, credentials, manifest_bytes)
 
 
 def resolve_under_lock(source: ModelSource, credentials) -> ModelSource:
@@ -175,9 +177,11 @@ def _archived_instead(artifact_dir: Path, credentials) -> ModelSource | None:
 def _model_component(manifest: manifest_record.Manifest, where: str) -> manifest_record.FileComponent:
     model = manifest.components.get(MODEL_COMPONENT)
     if not isinstance(model, manifest_record.FileComponent):
-        found = "a DCP directory" if model is not None else f"absent (components: {sorted(manifest.components)})"
-        raise Refused(f"the manifest of {where} has no {MODEL_COMPONENT!r} file component ({found})",
-                      remedy="materialize needs a consolidated model.pt (a trainer's or merge's `model` component)")
+        found = ("is a DCP directory" if model is not None
+                 else f"is absent; its components: {', '.join(sorted(manifest.components)) or 'none'}")
+        raise Refused(f"the manifest of {where} has no {MODEL_COMPONENT!r} file component: it {found}",
+                      remedy="materialize needs a consolidated model.pt (a trainer's or merge's `model` component), "
+                      "or a Hugging Face Trainer artifact (safetensors weights and config.json, or a LoRA adapter)")
     return model
 
 
@@ -203,13 +207,14 @@ def _local_source(artifact_dir: Path) -> ModelSource:
                        local_path=path, artifact_name=artifact_dir.name, hashed=model.sha256 is None)
 
 
-def _archive_source(artifact_uri: str, store: ObjectStore | None, credentials) -> ModelSource:
+def _archive_source(artifact_uri: str, store: ObjectStore | None, credentials,
+                    data: bytes | None = None) -> ModelSource:
     artifact = parse_artifact_uri(artifact_uri, what="--artifact-uri")
     uri, name = artifact.uri, artifact.name
     store, prefix = open_uri(uri, store, credentials)
     key = f"{prefix}/{manifest_record.FILENAME}" if prefix else manifest_record.FILENAME
     try:
-        data = store.get_bytes(key)
+        data = store.get_bytes(key) if data is None else data
     except NotFound:
         raise NotFound(f"no committed artifact at {uri}: {manifest_record.FILENAME} is missing",
                        remedy="check --artifact-uri and the endpoint in the credentials; an unfinished publication "

@@ -27,7 +27,10 @@ shipped sha256 and the one-hunk diff, and the loader-preferred sidecars allowed 
 canonical template.
 
 There is no record of a build from an intermediate HF output: every source is a ``model.pt`` (local or
-archived), identified by its digest in ``source``.
+archived), identified by its digest in ``source``, or a Hugging Face Trainer artifact
+(``materialize.hf_artifact``): then ``source`` is the sha256 of the sorted inventory of the files the teacher
+reads and their total size, ``options`` holds ``trainer_artifact`` (``full`` or ``lora``), and ``shards`` lists
+every file of the teacher (weights, config, tokenizer and template files), the inventory its skip check reads.
 """
 
 from __future__ import annotations

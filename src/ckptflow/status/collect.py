@@ -16,6 +16,7 @@ from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE, RUN_DEPTH, changed_payloads, 
 from ..digest import sha256_bytes
 from ..errors import CkptflowError, NotFound, Refused
 from ..fsutil import require_directory
+from ..materialize.hf_artifact import source_sha256 as trainer_source_sha256
 from ..records import (
     MANIFEST_FILENAME,
     MATERIALIZED_FILENAME,
@@ -146,7 +147,8 @@ def _read_artifact(row: Row, path: Path) -> None:
         row.manifest_sha256 = sha256_bytes(manifest[0])
         _read_payloads(row, path, manifest[1])
         model = manifest[1].components.get("model")
-        row.model_sha256 = getattr(model, "sha256", None)
+        # a Trainer artifact's teacher records the digest of the inventory of the files it reads
+        row.model_sha256 = getattr(model, "sha256", None) if model is not None else trainer_source_sha256(manifest[1])
     elif row.local["state"] != CORRUPT:
         row.local_bytes = _tree_bytes(path)
 
