@@ -242,9 +242,10 @@ def get_teacher_target(wildcards):
     run, name = get_target(has_recipe or bool(bucket))
     source = teacher_source(run, name)
     ckptflow_config.require_base(config["base"])
-    if source.kind == "archive":
-        scheme = source.uri.partition("://")[0]
-        ckptflow_config.require_credentials(config["credentials"], [scheme])
+    # A receipt with a file:// copy is served by it whatever the credentials: the job skips a copy they cannot open.
+    schemes = (source.schemes or (source.uri.partition("://")[0],)) if source.kind == "archive" else ()
+    if schemes and "file" not in schemes:
+        ckptflow_config.require_credentials(config["credentials"], schemes)
     return f"{REPORTS}/materialize/{run}/{name}.json"
 
 
@@ -298,15 +299,17 @@ def get_teacher_input(wildcards):
 
 @ckptflow_config.one_line_errors
 def get_teacher_ckpt_dir(wildcards):
-    """The local artifact materialize reads in place; None when it builds from the archive."""
+    """The local artifact materialize reads: in place, or once pruned through its receipt (every destination
+    it lists is tried); None when there is no local artifact and it builds from the bucket."""
     source = teacher_source(wildcards.run, wildcards.iteration)
-    return None if source.kind == "archive" else str(source.artifact_dir)
+    return None if source.kind == "archive" and not source.receipt else str(source.artifact_dir)
 
 
 @ckptflow_config.one_line_errors
 def get_teacher_uri(wildcards):
     """The archive materialize builds from (fetched into the fetch rule's stage when a build needs it), so
-    the teacher records the archive's identity; None when the local artifact is used in place.
+    the teacher records the archive's identity; None when the local artifact is used in place. For a pruned
+    artifact, the current destination its receipt names: materialize tries every destination it lists.
     """
     source = teacher_source(wildcards.run, wildcards.iteration)
     return source.uri if source.kind == "archive" else None
@@ -322,6 +325,14 @@ def get_fetch_uri(wildcards):
             remedy="target materialize_teacher; it fetches only when the payload is gone",
         )
     return source.uri
+
+
+@ckptflow_config.one_line_errors
+def get_fetch_receipt_dir(wildcards):
+    """The pruned artifact whose receipt names the archive to fetch (every destination it lists is tried),
+    None when the archive is found under the bucket."""
+    source = teacher_source(wildcards.run, wildcards.iteration)
+    return str(source.artifact_dir) if source.receipt else None
 
 
 def get_stage_root(wildcards):

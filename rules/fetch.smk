@@ -10,6 +10,7 @@ rule fetch:
     # Credentials are read from the config by the script: where the keys live is not the request.
     params:
         artifact_uri=get_fetch_uri,
+        receipt_dir=get_fetch_receipt_dir,
         stage_root=get_stage_root,
     script:
         "../scripts/fetch.py"

@@ -6,4 +6,5 @@ snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
 with step_job(snakemake.log[0], snakemake.rule):
     p = snakemake.params
     # Not params (see rules/fetch.smk): which credentials reach the archive is not part of the request.
-    fetch_step(p.artifact_uri, p.stage_root, snakemake.config.get("credentials"), snakemake.output.report)
+    fetch_step(p.artifact_uri, p.stage_root, snakemake.config.get("credentials"), snakemake.output.report,
+               receipt_dir=p.receipt_dir)

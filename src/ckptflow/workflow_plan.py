@@ -71,12 +71,16 @@ def upload_prefix(artifact_dir: str | Path, run: str) -> str:
 @dataclass(frozen=True)
 class TeacherSource:
     """Where the teacher of one artifact is built from: ``local`` (the artifact itself), ``merge`` (the
-    artifact the merge rule writes), or ``archive`` (``uri``, fetched into the stage only for a build)."""
+    artifact the merge rule writes), or ``archive`` (``uri``, fetched into the stage only for a build).
+    ``receipt``: the archive is the one the pruned artifact's receipt names (``uri`` its current destination;
+    the steps try every destination it lists, ``archive.copies``)."""
 
     kind: str
     artifact_dir: Path
     uri: str | None = None
     why: str = ""
+    receipt: bool = False
+    schemes: tuple[str, ...] = ()  # the schemes of every destination the receipt lists
 
 
 def _model_present(artifact_dir: Path) -> tuple[bool, str]:
@@ -135,7 +139,8 @@ def teacher_source(artifact_dir: str | Path, run: str, *, bucket: str | None, ha
                        remedy="restore the payload, or publish the artifact before pruning it") from None
     # Only a receipt of this very artifact names its archive: a copied one would build another teacher.
     receipt_record.check_belongs(receipt, artifact_dir, expected_prefix=run_tree_artifact_prefix(artifact_dir, run))
-    return TeacherSource("archive", artifact_dir, archive_uri_of(receipt), why=f"{why}; its receipt names the archive")
+    return TeacherSource("archive", artifact_dir, archive_uri_of(receipt), why=f"{why}; its receipt names the archive",
+                         receipt=True, schemes=tuple(d.scheme for d in receipt.destinations))
 
 
 def records_fingerprint(runs_root: str | Path, reports_dir: str | Path, stage_dir: str | Path,

@@ -129,38 +129,56 @@ def merge_step(artifact_dir: str, recipe: Mapping[str, Any], iteration: int, rep
     return report
 
 
-def fetch_step(artifact_uri: str, stage_root: str, credentials: str | None, report_path: str) -> dict[str, Any]:
+def fetch_step(artifact_uri: str, stage_root: str, credentials: str | None, report_path: str,
+               receipt_dir: str | None = None) -> dict[str, Any]:
     """Fetch one archived artifact into ``stage_root/iter_N`` and write the step report, the rule's output.
+    ``receipt_dir``: the pruned artifact whose receipt names the archive (``artifact_uri`` is its current
+    destination); every destination that receipt lists is then tried in its order, and the report names the
+    one that served (``source_uri``) and those skipped (``archive.copies.fetch_from_receipt``).
 
     ``.staged.json``, fetch's ownership record, is never a rule output: Snakemake would delete it before
     a rerun, and the stage would then look foreign to fetch.
     """
+    from .archive.copies import fetch_from_receipt
     from .archive.fetch import fetch_artifact
 
-    result = fetch_artifact(artifact_uri, Path(stage_root), credentials=credentials_for(artifact_uri, credentials),
-                            progress=False)
-    log.info("fetch %s -> %s: %s", artifact_uri, result.path, result.status)
+    skipped = []
+    if receipt_dir:
+        result, _dest, skipped = fetch_from_receipt(receipt_dir, Path(stage_root), credentials, progress=False)
+    else:
+        result = fetch_artifact(artifact_uri, Path(stage_root), credentials=credentials_for(artifact_uri, credentials),
+                                progress=False)
+    log.info("fetch %s -> %s: %s", result.plan.source, result.path, result.status)
     report = result.to_report()
+    if skipped:
+        report["skipped_destinations"] = [s.to_dict() for s in skipped]
     _write_report(report_path, report)
     return report
 
 
 def materialize_step(base: str, out: str, ckpt_dir: str | None, artifact_uri: str | None, stage_root: str,
                      credentials: str | None, options: Mapping[str, Any], report_path: str) -> dict[str, Any]:
-    """Build (or skip) the teacher ``out`` from the local artifact ``ckpt_dir`` used in place, or from
-    ``artifact_uri`` through the fetch rule's stage ``stage_root/iter_N`` (kept; fetch re-hashes it), so
-    the teacher records the archive's identity; the library refuses a completed teacher of another
-    identity unless ``options["force"]``. The skip decision comes before any download: the archive is
-    fetched (by materialize, not by a fetch job before it) only when a build needs it."""
+    """Build (or skip) the teacher ``out`` from the local artifact ``ckpt_dir``, or from the archive
+    ``artifact_uri`` through the fetch rule's stage ``stage_root/iter_N`` (kept; fetch re-hashes it), so the
+    teacher records the archive's identity; the library refuses a completed teacher of another identity
+    unless ``options["force"]``. The skip decision comes before any download: the archive is fetched (by
+    materialize, not by a fetch job before it) only when a build needs it.
+
+    With both (a pruned artifact, ``artifact_uri`` the current destination its receipt names) the library
+    resolves the artifact: its archive, from the first destination its receipt lists that serves
+    (``materialize.source``); the teacher's identity does not name the destination, so a teacher built from
+    one copy is skipped when another serves."""
     from .materialize import materialize
 
     require_base(base)  # what the planning of materialize_teacher checks, with the same words
     kwargs = {k: options[k] for k in ("min_tensors", "expect_tensors") if options.get(k) is not None}
-    if artifact_uri:
+    if ckpt_dir:
+        kwargs.update(ckpt_dir=ckpt_dir)
+        if artifact_uri:  # the raw credentials value: loaded per destination, for a scheme that needs them
+            kwargs.update(stage_dir=stage_root, keep_staged=True, credentials=credentials)
+    else:
         kwargs.update(artifact_uri=artifact_uri, stage_dir=stage_root, keep_staged=True,
                       credentials=credentials_for(artifact_uri, credentials))
-    else:
-        kwargs.update(ckpt_dir=ckpt_dir)
     result = materialize(base=base, out=out, verify_tensors=bool(options.get("verify", True)),
                          force=bool(options.get("force", False)), progress=False, **kwargs)
     log.info("materialize %s: %s (%s)", out, result.status, result.reason)

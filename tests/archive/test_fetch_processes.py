@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import time
@@ -19,6 +20,7 @@ from ckptflow.jsonio import validate
 from ckptflow.records import manifest as manifest_record
 from ckptflow.records import staging as staging_record
 from ckptflow.store.base import DEFAULT_CONCURRENCY
+from ckptflow.store.open import open_bucket_arg
 from ckptflow.store.transfer import DEFAULT_RANGE_SIZE
 from helpers.artifacts import ARTIFACT_PREFIX, UPLOAD_PREFIX, make_artifact, publish_without_part_digests
 from helpers.cli import run_cli, start_cli, take_turns_at_a_lock, wait_for_file
@@ -305,3 +307,29 @@ def test_a_fetch_refuses_by_its_holders_name_when_the_stage_stays_locked(artifac
     assert f"pid {os.getpid()} on host {socket.gethostname()}" in proc.stderr and "--lock-wait-seconds" in proc.stderr
     assert str(staged) in proc.stderr and proc.stderr.count("\n") == 1
     assert not staged.exists()  # nothing was written
+
+
+def test_a_stage_a_killed_fetch_left_from_one_copy_is_completed_from_another_copy_of_the_same_archive(
+        artifact, tmp_path):
+    """Two copies of one archive (the same declaration: ``publish --add-destination``) at two ``file://`` roots:
+    a fetch from A killed after a file leaves its claimed stage; the fetch from B resumes it (the verified files
+    re-hashed and kept, the rest downloaded) instead of replacing it, and the record then names B."""
+    roots = {name: tmp_path / name for name in ("A", "B")}
+    roots["A"].mkdir()
+    publish_artifact(artifact, open_bucket_arg(f"file://{roots['A']}", None), UPLOAD_PREFIX, progress=False)
+    shutil.copytree(roots["A"], roots["B"])
+    uris = {name: f"file://{root}/{ARTIFACT_PREFIX}" for name, root in roots.items()}
+    killed = run_cli("fetch", "--artifact-uri", uris["A"], "--dst", str(tmp_path / "stage"),
+                     env={"CKPTFLOW_TEST_KILL_AT": "fetch:after-file:optim/__1_0.distcp"})
+    assert killed.returncode == -signal.SIGKILL
+    staged = tmp_path / "stage" / "iter_000300"
+    verified = staged_payloads(staged)
+    claim = staging_record.read_staging(staged)
+    assert "optim/__1_0.distcp" in verified and not claim.complete and claim.source_uri == uris["A"]
+
+    result = fetch_artifact(uris["B"], tmp_path / "stage", progress=False)
+    assert result.status == "resumed" and result.removed == [], result.to_report()
+    assert result.reused == verified and not set(result.downloaded) & set(verified)
+    record = staging_record.read_staging(staged)
+    assert record.complete and record.source_uri == uris["B"] and record.declaration_sha256 == claim.declaration_sha256
+    assert_identical(artifact, staged)

@@ -133,13 +133,15 @@ def test_uncommitted_artifact_is_not_a_source(models, tmp_path):
 
 @pytest.mark.parametrize("kw", [
     {"artifact_uri": "file:///nowhere/iter_000300"},  # two sources
-    {"stage_dir": "/tmp/stage"},  # --ckpt-dir has no stage
+    {"stage_dir": "<out>/stage"},  # the stage of a --ckpt-dir (read through it once pruned) inside the output
     {"max_shard_bytes": 0},
     {"min_tensors": -1},
 ])
 def test_inconsistent_arguments_are_usage_errors(models, tmp_path, kw):
+    out = tmp_path / "teacher"
+    kw = {k: str(out / "stage") if v == "<out>/stage" else v for k, v in kw.items()}
     with pytest.raises(UsageError):
-        build(models, tmp_path / "teacher", **kw)
+        build(models, out, **kw)
 
 
 def test_output_inside_the_base_is_a_usage_error(models, tmp_path):

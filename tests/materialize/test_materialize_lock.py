@@ -292,3 +292,37 @@ def test_a_request_waiting_while_prune_removes_model_pt_builds_from_the_archive_
     assert report["source"]["location"] == f"file://{archive}/proj/g/run/ts/checkpoint_artifacts/iter_000300"
     assert report["fetch"] is None  # skipped before any download
     assert siblings(out) == []
+
+
+@pytest.mark.slow
+def test_materialize_ckpt_dir_of_a_pruned_artifact_is_served_by_the_copy_that_is_whole(models, tmp_path):
+    """Copies on A and B (``--add-destination``: B current), pruned on A's proof, B's model.pt then damaged:
+    ``materialize --ckpt-dir`` reads the archive its receipt names, B first (its manifest is fine, the fetch of
+    model.pt fails), then A, with one warning naming B; the report names A and B. The private stage is removed."""
+    art = own_artifact(models, tmp_path)
+    roots = {name: tmp_path / name for name in ("A", "B")}
+    env = cli_env(CKPTFLOW_CACHE_DIR=str(tmp_path / "cache"))
+    for n, root in enumerate(roots.values()):
+        root.mkdir()
+        published = run_cli("publish", "--artifact-dir", str(art), "--upload-prefix", "proj/g/run/ts/checkpoints",
+                            "--bucket", f"file://{root}", *(["--add-destination"] if n else []), env=env)
+        assert published.returncode == 0, published.stderr
+    pruned = run_cli("prune-verified", "--paths", str(art), "--destination", f"file://{roots['A']}", env=env)
+    assert pruned.returncode == 0 and not (art / "model.pt").exists(), pruned.stdout + pruned.stderr
+    obj = roots["B"] / "proj/g/run/ts/checkpoint_artifacts/iter_000300/model.pt"
+    data = bytearray(obj.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    obj.write_bytes(bytes(data))
+    out = tmp_path / "teacher"
+    proc = run_cli(*cli_args(art, models.base(), out), env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = proc.report
+    a_uri, b_uri = (f"file://{roots[n]}/proj/g/run/ts/checkpoint_artifacts/iter_000300" for n in ("A", "B"))
+    assert report["status"] == "built" and report["source"]["kind"] == "artifact-uri"
+    assert report["source"]["location"] == a_uri and report["fetch"]["downloaded"] == ["model.pt"]
+    [skipped] = report["skipped_destinations"]
+    assert skipped["source_uri"] == b_uri and "model.pt" in skipped["detail"]
+    warned = [line for line in proc.stderr.splitlines() if "cannot serve" in line]
+    assert len(warned) == 1 and str(roots["B"]) in warned[0], proc.stderr[-3000:]
+    assert marker.read_materialized(out).source.uri == a_uri
+    assert siblings(out) == []  # the private stage went with the request

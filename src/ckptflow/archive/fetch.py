@@ -21,7 +21,10 @@
    then the record again with ``complete: true``, last. A disk that fills meanwhile (another writer) fails
 as ``OutOfSpace`` naming the file being written; files verified by then stay, and the rerun resumes.
 
-A complete copy of the same source (same URI, declaration digest and inventory) is ``already-staged``
+The source is the archive's declaration, not the URI it was read at: a copy of the same archive at another
+destination a receipt lists (same declaration digest and inventory) is the same source, so a stage left by
+a fetch from one is resumed from another and the record then names the URI of the latest fetch (a legacy
+archive, without a declaration, is named by its URI). A complete copy of the same source is ``already-staged``
 only after every payload re-hashed to its declared sha256 (files in parallel, ``digest.hash_files``):
 the answer vouches for content, and a file changed in place with its size kept is downloaded again
 (``resumed``). Nothing is written for a copy that matches.
@@ -83,6 +86,7 @@ from ..errors import (
     ConflictError,
     OutOfSpace,
     Refused,
+    VerificationFailed,
 )
 from ..fsutil import name_max, restorable_name_problem
 from ..lock import DEFAULT_WAIT_SECONDS
@@ -163,6 +167,8 @@ def fetch_artifact(
     reserve_for: str = "",
     lock_wait_seconds: float = DEFAULT_WAIT_SECONDS,
     components: Iterable[str] | None = None,
+    declaration_sha256: str | None = None,
+    declared_by: str = "",
 ) -> FetchResult:
     """Fetch the artifact at ``artifact_uri`` into ``dst/iter_N``; see the module docstring for the order.
 
@@ -174,11 +180,17 @@ def fetch_artifact(
     ``progress``: None shows bars when stderr is a terminal (or ``CKPTFLOW_PROGRESS=1``). ``reserve``
     bytes must stay free on the stage's file system after the fetch, for ``reserve_for`` (the caller's
     next step there): the free-space check counts them. ``lock_wait_seconds``: how long to wait for
-    another fetch holding ``dst/iter_N.lock`` before refusing by its holder's name.
+    another fetch holding ``dst/iter_N.lock`` before refusing by its holder's name. ``declaration_sha256``
+    (a receipt's, named ``declared_by``): the archive's declaration must hash to it, checked before anything
+    local happens (``copies.fetch_from_receipt``).
     """
     store, uri, prefix, name = _open_source(artifact_uri, store, credentials)
     staged = Path(os.path.abspath(dst)) / name
     plan = read_plan(store, prefix, uri, iteration=int(ITER_DIR_RE.match(name).group(1)), components=components)
+    if declaration_sha256 is not None and plan.declaration_sha256 != declaration_sha256:
+        raise VerificationFailed(f"the declaration at {uri} hashes to {plan.declaration_sha256}, not the "
+                                 f"{declaration_sha256} {declared_by} records; nothing was written",
+                                 remedy="the archive there was replaced or damaged; fetch from another copy")
     problem = restorable_name_problem([e.path for e in plan.inventory], name_max(staged))
     if problem is not None:
         raise Refused(f"{uri} cannot be written into {staged}: {problem}; nothing was written",
@@ -220,10 +232,15 @@ class _Decision:
 
 
 def _own_copy(plan: FetchPlan, record: staging_record.StagingRecord | None) -> bool:
-    """The record is this tool's copy of this very source: same URI and declaration, and exactly the files
-    its scope (whole, or the components it names) has in this archive."""
-    return record is not None and (record.source_uri, record.declaration_sha256) == (
-        str(plan.source), plan.declaration_sha256) and record.files == plan.inventory_of(record.components)
+    """The record is this tool's copy of this very archive, and names exactly the files its scope (whole, or
+    the components it names) has in it. The archive is its declaration: a copy of it at another destination
+    (``publish --add-destination``) has the same digest, so a stage one destination left half-fetched is
+    completed (its files re-hashed) from another. A legacy archive has no declaration: its URI names it."""
+    if record is None or record.declaration_sha256 != plan.declaration_sha256:
+        return False
+    if plan.declaration_sha256 is None and record.source_uri != str(plan.source):
+        return False
+    return record.files == plan.inventory_of(record.components)
 
 
 def _covers(record: staging_record.StagingRecord, plan: FetchPlan) -> bool:

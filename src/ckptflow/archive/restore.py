@@ -34,7 +34,7 @@ is in place and verified, the dead ``.part`` leftovers of those files (a restore
 a part into place and removing it, ``restore:after-link``) are removed, and so is a restore lock whose
 holder was killed (``lock.remove_if_stale``): nothing a killed restore leaves blocks a later prune.
 
-A destination that cannot serve (unreachable, its ``file://`` root gone, credentials that do not reach it,
+A destination that cannot serve (``copies.first_serving``: unreachable, its ``file://`` root gone, credentials that do not reach it,
 its declaration or an object missing or damaged: anything about the archive, never a local refusal such
 as a differing local file or too little space) is skipped with a warning naming it and why, and the next
 one is tried: the files verified and put in place by then stay, so the next destination downloads only
@@ -67,8 +67,8 @@ from ..records import manifest as manifest_record
 from ..records import receipt as receipt_record
 from ..records.inventory import FileEntry
 from ..store.base import ObjectStore
-from ..store.uri import destination_label
 from . import space, stage
+from .copies import Unusable, first_serving
 from .download import download_files
 from .fetch_plan import FetchPlan, read_plan, require_remote
 from .keys import receipt_archive_uri
@@ -130,49 +130,42 @@ def restore_artifact(artifact_dir: Path | str, store_for, *, dry_run: bool = Fal
     manifest_path, receipt, receipt_path = _read_records(artifact_dir)
     chosen = select_destinations(receipt, destinations, str(receipt_path))
     hashed: dict[str, tuple[tuple, FileDigest]] = {}
-    skipped: list[tuple[receipt_record.ReceiptDestination, CkptflowError | OSError]] = []
-    # What a destination that failed mid-download had put in place, verified: this run's work all the same.
-    earlier_missing: list[str] | None = None
-    earlier_downloaded: list[str] = []
-    earlier_bytes = 0
-    for n, dest in enumerate(chosen, 1):
+    earlier: list[_Unusable] = []  # what destinations that failed mid-download put in place, verified
+
+    def attempt(dest: receipt_record.ReceiptDestination) -> RestoreResult:
         try:
-            result = _restore_from(artifact_dir, receipt.at(dest), receipt_path, manifest_path, store_for,
-                                   dry_run=dry_run, progress=progress, lock_wait_seconds=lock_wait_seconds,
-                                   hashed=hashed)
+            return _restore_from(artifact_dir, receipt.at(dest), receipt_path, manifest_path, store_for,
+                                 dry_run=dry_run, progress=progress, lock_wait_seconds=lock_wait_seconds, hashed=hashed)
         except _Unusable as exc:
-            skipped.append((dest, exc.error))
-            earlier_missing = earlier_missing if earlier_missing is not None else exc.missing
-            earlier_downloaded += exc.downloaded
-            earlier_bytes += exc.downloaded_bytes
-            if n < len(chosen):
-                log.warning("%s cannot serve the restore of %s (%s); trying the next destination %s lists",
-                            destination_label(dest, dest.prefix), artifact_dir, exc.error, receipt_path.name)
-            continue
-        result.destination = dest
-        result.skipped = [{"destination": d.to_dict(), "detail": str(e)} for d, e in skipped]
-        if earlier_downloaded:
-            result.downloaded = sorted({*result.downloaded, *earlier_downloaded})
-            result.downloaded_bytes += earlier_bytes
-            result.reused = sorted(set(result.reused) - set(earlier_downloaded))
-            if earlier_missing is not None:
-                result.missing = earlier_missing
-            if result.status == "already-local":
-                result.status = "restored"
-        return result
-    if len(skipped) == 1:
-        raise skipped[0][1]
-    raise _none_served(artifact_dir, receipt_path, skipped)
+            earlier.append(exc)
+            raise
+
+    result, dest, skipped = first_serving(
+        chosen, attempt, lister=str(receipt_path), serves=f"the restore of {artifact_dir}",
+        after="; files already verified and in place were kept", path=str(receipt_path),
+        remedy="make one of those copies reachable and whole (or name one with --destination), then rerun the restore")
+    result.destination = dest
+    result.skipped = [{"destination": s.destination.to_dict(), "detail": str(s.error)} for s in skipped]
+    earlier_downloaded = [p for exc in earlier for p in exc.downloaded]
+    if earlier_downloaded:  # this run's work all the same
+        result.downloaded = sorted({*result.downloaded, *earlier_downloaded})
+        result.downloaded_bytes += sum(exc.downloaded_bytes for exc in earlier)
+        result.reused = sorted(set(result.reused) - set(earlier_downloaded))
+        missing = next((exc.missing for exc in earlier if exc.missing is not None), None)
+        if missing is not None:
+            result.missing = missing
+        if result.status == "already-local":
+            result.status = "restored"
+    return result
 
 
-class _Unusable(Exception):
+class _Unusable(Unusable):
     """The destination being tried cannot serve the restore: ``error`` says why (the next one is tried).
     A download that failed part way says what it had judged missing and put in place, verified, by then."""
 
     def __init__(self, error: CkptflowError | OSError, *, missing: list[str] | None = None,
                  downloaded: list[str] | None = None, downloaded_bytes: int = 0):
-        super().__init__(str(error))
-        self.error = error
+        super().__init__(error)
         self.missing = missing
         self.downloaded = downloaded or []
         self.downloaded_bytes = downloaded_bytes
@@ -182,18 +175,6 @@ class _Unusable(Exception):
 # declared bytes, or the store failing. A local refusal (a differing file, too little space, a busy lock)
 # is none of these, and stops the restore whatever other destination there is.
 _SOURCE_ERRORS = (NotFound, VerificationFailed, StoreError)
-
-
-def _none_served(artifact_dir: Path, receipt_path: Path,
-                 skipped: list[tuple[receipt_record.ReceiptDestination, CkptflowError | OSError]]) -> CkptflowError:
-    """The error of a restore that no destination could serve: each destination and why, in the order tried."""
-    why = "; ".join(f"at {destination_label(d, d.prefix)}: {e}" for d, e in skipped)
-    first = skipped[0][1]
-    cls = type(first) if isinstance(first, (NotFound, VerificationFailed, Refused, StoreError)) else StoreError
-    return cls(f"none of the {len(skipped)} destinations {receipt_path} lists could serve the restore of "
-               f"{artifact_dir} ({why}); files already verified and in place were kept",
-               remedy="make one of those copies reachable and whole (or name one with --destination), then rerun "
-               "the restore", path=str(receipt_path))
 
 
 def _restore_from(artifact_dir: Path, receipt: receipt_record.Receipt, receipt_path: Path, manifest_path: Path,

@@ -36,7 +36,8 @@ def register(sub) -> None:
     s.add_argument("--force", action="store_true",
                    help="rebuild even over a completed output of another source, base, options or conversion version "
                    "(never over a directory ckptflow did not build, nor over files in it that no build writes)")
-    s.add_argument("--stage-dir", metavar="DIR", help="where an archived artifact is fetched (default <out>.stage): DIR/iter_N "
+    s.add_argument("--stage-dir", metavar="DIR", help="where an archived artifact (--artifact-uri, or the archive a --ckpt-dir's receipt "
+                   "names once its model.pt was pruned) is fetched (default <out>.stage): DIR/iter_N "
                    "when kept or already there, else a private DIR.<host>.<pid>.<token> removed afterwards")
     s.add_argument("--keep-staged", action="store_true", help="keep the fetched artifact this run staged")
     s.add_argument("--credentials", help="credentials JSON; default $CKPTFLOW_CREDENTIALS (unused for file://)")
@@ -68,7 +69,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from ..materialize import materialize
     from ..store.open import credentials_for
 
-    credentials = credentials_for(args.artifact_uri, args.credentials) if args.artifact_uri is not None else None
+    # A --ckpt-dir whose model.pt was pruned is read from its receipt's destinations: loaded for each one's scheme.
+    credentials = credentials_for(args.artifact_uri, args.credentials) if args.artifact_uri is not None else args.credentials
     result = materialize(
         base=args.base, out=args.out, ckpt_dir=args.ckpt_dir, artifact_uri=args.artifact_uri,
         expect_tensors=args.expect_tensors, min_tensors=args.min_tensors, verify_tensors=not args.no_verify,

@@ -47,18 +47,27 @@ class Built:
     recovered_from: Path | None = None  # the killed run's staged tree that was recovered
 
 
-def fetch_model(source: ModelSource, stage: Stage, progress, reserve: int) -> tuple[Path, dict]:
+def fetch_model(source: ModelSource, stage: Stage, progress, reserve: int) -> tuple[Path, dict, ModelSource]:
     """Fetch into the stage's iter_N. Every staged byte the build reads was hashed by this fetch (downloaded
     and verified, or re-hashed in an existing copy) against the digest the source identity records.
     ``reserve``: bytes the staged export needs afterwards on the stage's file system (its free-space check).
-    Returns the staged model.pt and the fetch's part of the report."""
+    A source resolved through a pruned artifact's receipt is fetched from the destination that served it,
+    else from the next ones the receipt lists (``archive.copies.fetch_from_receipt``).
+    Returns the staged model.pt, the fetch's part of the report and the source as it was fetched."""
+    from ..archive.copies import fetch_from_receipt
     from ..archive.fetch import fetch_artifact
     from ..records.manifest import parse_manifest
 
+    options = {"progress": progress, "reserve": reserve, "reserve_for": "the staged export of the teacher beside --out",
+               "components": {MODEL_COMPONENT}}  # the conversion reads model.pt alone
     try:
-        result = fetch_artifact(source.uri, stage.root, store=source.store, progress=progress, reserve=reserve,
-                                reserve_for="the staged export of the teacher beside --out",
-                                components={MODEL_COMPONENT})  # the conversion reads model.pt alone
+        if source.copies is None:
+            result = fetch_artifact(source.uri, stage.root, store=source.store, **options)
+        else:
+            copies = source.copies
+            result, dest, skipped = fetch_from_receipt(copies.artifact_dir, stage.root, copies.credentials,
+                                                       destinations=copies.remaining(), **options)
+            source = source.served_by(dest, skipped)
     except OutOfSpace as exc:
         if stage.private and not isinstance(exc, Refused):  # what it wrote goes with the private stage
             exc.add_context(
@@ -80,7 +89,7 @@ def fetch_model(source: ModelSource, stage: Stage, progress, reserve: int) -> tu
                                  remedy="the archive's records disagree; check the archive or republish the artifact")
     fetched = {"status": result.status, "path": str(result.path), "downloaded": result.downloaded,
                "downloaded_bytes": result.downloaded_bytes}
-    return result.path / source.model_path, fetched
+    return result.path / source.model_path, fetched, source
 
 
 def build(req: MaterializeRequest, opened: OpenedModel, wanted: Identity, decision: Decision,

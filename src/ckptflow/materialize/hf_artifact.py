@@ -52,12 +52,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import testhooks
-from ..archive.keys import parse_artifact_uri, receipt_archive_uri
+from ..archive.copies import Unusable, first_serving, open_copy
+from ..archive.keys import parse_artifact_uri
 from ..conversion import CONVERSION_VERSION, chat_template
 from ..conversion import shards as hf_shards
 from ..conversion import sidecars as hf_sidecars
 from ..digest import hash_files, sha256_bytes
-from ..errors import InvalidRecord, NotFound, Refused, UsageError, VerificationFailed
+from ..errors import CkptflowError, InvalidRecord, NotFound, Refused, UsageError, VerificationFailed
 from ..fsutil import clone_file, fsync_dir, resolve_inside
 from ..jsonio import decode_json_object, encode_json
 from ..lock import reading
@@ -65,7 +66,7 @@ from ..records import manifest as manifest_record
 from ..records import receipt as receipt_record
 from ..records.inventory import FileEntry
 from ..records.materialized import BaseModelIdentity, Materialized, SourceIdentity, write_materialized
-from ..store.open import credentials_for, open_uri
+from ..store.open import open_uri
 from . import preflight, recovery
 from .identity import Identity, base_identity
 from .lock import output_lock
@@ -256,24 +257,38 @@ def _local(artifact_dir: Path, credentials) -> TrainerSource | None:
 
 
 def _pruned(artifact_dir: Path, missing: list[str], credentials) -> TrainerSource:
-    """The archive the receipt names serves a local artifact whose teacher files are gone (pruned)."""
+    """The archive the receipt names serves a local artifact whose teacher files are gone (pruned): every
+    destination it lists, in its order (``archive.copies.first_serving``, as a ``model.pt`` source's), the
+    first that holds exactly the files the local manifest records."""
     try:
         receipt = receipt_record.read_receipt(artifact_dir)
     except NotFound:
         raise NotFound(f"{artifact_dir} is missing {', '.join(missing)} and has no receipt naming an archive",
                        path=str(artifact_dir), remedy="restore the payload, or materialize from the archive with "
                        "--artifact-uri") from None
-    uri = receipt_archive_uri(receipt)
-    archived = _archived(str(uri), None, credentials if credentials is not None else credentials_for(uri, None)).trainer
     local = manifest_record.read_manifest(artifact_dir)
     found = teacher_files(local, str(artifact_dir))
     assert found is not None
-    if archived is None or archived.files != _entries(local, found[1], str(artifact_dir)):
-        raise VerificationFailed(f"{artifact_dir} is missing {', '.join(missing)} and the archive its receipt names "
-                                 f"({uri}) does not hold the files its manifest records", path=str(artifact_dir),
-                                 remedy="restore the payload, or materialize from the right archive with --artifact-uri")
+    wanted = _entries(local, found[1], str(artifact_dir))
+    receipt_path = receipt_record.path_in(artifact_dir)
+
+    def attempt(dest) -> TrainerSource:
+        store, uri = open_copy(dest, credentials, str(receipt_path))
+        try:
+            archived = _archived(str(uri), store, None).trainer
+        except (CkptflowError, OSError) as exc:
+            raise Unusable(exc) from exc
+        if archived is None or archived.files != wanted:
+            raise Unusable(VerificationFailed(
+                f"{artifact_dir} is missing {', '.join(missing)} and the archive its receipt names ({uri}) does not "
+                "hold the files its manifest records", path=str(artifact_dir),
+                remedy="restore the payload, or materialize from the right archive with --artifact-uri"))
+        return archived
+
+    archived, _, _ = first_serving(receipt.destinations, attempt, lister=str(receipt_path),
+                                   serves=f"the teacher files of {artifact_dir} ({', '.join(missing)} gone)")
     log.info("%s is missing %s (pruned); building from the archive its receipt names, %s", artifact_dir,
-             ", ".join(missing), uri)
+             ", ".join(missing), archived.location)
     return archived
 
 

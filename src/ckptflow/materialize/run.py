@@ -145,6 +145,8 @@ class MaterializeResult:
             "restored": self.restored,
             "removed_leftovers": self.removed_leftovers,
             "recovered": self.recovered,
+            **({"skipped_destinations": [s.to_dict() for s in self.source.copies.skipped]}
+               if self.source.copies is not None and self.source.copies.skipped else {}),
             "chat_template": dict(self.record.chat_template) if self.record.chat_template is not None else None,
             "tool_version": __version__,
         }
@@ -154,7 +156,7 @@ class MaterializeResult:
 class MaterializeRequest:
     base_dir: Path | None  # None: a full Trainer artifact, its own base (``hf_artifact``)
     out: Path
-    stage_root: Path | None  # the named stage root (--stage-dir, default <out>.stage); None: a local source
+    stage_root: Path  # the named stage root (--stage-dir, default <out>.stage), for an archived source
     expect_tensors: int
     min_tensors: int
     verify_tensors: bool
@@ -218,7 +220,6 @@ def materialize(
         if resolved.kind != source.kind:
             log.info("%s was removed while this request waited for %s; building from the archive its receipt "
                      "names, %s", source.local_path, out.name + ".lock", resolved.location)
-            request = dataclasses.replace(request, stage_root=out.with_name(out.name + ".stage"))
         source = resolved
         if source.kind == "ckpt-dir":  # opened once, under the lock: every later read goes through it
             source, opened = held.enter_context(source.open_local(progress=progress))
@@ -251,7 +252,8 @@ def _locked(req: MaterializeRequest, source: ModelSource, opened: OpenedModel | 
             assert req.stage_root is not None
             stage = open_stage(req.stage_root, source.artifact_name, keep=req.keep_staged)
             reserve = 0 if dead_tree is not None else preflight.export_after_fetch(stage.root, out, base)
-            model_pt, fetched = fetch_model(source, stage, req.progress, reserve)
+            model_pt, fetched, source = fetch_model(source, stage, req.progress, reserve)
+            wanted = dataclasses.replace(wanted, source=source.identity)  # the copy that served (not identity)
             opened = OpenedModel.open(model_pt)  # converted and verified through this descriptor
             held.callback(opened.close)
         # The digest of record is taken from the opened descriptor (fetch verified the staged copy by path).
@@ -279,13 +281,10 @@ def _locked(req: MaterializeRequest, source: ModelSource, opened: OpenedModel | 
 
 
 def _check_arguments(base_dir, out, ckpt_dir, artifact_uri, expect_tensors, min_tensors, stage_dir, keep_staged,
-                     max_shard_bytes) -> Path | None:
-    """Usage errors, before anything is read; returns the named stage root (None for a local source)."""
+                     max_shard_bytes) -> Path:
+    """Usage errors, before anything is read; returns the named stage root."""
     if (ckpt_dir is None) == (artifact_uri is None):
         raise UsageError("pass exactly one of --ckpt-dir and --artifact-uri")
-    if ckpt_dir is not None and (stage_dir is not None or keep_staged):
-        raise UsageError("--stage-dir and --keep-staged apply to --artifact-uri only",
-                         remedy="drop them, or materialize from the archive with --artifact-uri")
     for name, value in (("--expect-tensors", expect_tensors), ("--min-tensors", min_tensors)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise UsageError(f"{name} must be an integer >= 0, got {value!r}")
@@ -297,8 +296,7 @@ def _check_arguments(base_dir, out, ckpt_dir, artifact_uri, expect_tensors, min_
         raise UsageError(f"--out {out} and --base {base_dir} overlap", remedy="write the teacher outside the base")
     if ckpt_dir is not None and _overlaps(out, Path(os.path.abspath(ckpt_dir))):
         raise UsageError(f"--out {out} and --ckpt-dir {ckpt_dir} overlap", remedy="write the teacher elsewhere")
-    if artifact_uri is None:
-        return None
+    # A --ckpt-dir whose model.pt was pruned is read from an archive its receipt lists, through this stage too.
     stage_root = Path(os.path.abspath(stage_dir)) if stage_dir is not None else out.with_name(out.name + ".stage")
     if _overlaps(out, stage_root) or (base_dir is not None and _overlaps(base_dir, stage_root)):
         raise UsageError(f"--stage-dir {stage_root} overlaps --out or --base",

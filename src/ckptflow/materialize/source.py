@@ -11,10 +11,12 @@
   the remote native manifest is read (one small GET); a manifest without a digest for the model falls
   back to the object's ``sha256`` metadata (HEAD), as fetch does for legacy archives. The payload is
   fetched by ``archive.fetch.fetch_artifact`` only when a build needs it, and only the ``model`` component.
-* A local source whose model.pt was removed while the request waited for the lock (pruned after its
-  publication) is resolved again under it (``resolve_under_lock``): an archive the receipt names (every
-  destination it lists is tried, in its order), when it holds the model the local manifest records, so the
-  request converges without a rerun; the report's source location names the one that served.
+* A local source whose model.pt is gone (pruned after its publication), or was removed while the request
+  waited for the lock (resolved again under it, ``resolve_under_lock``), is read from an archive its receipt
+  names when that archive holds the model the local manifest records: every destination the receipt lists
+  is tried in its order (``archive.copies``), for the manifest here and again for the fetch of model.pt
+  (``build.fetch_model``: a damaged copy at one goes on from the next), so the request converges without a
+  rerun; the report's source location names the one that served, ``skipped_destinations`` the others.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ..archive.copies import Skipped, Unusable, first_serving, open_copy
 from ..archive.keys import parse_artifact_uri
 from ..digest import FileDigest, sha256_file
 from ..errors import CkptflowError, InvalidRecord, NotFound, Refused, VerificationFailed
@@ -37,12 +40,29 @@ from ..records import receipt as receipt_record
 from ..records.materialized import SourceIdentity
 from ..store import Credentials, StoreURI
 from ..store.base import ObjectStore
-from ..store.open import credentials_for, open_destination, open_uri
-from ..store.uri import destination_label, destination_uri
+from ..store.open import open_uri
+from ..store.uri import destination_uri
 
 MODEL_COMPONENT = "model"
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReceiptCopies:
+    """The copies a pruned artifact's receipt lists, for an archived source resolved through it: the one
+    that serves now (``destination``), those skipped before it, and the credentials they are opened with
+    (a ``Credentials``, or the raw ``--credentials`` value loaded per destination)."""
+
+    artifact_dir: Path
+    destination: receipt_record.ReceiptDestination
+    skipped: tuple[Skipped, ...] = ()
+    credentials: Any = None
+
+    def remaining(self) -> list[receipt_record.ReceiptDestination]:
+        """The receipt's destinations from the one serving now on, in its order."""
+        dests = receipt_record.read_receipt(self.artifact_dir).destinations
+        return list(dests[dests.index(self.destination):]) if self.destination in dests else list(dests)
 
 
 @dataclass(frozen=True)
@@ -57,6 +77,18 @@ class ModelSource:
     store: ObjectStore | None = None
     artifact_name: str = ""  # iter_N
     hashed: bool = False  # the local file was hashed for the identity itself (its manifest has no digest)
+    copies: ReceiptCopies | None = None  # resolved through a pruned artifact's receipt (every copy it lists)
+
+    def served_by(self, dest: receipt_record.ReceiptDestination, skipped: list[Skipped]) -> ModelSource:
+        """This source as the receipt's destination ``dest`` serves it (same model: same declaration), after
+        ``skipped`` more destinations could not."""
+        assert self.copies is not None
+        if dest == self.copies.destination and not skipped:
+            return self
+        uri = parse_artifact_uri(str(destination_uri(dest, dest.prefix))).uri  # as --artifact-uri parses it
+        copies = replace(self.copies, destination=dest, skipped=(*self.copies.skipped, *skipped))
+        return replace(self, location=str(uri), uri=uri, store=None, copies=copies,
+                       identity=replace(self.identity, uri=str(uri)))
 
     @contextlib.contextmanager
     def open_local(self, *, progress: bool | None = None) -> Iterator[tuple[ModelSource, OpenedModel]]:
@@ -113,7 +145,7 @@ def resolve_source(
 ) -> ModelSource:
     """``manifest_bytes``: the archived manifest as the caller already read it from ``store`` (not read again)."""
     if ckpt_dir is not None:
-        return _local_source(Path(os.path.abspath(ckpt_dir)))
+        return _local_or_archived(Path(os.path.abspath(ckpt_dir)), credentials)
     assert artifact_uri is not None
     return _archive_source(artifact_uri, store, credentials, manifest_bytes)
 
@@ -126,10 +158,15 @@ def resolve_under_lock(source: ModelSource, credentials) -> ModelSource:
     default, ``$CKPTFLOW_CREDENTIALS``) open the archive."""
     if source.kind != "ckpt-dir":
         return source
+    return _local_or_archived(Path(source.location), credentials)
+
+
+def _local_or_archived(artifact_dir: Path, credentials) -> ModelSource:
+    """The local artifact; once its model.pt was pruned, the archive its receipt names (``_archived_instead``)."""
     try:
-        return _local_source(Path(source.location))
+        return _local_source(artifact_dir)
     except NotFound:
-        archived = _archived_instead(Path(source.location), credentials)
+        archived = _archived_instead(artifact_dir, credentials)
         if archived is None:
             raise
         return archived
@@ -138,8 +175,10 @@ def resolve_under_lock(source: ModelSource, credentials) -> ModelSource:
 def _archived_instead(artifact_dir: Path, credentials) -> ModelSource | None:
     """The archive a receipt names, as the source of the model the local manifest records; None when
     there is no readable receipt or the manifest records no digest to compare with. Every destination the
-    receipt lists is tried in its order (the current one first): the first that is reachable with these
-    credentials and records that model serves; one that does not is skipped with a warning naming it."""
+    receipt lists is tried in its order (the current one first, ``archive.copies.first_serving``): the first
+    that is reachable with these credentials and records that model serves; one that does not is skipped
+    with a warning naming it. The source remembers the receipt, so a fetch that this destination then
+    cannot serve (a damaged object) goes on from the next one (``fetch_model``)."""
     try:
         receipt = receipt_record.read_receipt(artifact_dir)
         manifest = manifest_record.read_manifest(artifact_dir)
@@ -148,30 +187,25 @@ def _archived_instead(artifact_dir: Path, credentials) -> ModelSource | None:
     model = _model_component(manifest, str(artifact_dir))
     if model.sha256 is None:
         return None
-    failed: list[tuple[str, CkptflowError | OSError]] = []
-    for n, dest in enumerate(receipt.destinations, 1):
-        uri = destination_uri(dest, dest.prefix)
+    receipt_path = receipt_record.path_in(artifact_dir)
+
+    def attempt(dest) -> ModelSource:
+        store, uri = open_copy(dest, credentials, str(receipt_path))
         try:
-            creds = credentials if credentials is not None else credentials_for(uri, None)
-            store = open_destination(dest, creds, what=str(receipt_record.path_in(artifact_dir)))
-            archived = _archive_source(str(uri), store, creds)
-            if (archived.identity.sha256, archived.identity.size) != (model.sha256, model.size):
-                raise VerificationFailed(
-                    f"{artifact_dir / model.path} is gone and the archive its receipt names ({uri}) records model "
-                    f"{archived.identity.size} bytes sha256 {archived.identity.sha256}, not the {model.size} bytes "
-                    f"sha256 {model.sha256} of the local manifest", path=str(artifact_dir),
-                    remedy="restore the payload, or materialize from the right archive with --artifact-uri")
-            return archived
+            archived = _archive_source(str(uri), store, None)
         except (CkptflowError, OSError) as exc:
-            failed.append((destination_label(dest, dest.prefix), exc))
-            if n < len(receipt.destinations):
-                log.warning("%s cannot serve %s's model (%s); trying the next destination its receipt lists",
-                            failed[-1][0], artifact_dir, exc)
-    if len(failed) == 1:
-        raise failed[0][1]
-    raise NotFound(f"{artifact_dir / model.path} is gone and none of the {len(failed)} destinations its receipt lists "
-                   f"serves its model ({'; '.join(f'at {w}: {e}' for w, e in failed)})", path=str(artifact_dir),
-                   remedy="make one of those copies reachable (or restore the payload), then rerun")
+            raise Unusable(exc) from exc
+        if (archived.identity.sha256, archived.identity.size) != (model.sha256, model.size):
+            raise Unusable(VerificationFailed(
+                f"{artifact_dir / model.path} is gone and the archive its receipt names ({uri}) records model "
+                f"{archived.identity.size} bytes sha256 {archived.identity.sha256}, not the {model.size} bytes "
+                f"sha256 {model.sha256} of the local manifest", path=str(artifact_dir),
+                remedy="restore the payload, or materialize from the right archive with --artifact-uri"))
+        return archived
+
+    archived, dest, skipped = first_serving(receipt.destinations, attempt, lister=str(receipt_path),
+                                            serves=f"the model of {artifact_dir} (its {model.path} is gone)")
+    return replace(archived, copies=ReceiptCopies(artifact_dir, dest, tuple(skipped), credentials))
 
 
 def _model_component(manifest: manifest_record.Manifest, where: str) -> manifest_record.FileComponent:
