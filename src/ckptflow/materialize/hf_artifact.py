@@ -71,7 +71,7 @@ from . import preflight, recovery
 from .identity import Identity, base_identity
 from .lock import output_lock
 from .output import decide, remove_dead_leftovers, restore_orphaned, staged_tree, swap_into_place
-from .source import MODEL_COMPONENT
+from .source import MODEL_COMPONENT, ReceiptCopies
 from .staging import close_stage, open_stage
 
 if TYPE_CHECKING:
@@ -109,6 +109,7 @@ class TrainerSource:
     uri: StoreURI | None = None
     store: ObjectStore | None = None
     artifact_name: str = ""
+    copies: ReceiptCopies | None = None  # a pruned --ckpt-dir's: the receipt copy that serves, those skipped
 
     @property
     def model_path(self) -> str:
@@ -285,11 +286,11 @@ def _pruned(artifact_dir: Path, missing: list[str], credentials) -> TrainerSourc
                 remedy="restore the payload, or materialize from the right archive with --artifact-uri"))
         return archived
 
-    archived, _, _ = first_serving(receipt.destinations, attempt, lister=str(receipt_path),
-                                   serves=f"the teacher files of {artifact_dir} ({', '.join(missing)} gone)")
+    archived, dest, skipped = first_serving(receipt.destinations, attempt, lister=str(receipt_path),
+                                            serves=f"the teacher files of {artifact_dir} ({', '.join(missing)} gone)")
     log.info("%s is missing %s (pruned); building from the archive its receipt names, %s", artifact_dir,
              ", ".join(missing), archived.location)
-    return archived
+    return replace(archived, copies=ReceiptCopies(artifact_dir, dest, tuple(skipped), credentials))
 
 
 def _archived(artifact_uri: str, store: ObjectStore | None, credentials) -> Resolved:
