@@ -263,6 +263,16 @@ def rewrite_in_place(ckpt: Path, how: str) -> None:
         assert path.stat().st_size == len(data)
 
 
+def trainer_checkpoint(base: Path, ckpt: Path, step: int) -> Path:
+    """``checkpoint-<step>`` as the Trainer saves one with its full state: the model (a copy of ``base``) and
+    the optimizer, scheduler, RNG and trainer state a resume reads (placeholders but ``trainer_state.json``)."""
+    shutil.copytree(base, ckpt)
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        (ckpt / name).write_bytes(os.urandom(256))
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": step}))
+    return ckpt
+
+
 def archive_it(art_dir: Path, archive: Path) -> None:
     published = run_cli("publish", "--artifact-dir", str(art_dir), "--bucket", f"file://{archive}")
     assert published.returncode == 0, published.stderr
@@ -280,7 +290,7 @@ def test_a_rewrite_of_checkpoint_n_in_place_changes_no_committed_artifact(base, 
     from ckptflow.trainer.hf import resume_point
 
     run_dir = tmp_path / "runs" / RUN
-    ckpt = shutil.copytree(base, run_dir / "checkpoint-4")
+    ckpt = trainer_checkpoint(base, run_dir / "checkpoint-4", 4)
     assert export_in_process(ckpt, run_dir, 4).returncode == 0
     if archived:
         archive_it(art(run_dir, 4), archive)
@@ -310,7 +320,7 @@ def test_an_artifact_sharing_inodes_with_a_rewritten_checkpoint_is_named_damaged
     from ckptflow.trainer.hf import _component_name, resume_point
 
     run_dir = tmp_path / "runs" / RUN
-    ckpt = shutil.copytree(base, run_dir / "checkpoint-4")
+    ckpt = trainer_checkpoint(base, run_dir / "checkpoint-4", 4)
     linked = art(run_dir, 4)
     linked.mkdir(parents=True)
     for rel in files_of(ckpt):
