@@ -243,15 +243,20 @@ class ArtifactCallback(TrainerCallback):
             self._end_at_once(run_dir, step, state.max_steps, ranks)
 
     def _end_at_once(self, run_dir: Path, step: int, max_steps: int, ranks: Ranks) -> None:
-        """A start at or past ``max_steps``: wait for the catch-up's publications (main process), then raise
-        ``RunComplete`` on every rank; the Trainer never reads ``should_training_stop`` before a step."""
+        """A start at or past ``max_steps``: wait for the catch-up's publications (main process; unless
+        ``wait_at_end`` is off), then raise ``RunComplete`` on every rank; the Trainer never reads
+        ``should_training_stop`` before a step."""
         def catch_up() -> tuple[list[str], list[str]]:
-            outcomes = wait_for_publications(run_dir, collective=False) if self.upload.enabled else []
+            waited = self.upload.enabled and self.wait_at_end
+            outcomes = wait_for_publications(run_dir, collective=False) if waited else []
             return ([o.artifact_dir.name for o in outcomes if o.ok], [o.artifact_dir.name for o in outcomes if not o.ok])
 
         published, failed = ranks.decide(f"the catch-up of {run_dir} at its last step", catch_up)
-        caught = (f"its publications are caught up ({', '.join(published) or 'none was pending'}"
-                  + (f"; failed, each logged with its retry command: {', '.join(failed)}" if failed else "") + ")")
+        if self.upload.enabled and not self.wait_at_end:
+            caught = "its publications are queued in the background (wait_at_end=False: wait_for_publications waits)"
+        else:
+            caught = (f"its publications are caught up ({', '.join(published) or 'none was pending'}"
+                      + (f"; failed, each logged with its retry command: {', '.join(failed)}" if failed else "") + ")")
         message = (f"{run_dir} is already at step {step} of max_steps={max_steps} (the trainer_state.json it resumed "
                    f"from): {caught}; training ends here, before any step")
         if ranks.is_main:
