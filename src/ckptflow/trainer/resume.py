@@ -432,8 +432,11 @@ def check_run_attempt(attempt_dir: Path | str, resume: str = "auto", resume_path
 
 
 def _why_not(newest: Path) -> str:
-    """`` (<why the newest artifact is no resume point>)``, or "" when it is one."""
-    return f" ({why})" if (why := model_only_reason(newest, "it")) else ""
+    """`` (<why the newest artifact is no resume point>)`` for a model-only Trainer checkpoint (naming what it
+    lacks), else ""."""
+    if trainer_artifact_missing(newest) and (why := model_only_reason(newest, "it")):
+        return f" ({why})"
+    return ""
 
 
 def _mint_fresh(attempt: Path, base: dict[str, Any]) -> ResumeDecision:
