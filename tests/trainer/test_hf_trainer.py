@@ -20,6 +20,7 @@ from ckptflow.records import receipt as receipt_record
 from ckptflow.store.local import LocalStore
 from helpers import REPO
 from helpers.cli import run_cli, wait_until
+from helpers.procs import kill_job
 from helpers.tiny_models import build_tiny_base
 
 RUN = "proj/grp/run1/20261129T000000Z"
@@ -54,7 +55,7 @@ def train(base: Path, run_dir: Path, *args: str, ranks: int = 1, env: dict | Non
         out, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_job(proc)  # torchrun's workers too: they run in a session of their own
             proc.communicate()
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
@@ -182,6 +183,13 @@ def test_two_ranks_check_the_destination_export_on_the_main_process_only_resume_
     resumed = result(train(base, run_dir, "--steps", "6", *flags, ranks=2))
     assert resumed["resumed_from"] == str(art(run_dir, 4)) and resumed["exported"] == [6]
     assert resumed["global_step"] == 6 and resumed["published"] == ["iter_000006"]
+
+    # The same command again (a requeue after the last step): both ranks end at train begin, no step taken.
+    again = train(base, run_dir, "--steps", "6", *flags, ranks=2)
+    done = result(again)
+    assert done["complete"] and done["exported"] == [] and done["global_step"] == 6
+    assert again.stderr.count("is already at step 6 of max_steps=6") == 1 and "'loss'" not in again.stdout + again.stderr
+    assert not art(run_dir, 7).exists() and not (run_dir / "checkpoint-7").exists()
 
 
 def fake_checkpoint(root: Path, seed: int = 0) -> Path:

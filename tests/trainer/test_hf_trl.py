@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from ckptflow.records import receipt as receipt_record
 from ckptflow.store.local import LocalStore
 from helpers import REPO
 from helpers.cli import run_cli, wait_until
+from helpers.procs import kill_job
 from helpers.tiny_models import build_tiny_base
 
 RUN = "proj/grp/run1/20261129T000000Z"
@@ -41,37 +41,6 @@ def archive(tmp_path) -> Path:
     root.mkdir()
     assert run_probe(LocalStore(root), "scratch").record.passed
     return root
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (from /proc): torchrun's workers run in a session of their own, so
-    killing the launcher's process group would leave them training."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def kill_job(proc: subprocess.Popen) -> None:
-    """SIGKILL the job: its process group and every process it started, wherever their session."""
-    for pid in [*descendants(proc.pid), proc.pid]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def sft(base: Path, run_dir: Path, *args: str, env: dict | None = None,

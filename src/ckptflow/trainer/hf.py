@@ -5,13 +5,16 @@ This is the one module of ckptflow that imports transformers (the ``hf`` extra, 
 ``import ckptflow.trainer`` never loads it. Wiring::
 
     from ckptflow.trainer import UploadSettings
-    from ckptflow.trainer.hf import ArtifactCallback, resume_point
+    from ckptflow.trainer.hf import ArtifactCallback, RunComplete, resume_point
 
     run_dir = "runs/proj/grp/run1/20261129T000000Z"           # the attempt directory <run>/<ts>
     args = TrainingArguments(output_dir=run_dir, save_steps=100, save_total_limit=2, ...)
     trainer = Trainer(model, args, ..., callbacks=[ArtifactCallback(run_dir, UploadSettings(
         enabled=True, bucket="my-bucket", credentials="creds.json"))])
-    trainer.train(resume_from_checkpoint=resume_point(run_dir))
+    try:
+        trainer.train(resume_from_checkpoint=resume_point(run_dir))
+    except RunComplete:  # a requeue after the last save: its publications caught up, nothing left to train
+        pass
 
 At each save (``on_save``, after the Trainer wrote ``checkpoint-N`` and rotated older ones) every process
 waits for the others (each rank writes its own ``rng_state_R.pth``); then the main process alone
