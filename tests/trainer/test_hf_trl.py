@@ -264,3 +264,27 @@ def test_a_trainer_state_that_disagrees_with_the_manifest_is_no_resume_point(tmp
     newest = sealed(run_dir, 6, MODEL + list(STATE_FILES), state_step=5)
     d = check_run_attempt(run_dir, resume_path=newest)
     assert d.decision == "refused" and "global_step=5" in d.reason and "iteration 6" in d.reason
+
+
+def test_the_start_check_judges_the_trainers_own_checkpoint_where_no_artifact_is_committed(tmp_path):
+    """``Trainer.train(resume_from_checkpoint=True)`` resumes ``output_dir/checkpoint-N``: a start at N with no
+    committed ``iter_N`` is judged by that checkpoint's files."""
+    from ckptflow.errors import Refused
+    from ckptflow.trainer.hf import refuse_a_model_only_start
+
+    run_dir = tmp_path / RUN
+    ckpt = run_dir / "checkpoint-4"
+    ckpt.mkdir(parents=True)
+    for name in MODEL:
+        (ckpt / name).write_text(name)
+    with pytest.raises(Refused) as refused:
+        refuse_a_model_only_start(run_dir, run_dir, 4)
+    assert f"{ckpt} is a model-only checkpoint" in str(refused.value)
+    assert all(name in str(refused.value) for name in STATE_FILES) and "save_only_model=False" in str(refused.value)
+    refuse_a_model_only_start(run_dir, run_dir, 0)  # a fresh start reads no checkpoint
+    for name in STATE_FILES:
+        (ckpt / name).write_text(name)
+    refuse_a_model_only_start(run_dir, run_dir, 4)  # the full state: a resume as exact as the Trainer's
+    sealed(run_dir, 4, MODEL)  # a committed iter_4 is what the run resumed from, and it is model-only
+    with pytest.raises(Refused, match="iter_000004 is a model-only artifact"):
+        refuse_a_model_only_start(run_dir, run_dir, 4)
