@@ -4,8 +4,9 @@
 (files of its own: reflinks or copies, sealed, published in the background by the main process; the copy and
 the seal run off the training loop unless ``--export sync``, the next save waiting for them); the
 Trainer's ``save_total_limit`` may delete ``checkpoint-N`` meanwhile. ``--resume auto`` resumes from the run's
-newest committed artifact (``resume_point``; a pruned one is refused, naming ``ckptflow restore``, and so is a
-damaged one, naming its remedy). The model is any causal LM
+newest committed artifact (``resume_point``; a model-only one is refused, naming the files it lacks, a pruned
+one naming ``ckptflow restore``, and a damaged one naming its remedy); a requeue of a run that had already saved
+its last step catches up its publications and ends (``RunComplete``: ``"complete": true``). The model is any causal LM
 directory (``--model``); the data are random token ids. Prints one JSON line (main process only): the
 resume point, the exported iterations and the publication outcomes. Exit 3: refused (a start behind a
 committed artifact, a pruned resume point, a destination the preflight rejects: on by default with
@@ -30,7 +31,7 @@ from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
 from ckptflow.errors import CkptflowError
 from ckptflow.trainer import UploadSettings, wait_for_publications
-from ckptflow.trainer.hf import ArtifactCallback, resume_point
+from ckptflow.trainer.hf import ArtifactCallback, RunComplete, resume_point
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -96,16 +97,19 @@ def train(args: argparse.Namespace) -> int:
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     trainer = Trainer(model=model, args=training, train_dataset=RandomTokens(model.config.vocab_size),
                       callbacks=[callback])
+    complete = False
     try:
         start = resume_point(args.run_dir) if args.resume == "auto" else None
         trainer.train(resume_from_checkpoint=start)
+    except RunComplete:  # a requeue after the last step: its publications caught up, nothing left to train
+        complete = True
     except CkptflowError as exc:
         sys.stderr.write(f"train_hf_trainer: {exc}\n")
         return 3
     outcomes = wait_for_publications(args.run_dir)
     if main_process:
         sys.stdout.write(json.dumps({
-            "run_dir": args.run_dir, "resumed_from": start, "exported": callback.exported,
+            "run_dir": args.run_dir, "resumed_from": start, "exported": callback.exported, "complete": complete,
             "global_step": trainer.state.global_step,
             "published": [o.artifact_dir.name for o in outcomes if o.ok],
             "failed": [{"artifact": o.artifact_dir.name, "retry": o.retry} for o in outcomes if not o.ok],

@@ -21,6 +21,7 @@ from ckptflow.records import receipt as receipt_record
 from ckptflow.store.local import LocalStore
 from helpers import REPO
 from helpers.cli import run_cli, wait_until
+from helpers.procs import kill_job
 from helpers.tiny_models import build_tiny_base
 
 RUN = "proj/grp/run1/20261129T000000Z"
@@ -55,7 +56,7 @@ def train(base: Path, run_dir: Path, *args: str, ranks: int = 1, env: dict | Non
         out, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_job(proc)  # torchrun's workers too: they run in a session of their own
             proc.communicate()
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
@@ -184,6 +185,13 @@ def test_two_ranks_check_the_destination_export_on_the_main_process_only_resume_
     assert resumed["resumed_from"] == str(art(run_dir, 4)) and resumed["exported"] == [6]
     assert resumed["global_step"] == 6 and resumed["published"] == ["iter_000006"]
 
+    # The same command again (a requeue after the last step): both ranks end at train begin, no step taken.
+    again = train(base, run_dir, "--steps", "6", *flags, ranks=2)
+    done = result(again)
+    assert done["complete"] and done["exported"] == [] and done["global_step"] == 6
+    assert again.stderr.count("is already at step 6 of max_steps=6") == 1 and "'loss'" not in again.stdout + again.stderr
+    assert not art(run_dir, 7).exists() and not (run_dir / "checkpoint-7").exists()
+
 
 def fake_checkpoint(root: Path, seed: int = 0) -> Path:
     """A Trainer checkpoint's shape: files and a sharded subdirectory (as FSDP or DeepSpeed write one)."""
@@ -264,6 +272,16 @@ def rewrite_in_place(ckpt: Path, how: str) -> None:
         assert path.stat().st_size == len(data)
 
 
+def trainer_checkpoint(base: Path, ckpt: Path, step: int) -> Path:
+    """``checkpoint-<step>`` as the Trainer saves one with its full state: the model (a copy of ``base``) and
+    the optimizer, scheduler, RNG and trainer state a resume reads (placeholders but ``trainer_state.json``)."""
+    shutil.copytree(base, ckpt)
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        (ckpt / name).write_bytes(os.urandom(256))
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": step}))
+    return ckpt
+
+
 def archive_it(art_dir: Path, archive: Path) -> None:
     published = run_cli("publish", "--artifact-dir", str(art_dir), "--bucket", f"file://{archive}")
     assert published.returncode == 0, published.stderr
@@ -281,7 +299,7 @@ def test_a_rewrite_of_checkpoint_n_in_place_changes_no_committed_artifact(base, 
     from ckptflow.trainer.hf import resume_point
 
     run_dir = tmp_path / "runs" / RUN
-    ckpt = shutil.copytree(base, run_dir / "checkpoint-4")
+    ckpt = trainer_checkpoint(base, run_dir / "checkpoint-4", 4)
     assert export_in_process(ckpt, run_dir, 4).returncode == 0
     if archived:
         archive_it(art(run_dir, 4), archive)
@@ -311,7 +329,7 @@ def test_an_artifact_sharing_inodes_with_a_rewritten_checkpoint_is_named_damaged
     from ckptflow.trainer.hf import _component_name, resume_point
 
     run_dir = tmp_path / "runs" / RUN
-    ckpt = shutil.copytree(base, run_dir / "checkpoint-4")
+    ckpt = trainer_checkpoint(base, run_dir / "checkpoint-4", 4)
     linked = art(run_dir, 4)
     linked.mkdir(parents=True)
     for rel in files_of(ckpt):

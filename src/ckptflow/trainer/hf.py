@@ -5,13 +5,16 @@ This is the one module of ckptflow that imports transformers (the ``hf`` extra, 
 ``import ckptflow.trainer`` never loads it. Wiring::
 
     from ckptflow.trainer import UploadSettings
-    from ckptflow.trainer.hf import ArtifactCallback, resume_point
+    from ckptflow.trainer.hf import ArtifactCallback, RunComplete, resume_point
 
     run_dir = "runs/proj/grp/run1/20261129T000000Z"           # the attempt directory <run>/<ts>
     args = TrainingArguments(output_dir=run_dir, save_steps=100, save_total_limit=2, ...)
     trainer = Trainer(model, args, ..., callbacks=[ArtifactCallback(run_dir, UploadSettings(
         enabled=True, bucket="my-bucket", credentials="creds.json"))])
-    trainer.train(resume_from_checkpoint=resume_point(run_dir))
+    try:
+        trainer.train(resume_from_checkpoint=resume_point(run_dir))
+    except RunComplete:  # a requeue after the last save: its publications caught up, nothing left to train
+        pass
 
 At each save (``on_save``, after the Trainer wrote ``checkpoint-N`` and rotated older ones) every process
 waits for the others (each rank writes its own ``rng_state_R.pth``); then the main process alone
@@ -56,25 +59,39 @@ until ``save_total_limit`` or ``prune-verified`` frees one of them (measured in 
 way is discarded and done again by the next save of that iteration, and anything else in the directory is
 refused by name.
 
-The artifact is a complete Trainer checkpoint: ``Trainer.train(resume_from_checkpoint=<iter_N>)`` resumes from
-it. The Trainer's ``save_total_limit`` may delete ``checkpoint-N`` at any later save: the artifact holds its
-own bytes until ``prune-verified`` frees them once the archive is proven, so nothing is lost either way.
+The artifact holds what ``checkpoint-N`` holds. It is a complete Trainer checkpoint, which
+``Trainer.train(resume_from_checkpoint=<iter_N>)`` resumes exactly, when the Trainer saved its full state:
+``optimizer.pt``, ``scheduler.pt`` and every rank's ``rng_state*.pth`` beside ``trainer_state.json``
+(``save_only_model=False``, the default; ``resume.trainer_checkpoint_missing`` is the rule). Saved with
+``save_only_model=True`` it is a model-only artifact: the Trainer would resume it with a fresh optimizer and
+scheduler without a word, so nothing resumes a run from it (a new run may start from its weights). The
+Trainer's ``save_total_limit`` may delete ``checkpoint-N`` at any later save: the artifact holds its own bytes
+until ``prune-verified`` frees them once the archive is proven, so nothing is lost either way.
+
+``resume_point(run_dir)`` is the resume guard's answer (``resume.check_run_attempt``, what ``ckptflow
+resume-check --attempt-dir run_dir`` answers): the newest committed artifact when it is a complete Trainer
+checkpoint, None for a fresh run, and a refusal naming what is wrong and the remedies otherwise (a model-only
+newest artifact, naming the files it lacks; a pruned one, naming ``ckptflow restore``; a damaged one, whose
+files are not the bytes its manifest committed).
 
 A save of an iteration that is already committed would collide with its artifact (``export_checkpoint``
 refuses a committed ``iter_N``). So at ``on_train_begin`` the callback refuses a start behind the newest
 committed artifact (step 0 or an older checkpoint: it would save that iteration again), naming the
-artifact to resume from; ``resume_point(run_dir)`` names the newest committed artifact (refusing a pruned one,
-naming ``ckptflow restore``, and a damaged one, whose files are not the bytes its manifest committed), or None
-for a fresh run. Also at ``on_train_begin``: the preflight of the destination when ``UploadSettings.preflight``
-is set (``preflight_once``, every rank: rank 0 checks), and on the main process the background publication of
-every committed artifact without a receipt (``publish_pending``: what a killed attempt left). At
-``on_train_end`` every rank waits for the pending export and the main process for the publications
-(``wait_at_end``).
+artifact to resume from, and a start from a model-only checkpoint (``Trainer.train`` given one directly).
+Also at ``on_train_begin``: the preflight of the destination when ``UploadSettings.preflight`` is set
+(``preflight_once``, every rank: rank 0 checks), and on the main process the background publication of
+every committed artifact without a receipt (``publish_pending``: what a killed attempt left). A start at or
+past ``max_steps`` (a requeue of a run killed during its last publication: the resumed ``trainer_state.json``
+is at the end) waits for that catch-up and ends there: every rank raises ``RunComplete``, before the Trainer
+takes a step (resumed at its end, the Trainer would train one step past ``max_steps`` and save it; it reads
+``control.should_training_stop`` only after a step). At ``on_train_end`` every rank waits for the pending
+export and the main process for the publications (``wait_at_end``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -83,7 +100,7 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .. import testhooks
-from ..artifact import COMPONENT_NAME_RE, ComponentSpec, changed_payloads, changed_remedy, seal_artifact
+from ..artifact import COMPONENT_NAME_RE, ComponentSpec, seal_artifact
 from ..errors import NotFound, Refused
 from ..fsutil import clone_file, fsync_dir, walk_files
 from ..records import manifest as manifest_record
@@ -92,7 +109,15 @@ from .async_save import SaveHandle, background_ranks, run_in_background
 from .preflight import preflight_once
 from .publish import UploadSettings, publish_in_background, publish_pending, wait_for_publications
 from .ranks import Ranks
-from .resume import committed_artifacts, restore_remedy
+from .resume import (
+    HF_TRAINER_STATE,
+    TRAINER_STATE_FILES,
+    check_run_attempt,
+    committed_artifacts,
+    init_source,
+    model_only_reason,
+    trainer_checkpoint_missing,
+)
 from .write import artifact_dir_for, begin_owned_save
 
 log = logging.getLogger(__name__)
@@ -104,25 +129,17 @@ def checkpoint_dir_for(output_dir: Path | str, step: int) -> Path:
 
 def resume_point(run_dir: Path | str) -> str | None:
     """The newest committed artifact of the run, for ``Trainer.train(resume_from_checkpoint=...)``; None when
-    the run holds none (a fresh start). A newest artifact whose payloads are not all on disk (pruned) is
-    refused, naming ``ckptflow restore``: resuming from an older one would save the newest again. So is one
-    whose files are not the bytes its manifest committed (``artifact.changed_payloads``: a stat per file, a
-    hash only of a file modified after the commit), naming it damaged and the remedy."""
-    found = committed_artifacts(Path(run_dir))
-    if not found:
-        return None
-    iteration = max(found)
-    art = found[iteration]
-    missing = [f.path for f in manifest_record.read_manifest(manifest_record.path_in(art)).physical_files()
-               if not (art / f.path).is_file()]
-    if missing:
-        raise Refused(f"the newest committed artifact {art} is missing {len(missing)} payload file(s) "
-                      f"({', '.join(missing[:5])}): it was pruned after publication", remedy=restore_remedy(art, iteration))
-    if changed := changed_payloads(art):
-        raise Refused(f"the newest committed artifact {art} is damaged: {'; '.join(changed[:3])}"
-                      f"{f' (+{len(changed) - 3} more)' if len(changed) > 3 else ''}; it is not the state its "
-                      "manifest committed, and resuming from it would train on other bytes", remedy=changed_remedy(art))
-    return str(art)
+    the run holds none (a fresh start). The resume guard decides (``resume.check_run_attempt``, the answer of
+    ``ckptflow resume-check --attempt-dir run_dir``): a newest artifact that is not a complete Trainer
+    checkpoint (saved with ``save_only_model=True``) is refused, naming the files it lacks and the remedies;
+    so is one whose payloads are not all on disk (pruned), naming ``ckptflow restore`` (resuming from an older
+    one would save the newest again), and one whose files are not the bytes its manifest committed
+    (``artifact.changed_payloads``: a stat per file, a hash only of a file modified after the commit), naming
+    it damaged and the remedy."""
+    decision = check_run_attempt(run_dir, "auto")
+    if not decision.may_start:
+        raise Refused(decision.message())
+    return decision.resume_from
 
 
 @dataclass(frozen=True)
@@ -233,6 +250,39 @@ def refuse_a_start_behind(run_dir: Path | str, step: int) -> None:
                       "under a new run directory")
 
 
+def refuse_a_model_only_start(run_dir: Path | str, output_dir: Path | str, step: int) -> None:
+    """Refuse a start at ``step`` > 0 resumed from a model-only checkpoint: the run's committed ``iter_<step>``
+    (or, where none is committed, the Trainer's own ``checkpoint-<step>``) lacks the optimizer, scheduler or
+    RNG state (``resume.trainer_checkpoint_missing``), so the Trainer restarted them fresh."""
+    if step <= 0:
+        return
+    found = committed_artifacts(Path(run_dir))
+    if step in found:
+        source, why = found[step], model_only_reason(found[step])
+    else:
+        source = checkpoint_dir_for(output_dir, step)
+        if not (source / HF_TRAINER_STATE).is_file() or not (missing := trainer_checkpoint_missing(os.listdir(source))):
+            return
+        why = (f"{source} is a model-only checkpoint (saved with save_only_model=True: no {', '.join(missing)}): "
+               "resumed from it, the Trainer restarted the optimizer, the learning-rate schedule and the RNG streams")
+    if why:
+        model = init_source(source) if step in found else f"{source} (from_pretrained)"
+        raise Refused(f"refusing to train {run_dir} from step {step}: {why}", remedy=(
+            f"save the full Trainer state (save_only_model=False, the default: {TRAINER_STATE_FILES}) for runs that "
+            f"must resume exactly; or start a NEW run (a new run directory, step 0) initialised from {model}"))
+
+
+class RunComplete(Refused):
+    """A start at or past ``max_steps`` (a requeue of a run that had saved its last step): the publications it
+    left were caught up, and nothing is trained. Raised by ``on_train_begin`` on every rank, before the Trainer
+    takes a step; a requeued job catches it around ``trainer.train`` and ends as a finished one."""
+
+    def __init__(self, message: str, *, remedy: str | None = None, published: list[str] | None = None,
+                 failed: list[str] | None = None):
+        super().__init__(message, remedy=remedy)
+        self.published, self.failed = published or [], failed or []
+
+
 class ArtifactCallback(TrainerCallback):
     """Turns every ``checkpoint-N`` the Trainer saves into the sealed artifact ``iter_N`` of ``run_dir``
     (default: the Trainer's ``output_dir``) and publishes it in the background when ``upload`` is enabled.
@@ -257,11 +307,45 @@ class ArtifactCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         run_dir, step = self._run(args), state.global_step
         ranks = Ranks.current()
-        ranks.decide(f"the start of {run_dir} at step {step}", lambda: refuse_a_start_behind(run_dir, step))
+
+        def check_the_start() -> None:
+            refuse_a_start_behind(run_dir, step)
+            refuse_a_model_only_start(run_dir, args.output_dir, step)
+            if args.save_only_model:
+                log.warning("%s: save_only_model=True: every artifact of this run is model-only (no %s), and no "
+                            "requeue can resume from it; resume_point refuses it", run_dir, TRAINER_STATE_FILES)
+
+        ranks.decide(f"the start of {run_dir} at step {step}", check_the_start)
         if self.upload.enabled and self.upload.preflight:
             preflight_once(run_dir, self.upload)  # every rank: rank 0 checks, the outcome is broadcast
         if ranks.is_main:
             publish_pending(run_dir, self.upload, collective=False)  # what a killed attempt left unpublished
+        if state.max_steps > 0 and step >= state.max_steps:
+            control.should_training_stop = True
+            self._end_at_once(run_dir, step, state.max_steps, ranks)
+
+    def _end_at_once(self, run_dir: Path, step: int, max_steps: int, ranks: Ranks) -> None:
+        """A start at or past ``max_steps``: wait for the catch-up's publications (main process; unless
+        ``wait_at_end`` is off), then raise ``RunComplete`` on every rank; the Trainer never reads
+        ``should_training_stop`` before a step."""
+        def catch_up() -> tuple[list[str], list[str]]:
+            waited = self.upload.enabled and self.wait_at_end
+            outcomes = wait_for_publications(run_dir, collective=False) if waited else []
+            return ([o.artifact_dir.name for o in outcomes if o.ok], [o.artifact_dir.name for o in outcomes if not o.ok])
+
+        published, failed = ranks.decide(f"the catch-up of {run_dir} at its last step", catch_up)
+        if self.upload.enabled and not self.wait_at_end:
+            caught = "its publications are queued in the background (wait_at_end=False: wait_for_publications waits)"
+        else:
+            caught = (f"its publications are caught up ({', '.join(published) or 'none was pending'}"
+                      + (f"; failed, each logged with its retry command: {', '.join(failed)}" if failed else "") + ")")
+        message = (f"{run_dir} is already at step {step} of max_steps={max_steps} (the trainer_state.json it resumed "
+                   f"from): {caught}; training ends here, before any step")
+        if ranks.is_main:
+            log.warning("%s", message)
+        raise RunComplete(message, published=published, failed=failed, remedy=(
+            "nothing is left to train: a requeued job catches ckptflow.trainer.hf.RunComplete around trainer.train "
+            "and ends as a finished one; raise max_steps to train further"))
 
     def on_save(self, args, state, control, **kwargs):
         ranks, step = Ranks.current(), state.global_step

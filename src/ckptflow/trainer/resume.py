@@ -5,14 +5,18 @@ whether it may start in the attempt directory ``<run>/<ts>`` and from where:
 
 - ``resume="auto"`` resumes from the newest resumable candidate: a complete full checkpoint under
   ``checkpoints/`` (an ``iter_N`` directory holding ``trainer.pt`` and no ``.save-in-progress`` marker, see
-  ``checkpoints.py``: a save whose shards are still coming is not a candidate) or an artifact committed
-  with the full component plan (model, optim, trainer). It never resumes from a model-only artifact;
+  ``checkpoints.py``: a save whose shards are still coming is not a candidate), an artifact committed
+  with the full component plan (model, optim, trainer), or a complete Hugging Face Trainer checkpoint
+  exported by ``trainer.hf`` (``trainer_state.json`` with the optimizer, scheduler and RNG state beside it,
+  ``trainer_checkpoint_missing``). It never resumes from a model-only artifact: a native one without
+  optim/trainer, or a Trainer checkpoint saved with ``save_only_model=True`` (refused naming what it lacks);
 - when the attempt holds committed ``checkpoint_artifacts/iter_*`` (manifest present), a step-0 restart is
   refused, and so is a candidate behind the newest committed artifact: resuming it would replay up to
   that artifact and collide with it one save later (under Slurm requeue, in a loop);
 - an explicit ``resume_path`` (``judge_resume_path``) must exist and is judged by its real path (``..`` and
   symlinks resolved), never by a name segment: a committed full-plan artifact directory (iteration from
-  its manifest, its ``trainer.pt`` readable and agreeing), a complete checkpoint directory, or a
+  its manifest, its ``trainer.pt`` readable and agreeing; for a complete Trainer checkpoint the
+  ``global_step`` of its ``trainer_state.json``), a complete checkpoint directory, or a
   single-file checkpoint outside any ``iter_N`` directory; the iteration comes from the validated trainer
   state (``optimizer_step``/``iter`` in ``trainer.pt``, or at the top level of a single-file checkpoint,
   loaded with ``weights_only=True``). A file or directory inside a model-only artifact (or inside any
@@ -32,14 +36,19 @@ whether it may start in the attempt directory ``<run>/<ts>`` and from where:
 ``--resume off`` names the fresh attempt it would mint, and running it twice names the same one);
 ``pin_run_attempt`` is the one that creates the minted attempt, exclusively.
 
-A refusal names the attempt directory and three remedies, each an operator decision (``REMEDIES``).
+A refusal names the attempt directory and three remedies, each an operator decision (``remedies``), each
+naming files that exist: the model to initialise a new run from is the newest artifact's model file (a
+Trainer checkpoint: the artifact directory itself, a Hugging Face model or adapter directory), restored
+first where it was pruned.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,13 +70,108 @@ def restore_remedy(artifact_dir: Path, iteration: int) -> str:
 
 
 def remedies(attempt_dir: Path, newest: Path | None) -> list[str]:
-    model = f"{newest}/model.pt" if newest is not None else "the committed model artifact (checkpoint_artifacts/iter_N/model.pt)"
+    if newest is not None and trainer_artifact_missing(newest) is not None:
+        return [
+            f"continue from the artifact as a NEW run: a new run directory, the model initialised from "
+            f"{init_source(newest)}, the data advanced past the examples it consumed, fresh optimizer state",
+            f"train under a new run directory (ckptflow resume-check --resume off names a fresh attempt beside "
+            f"{attempt_dir})",
+            f"save the full Trainer state when exact resume across requeues is required: save_only_model=False (the "
+            f"default) writes {TRAINER_STATE_FILES} into every checkpoint",
+        ]
+    model = init_source(newest) if newest is not None else "the committed model artifact (checkpoint_artifacts/iter_N/model.pt)"
     return [
         f"continue from the artifact as a NEW run: a new job name, init from {model}, advance the data cursor by "
         "the exact number of consumed examples, fresh optimizer state",
         f"set resume=off (ckptflow resume-check --resume off) to mint a fresh attempt beside {attempt_dir}",
         "save the full component plan [model, optimizer, trainer_state] when exact resume across requeues is required",
     ]
+
+
+def init_source(artifact_dir: Path) -> str:
+    """What a new run initialises its model from, named by files the artifact holds: a Trainer checkpoint's
+    directory (``from_pretrained``; a LoRA one: its adapter over the base it was trained on), else the file of
+    its ``model`` component; a pruned one is restored first."""
+    try:
+        manifest = manifest_record.read_manifest(artifact_dir)
+    except (InvalidRecord, OSError):
+        return f"{artifact_dir} (its manifest cannot be read: judge it before using it)"
+    entries = _top_entries(manifest)
+    if HF_TRAINER_STATE in entries:
+        source = (f"{artifact_dir} (a LoRA adapter: PeftModel.from_pretrained(base, \"{artifact_dir}\") over the base "
+                  "it was trained on)" if "adapter_config.json" in entries else
+                  f"{artifact_dir} (a Hugging Face model directory: from_pretrained(\"{artifact_dir}\"))")
+    elif (model := manifest.components.get("model")) is not None:
+        source = f"{artifact_dir}/{model.path}"
+    else:
+        source = f"{artifact_dir} (it has no model component: {', '.join(sorted(manifest.components))})"
+    if gone := unrestored(artifact_dir):
+        return f"{source}, once `ckptflow restore --artifact-dir {artifact_dir}` put back its {len(gone)} pruned file(s)"
+    return source
+
+
+# A Hugging Face Trainer checkpoint (``checkpoint-N``, and the artifact ``trainer.hf`` exports from it): the Trainer
+# writes ``trainer_state.json`` at every save; the optimizer, scheduler and RNG state only without save_only_model.
+HF_TRAINER_STATE = "trainer_state.json"
+TRAINER_STATE_FILES = "optimizer.pt, scheduler.pt and rng_state.pth (rng_state_<rank>.pth per rank)"
+_RNG_STATE_RE = re.compile(r"rng_state(?:_(\d+))?\.pth$")
+
+
+def trainer_checkpoint_missing(entries: Iterable[str]) -> list[str]:
+    """What a Hugging Face Trainer checkpoint whose top-level entries are ``entries`` lacks for an exact resume,
+    [] when nothing: the optimizer state (``optimizer.pt``; FSDP's ``optimizer*`` directory or file; DeepSpeed's
+    ``global_step*`` directory, which holds the scheduler too), the scheduler state (``scheduler.pt``) and every
+    rank's RNG state (``rng_state.pth``, or ``rng_state_<rank>.pth`` for ranks 0..n-1). Saved with
+    ``save_only_model=True`` it holds none of them: ``Trainer.train(resume_from_checkpoint=...)`` then starts
+    them fresh without a word (the learning rate back at its first value), and the run diverges."""
+    names = set(entries)
+    deepspeed = any(n.startswith("global_step") for n in names)
+    missing = []
+    if not deepspeed and not any(n.startswith("optimizer") or n.endswith("-optimizer.pt") for n in names):
+        missing.append("optimizer.pt")
+    if not deepspeed and "scheduler.pt" not in names:
+        missing.append("scheduler.pt")
+    ranks = {int(m.group(1)) for n in names if (m := _RNG_STATE_RE.match(n)) and m.group(1) is not None}
+    if "rng_state.pth" not in names and not ranks:
+        missing.append("rng_state.pth")
+    elif ranks and (gaps := sorted(set(range(max(ranks) + 1)) - ranks)):
+        missing.extend(f"rng_state_{r}.pth" for r in gaps)
+    return missing
+
+
+def trainer_artifact_missing(artifact_dir: Path) -> list[str] | None:
+    """``trainer_checkpoint_missing`` of an artifact exported from a Trainer checkpoint (it commits
+    ``trainer_state.json``), judged by its manifest (so a pruned artifact is judged too); None for any
+    other artifact, or one whose manifest cannot be read."""
+    try:
+        entries = _top_entries(manifest_record.read_manifest(artifact_dir))
+    except (InvalidRecord, OSError):
+        return None
+    return trainer_checkpoint_missing(entries) if HF_TRAINER_STATE in entries else None
+
+
+def _top_entries(manifest: manifest_record.Manifest) -> set[str]:
+    return {c.path.split("/")[0] for c in manifest.components.values()}
+
+
+def model_only_reason(artifact_dir: Path, shown: str | None = None) -> str | None:
+    """Why a committed artifact is no resume point, or None when it is one (full plan, or a complete Trainer
+    checkpoint)."""
+    shown = shown or str(artifact_dir)
+    if (missing := trainer_artifact_missing(artifact_dir)) is not None:
+        if not missing:
+            return None
+        return (f"{shown} is a model-only artifact (a Trainer checkpoint saved with save_only_model=True: no "
+                f"{', '.join(missing)}): resumed from it, the Trainer would restart the optimizer, the learning-rate "
+                "schedule and the RNG streams, and the run would diverge")
+    if is_full_plan_artifact(artifact_dir):
+        return None
+    return f"resume=auto never resumes from a model-only artifact ({shown})"
+
+
+def is_resumable_artifact(artifact_dir: Path) -> bool:
+    """A committed artifact a run resumes from exactly: the full component plan, or a complete Trainer checkpoint."""
+    return model_only_reason(artifact_dir) is None
 
 
 @dataclass
@@ -190,13 +294,29 @@ def judge_resume_path(path: Path | str) -> tuple[Path | None, int | None, str]:
 def _judge_artifact(art: Path, shown: str) -> tuple[Path | None, int | None, str]:
     if not manifest_record.path_in(art).is_file():
         return None, None, f"{shown} is an artifact directory without its manifest (an interrupted save)"
-    if not is_full_plan_artifact(art):
-        return None, None, f"resume=auto never resumes from a model-only artifact ({shown})"
+    if why := model_only_reason(art, shown):
+        return None, None, why
     it = manifest_record.read_manifest(art).iteration
     if gone := unrestored(art):
         raise _Unrestored(art, it, gone)
     _refuse_damaged(art)
+    if trainer_artifact_missing(art) is not None:
+        return _with_trainer_state(art, it)
     return _with_state(art, art / TRAINER_FILE, it)
+
+
+def _with_trainer_state(art: Path, expected: int) -> tuple[Path | None, int | None, str]:
+    """The ``global_step`` of a Trainer checkpoint's ``trainer_state.json``; it must agree with the manifest."""
+    source = art / HF_TRAINER_STATE
+    try:
+        state = json.loads(source.read_bytes())  # the Trainer's own file (it may hold NaN): not a ckptflow record
+        step = state["global_step"]
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        return None, None, f"its iteration cannot be established: {source} has no readable global_step ({exc})"
+    if not isinstance(step, int) or isinstance(step, bool) or step != expected:
+        return None, None, (f"the trainer state in {source} (global_step={step!r}) says another step than the "
+                            f"manifest's iteration {expected}")
+    return art, step, f"the trainer state in {source} (global_step={step})"
 
 
 def _judge_checkpoint_dir(real: Path, shown: str) -> tuple[Path | None, int | None, str]:
@@ -285,7 +405,7 @@ def check_run_attempt(attempt_dir: Path | str, resume: str = "auto", resume_path
                           "at or beyond the newest committed artifact")
         cand = real
     else:
-        full = {i: d for i, d in artifacts.items() if is_full_plan_artifact(d)}
+        full = {i: d for i, d in artifacts.items() if is_resumable_artifact(d)}
         pruned = {i: gone for i, d in full.items() if (gone := unrestored(d))}
         # A complete checkpoint of an iteration stands in for its pruned artifact.
         cands = {**resumable_checkpoints(attempt), **{i: d for i, d in full.items() if i not in pruned}}
@@ -294,8 +414,8 @@ def check_run_attempt(attempt_dir: Path | str, resume: str = "auto", resume_path
         if not cands:
             if newest is None:
                 return ResumeDecision("fresh", "a fresh attempt: no committed artifact, no resumable checkpoint", **base)
-            return refuse(f"it holds committed artifact {newest} and nothing resumable: a step-0 restart would "
-                          f"collide with iteration {newest_it} at its first save")
+            return refuse(f"it holds committed artifact {newest} and nothing resumable{_why_not(newest)}: a step-0 "
+                          f"restart would collide with iteration {newest_it} at its first save")
         it = max(cands)
         cand, how = cands[it], f"the newest resumable checkpoint {cands[it]}"
         if cand in full.values():
@@ -305,9 +425,18 @@ def check_run_attempt(attempt_dir: Path | str, resume: str = "auto", resume_path
                 return refuse_damaged(point)
     if newest_it is not None and it < newest_it:
         return refuse(f"the resume point {cand} (iteration {it}, from {how}) is behind the committed artifact "
-                      f"{newest} (iteration {newest_it}): resuming would replay up to it and collide one save later")
+                      f"{newest} (iteration {newest_it}){_why_not(newest)}: resuming would replay up to it and collide "
+                      "one save later")
     return ResumeDecision("resume", f"resume from iteration {it} ({how})", resume_from=str(cand),
                           resume_iteration=it, **base)
+
+
+def _why_not(newest: Path) -> str:
+    """`` (<why the newest artifact is no resume point>)`` for a model-only Trainer checkpoint (naming what it
+    lacks), else ""."""
+    if trainer_artifact_missing(newest) and (why := model_only_reason(newest, "it")):
+        return f" ({why})"
+    return ""
 
 
 def _mint_fresh(attempt: Path, base: dict[str, Any]) -> ResumeDecision:

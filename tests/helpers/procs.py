@@ -1,0 +1,41 @@
+"""Killing a job a test started, all of it: ``kill_job(proc)`` SIGKILLs every process it started (found from
+/proc by parent pid, wherever their session), then its own process group. ``torchrun`` (torch 2.13) starts
+its workers in a session of their own, so killing the launcher's process group alone leaves them training."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid``, parents before their children."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "(comm)": state, ppid, ...
+        except OSError:
+            continue  # it ended meanwhile
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_job(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc``, every process it started and its process group (it was started with
+    ``start_new_session=True``)."""
+    for pid in [proc.pid, *descendants(proc.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
