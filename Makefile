@@ -44,8 +44,9 @@ lint: setup
 	$(BIN)/snakefmt --check Snakefile rules
 	$(BIN)/snakemake --lint
 
-# Starts SeaweedFS (real S3) and s3rver (a server that ignores If-None-Match) on 127.0.0.1, runs the lint,
-# then starts a single-node Slurm (tests/helpers/slurm.py: installs its Debian packages when missing, needs root), runs
+# Starts SeaweedFS (real S3) and s3rver (a server that ignores If-None-Match) on 127.0.0.1 and a single-node
+# Slurm (tests/helpers/slurm.py: installs its Debian packages when missing, needs root) while the lint runs
+# (their start is mostly waiting on daemons, the lint is CPU; the servers' state is printed once up), runs
 # the whole suite, and stops Slurm's daemons and both servers by PID (side by side) whatever pytest's outcome; exits with
 # pytest's status. Where Slurm cannot run (not root, no apt-get) or does not come up (slurm.py prints one line
 # naming the reason and the remedy) the slurm tests skip with that line, except under CI (the variable CI
@@ -55,8 +56,8 @@ lint: setup
 # cores busy: the core legs' environments install, one after another and at a lower priority, while
 # setup's pip (one core) installs the development environment; on a new environment the suite's imports
 # are then made once (pytest's collection and the preloaded templates' modules: their bytecode cached
-# before the workers start, instead of each compiling it) while the servers start, lint runs and Slurm
-# starts; then pytest and the core legs run side by side on the same servers. The legs' summary (and the whole log of a leg
+# before the workers start, instead of each compiling it) while the servers and Slurm start and lint
+# runs; then pytest and the core legs run side by side on the same servers. The legs' summary (and the whole log of a leg
 # that failed) is printed after pytest's. `make test` prints when each phase ended and pytest's 40 longest
 # steps, so every CI log says where the time goes; it exits non-zero when pytest or a core leg failed.
 PYTEST_WORKERS ?= 4
@@ -78,12 +79,18 @@ test:
 	  { $(BIN)/python -m pytest --collect-only -q -p no:cacheprovider >/dev/null 2>&1; \
 	    $(BIN)/python tests/helpers/preloaded.py warm && rm -f $(WARM_MARK); } & warm=$$!; \
 	fi; \
-	$(BIN)/python tests/helpers/servers.py up --root $(SERVERS_ROOT) || { wait; exit 1; }; \
+	slurm=; if [ "$(SLURM_UP)" = yes ]; then \
+	  $(BIN)/python tests/helpers/slurm.py up --root $(SLURM_ROOT) >/dev/null & slurm=$$!; \
+	fi; \
+	mkdir -p .ckptflow; \
+	$(BIN)/python tests/helpers/servers.py up --root $(SERVERS_ROOT) >.ckptflow/servers-up.log & servers=$$!; \
 	$(MAKE) --no-print-directory lint || { wait; exit 1; }; \
 	echo "make test: lint done $$(elapsed) s after the start" >&2; \
-	if [ "$(SLURM_UP)" = yes ]; then \
-	  $(BIN)/python tests/helpers/slurm.py up --root $(SLURM_ROOT) >/dev/null; rc=$$?; \
-	  if [ $$rc -ne 0 ] && [ -z "$${CI:-}" ]; then echo "make test: the single-node Slurm is not up (the line above says why); the slurm tests skip" >&2; \
+	wait $$servers || { wait; exit 1; }; \
+	cat .ckptflow/servers-up.log; \
+	if [ -n "$$slurm" ]; then \
+	  wait $$slurm; rc=$$?; \
+	  if [ $$rc -ne 0 ] && [ -z "$${CI:-}" ]; then echo "make test: the single-node Slurm is not up (slurm.py's line above says why); the slurm tests skip" >&2; \
 	  elif [ $$rc -ne 0 ]; then wait; exit $$rc; fi; \
 	fi; \
 	wait; \

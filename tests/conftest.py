@@ -23,6 +23,13 @@ from pathlib import Path
 
 import pytest
 
+# One torch thread per process unless the environment says otherwise: the suite runs its workers and their
+# subprocesses on two cores, and torch's default of a thread per core made every small tensor operation of a
+# process hand work to (and spin waiting on) a second thread that had no core of its own: demo/build_run.py
+# spent 46 CPU-s that way instead of 7.5, with the same weights. Set before any torch import; a subprocess
+# inherits it (Snakemake still sets a job's own thread count).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 from ckptflow.store import Credentials
 from helpers import servers, xdist_groups  # tests/helpers/
 from helpers.moto_bodies import mock_aws_bytes_bodies

@@ -478,15 +478,17 @@ def _usable(kind: str, env: dict[str, str]) -> _Template | None:
     return template if template.starts_like(env) else None
 
 
-def snakemake(argv: list[str], *, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
-    """``subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)`` for a Snakemake
-    command line (``argv[0]`` the console script), forked from this process's Snakemake template. Its
-    script jobs fork from the ckptflow templates (``TORCH_SCRIPTS`` from ``ckptflow``, the others from
+def snakemake(argv: list[str], *, env: dict[str, str], timeout: float = 600,
+              cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+    """``subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)`` for a
+    Snakemake command line (``argv[0]`` the console script), forked from this process's Snakemake template.
+    Its script jobs fork from the ckptflow templates (``TORCH_SCRIPTS`` from ``ckptflow``, the others from
     ``ckptflow-core``) through the ``python`` it runs them with (job_launcher.py)."""
     template = _usable("snakemake", env)
     if template is None:
-        return _exec(argv, None, env, timeout)
-    return template.run(argv, os.getcwd(), env, timeout, executable=_job_launcher(env))
+        return _exec(argv, None if cwd is None else str(cwd), env, timeout)
+    return template.run(argv, str(cwd) if cwd is not None else os.getcwd(), env, timeout,
+                        executable=_job_launcher(env))
 
 
 def snakemake_planning(argv: list[str], *, cwd: str | Path, env: dict[str, str],

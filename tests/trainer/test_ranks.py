@@ -60,7 +60,14 @@ def rows(root: Path) -> dict[str, dict]:
     return {r["name"]: r for r in done.report["rows"]}
 
 
-@pytest.fixture(scope="module", params=["ddp", "fsdp", "ddp-async", "fsdp-async"])
+def _run_param(name: str):
+    """A run two tests read (the FSDP ones, also resumed from by the DCP test) is one xdist group: both tests
+    go to one worker, one after the other, which builds the run once (a module fixture is built again on
+    each worker that runs a test of it)."""
+    return pytest.param(name, marks=pytest.mark.xdist_group(f"two-rank-{name}")) if name.startswith("fsdp") else name
+
+
+@pytest.fixture(scope="module", params=[_run_param(p) for p in ("ddp", "fsdp", "ddp-async", "fsdp-async")])
 def two_rank_run(request, tmp_path_factory):
     """The example's run of two ranks; ``-async``: with ``--async-save`` (every rank stages and writes its
     shards in the background, rank 0 seals over the saves' own gloo group)."""
@@ -90,7 +97,8 @@ def test_every_rank_saves_collectively_rank0_writes_model_pt_seals_and_alone_pub
     assert {r["published"]["state"] for r in rows(run_dir).values()} == {"receipt"}
 
 
-@pytest.mark.parametrize("two_rank_run", ["fsdp", "fsdp-async"], indirect=True)  # the FSDP runs' artifacts
+@pytest.mark.parametrize("two_rank_run", [_run_param("fsdp"), _run_param("fsdp-async")],
+                         indirect=True)  # the FSDP runs' artifacts
 def test_a_dcp_save_of_two_ranks_resumes_on_one_rank_and_on_two_bit_identically(two_rank_run, tmp_path):
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 

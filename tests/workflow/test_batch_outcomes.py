@@ -16,7 +16,7 @@ import yaml
 from workflow_helpers import RUN, SNAKEMAKE, Flow
 
 from ckptflow.jsonio import validate
-from helpers import REPO, servers
+from helpers import REPO, preloaded, servers
 from helpers.artifacts import make_artifact
 from helpers.cli import run_cli
 
@@ -42,6 +42,13 @@ def _rows_clean(report: dict) -> None:
         assert not any("detail" in row[c] for c in ("local", "published", "verified", "pruned")), (where, row)
 
 
+def _snakemake_from(work: Path, site: Path, target: str, env: dict) -> subprocess.CompletedProcess:
+    """``snakemake TARGET`` started in ``work`` with its site file (relative paths read against ``work``), forked
+    from the test's Snakemake template (tests/helpers/preloaded.py) in that working directory."""
+    return preloaded.snakemake([str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--cores", "2", "--configfile",
+                                site.name, "--", target], env=env, cwd=work)
+
+
 def test_status_reads_the_batch_reports_of_a_run_from_another_directory_as_verified_and_pruned(tmp_path):
     work, archive = tmp_path / "work", tmp_path / "archive"
     archive.mkdir()
@@ -52,9 +59,7 @@ def test_status_reads_the_batch_reports_of_a_run_from_another_directory_as_verif
                                     "logs_dir": "logs", "stage_dir": "stage", "teachers_dir": "teachers"}))
     env = {**os.environ, "CKPTFLOW_CACHE_DIR": str(tmp_path / "cache"), "CKPTFLOW_PROGRESS": "0"}
     for target in ("publish_all", "verify_all", "prune_all", "status"):
-        done = subprocess.run([str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--cores", "2", "--configfile",
-                               site.name, "--", target], cwd=work, env=env, capture_output=True, text=True,
-                              timeout=600)
+        done = _snakemake_from(work, site, target, env)
         assert done.returncode == 0, done.stdout + done.stderr
 
     reports = work / "reports"
@@ -83,8 +88,7 @@ def test_status_reads_the_batch_reports_of_a_run_from_another_directory_as_verif
     # A report status cannot read makes its row unclean, and the demo's check says which row and why.
     bad = reports / "verify" / RUN / "iter_000300.json"
     bad.write_text(json.dumps({**json.loads(bad.read_bytes()), "unknown": 1}))
-    done = subprocess.run([str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--cores", "2", "--configfile",
-                           site.name, "--", "status"], cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    done = _snakemake_from(work, site, "status", env)
     assert done.returncode == 0, done.stdout + done.stderr
     checked = _check_status(reports / "status.json")
     out = checked.stdout + checked.stderr

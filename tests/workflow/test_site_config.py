@@ -12,7 +12,7 @@ import yaml
 from workflow_helpers import NOTHING, RUN, SNAKEMAKE, copy_workflow
 
 from ckptflow import workflow_config
-from helpers import REPO
+from helpers import REPO, preloaded
 from helpers.artifacts import make_artifact
 
 TEMPLATE = REPO / "config" / "site.example.yaml"
@@ -60,9 +60,8 @@ def test_the_workflow_runs_from_another_directory_with_a_site_config_and_writes_
                  reports_dir="reports", logs_dir="logs", stage_dir="stage", teachers_dir="teachers")
     env = {**os.environ, "CKPTFLOW_CACHE_DIR": str(tmp_path / "cache"), "CKPTFLOW_PROGRESS": "0"}
 
-    def snakemake(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([str(SNAKEMAKE), "-s", str(checkout / "Snakefile"), *args], cwd=work, env=env,
-                              capture_output=True, text=True, timeout=600)
+    def snakemake(*args: str) -> subprocess.CompletedProcess:  # started in ``work`` (forked: tests/helpers/preloaded.py)
+        return preloaded.snakemake([str(SNAKEMAKE), "-s", str(checkout / "Snakefile"), *args], env=env, cwd=work)
 
     run = snakemake("--configfile", site.name, "--", "publish_all")
     assert run.returncode == 0, run.stdout + run.stderr
