@@ -36,12 +36,13 @@ iteration N are fsynced, before it reports them), ``trainer-save:before-trainer-
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import re
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -361,8 +362,8 @@ class _FlushingHashingWriter(HashingWriter):
     start writing them to disk (``fsutil.start_writeback``), so the disk works while the next tensor is
     written and hashed and the final ``fsync`` waits for little more than the last one."""
 
-    def __init__(self, fh):
-        super().__init__(fh)
+    def __init__(self, fh, *, stable=None):
+        super().__init__(fh, stable=stable)
         self._target = fh
 
     def write(self, data) -> int:
@@ -376,19 +377,64 @@ class _FlushingHashingWriter(HashingWriter):
         self._target.flush()
 
 
+def held_tensor_memory(obj: Any) -> Callable[[memoryview], bool] | None:
+    """Whether a buffer lies wholly inside the storage of a CPU tensor that ``obj`` holds (in mappings, lists
+    and tuples). ``torch.save`` writes a CPU storage straight from the tensor's memory; while the caller holds
+    ``obj`` and nothing changes its tensors (a synchronous save: the loop is inside the call; an asynchronous
+    one: the save's own staged copy), such a buffer may be hashed after ``write`` returned
+    (``HashingWriter(stable=...)``). Any other buffer (a CUDA tensor's temporary CPU copy, torch's own
+    headers) is not in these spans and is hashed before ``write`` returns. None without numpy (which tells a
+    buffer's address): every large buffer is then hashed beside its write."""
+    try:
+        import numpy
+    except ImportError:  # pragma: no cover - numpy comes with torch's wheels
+        return None
+    import torch
+
+    spans: dict[int, int] = {}
+    pending, seen = [obj], set()
+    while pending:
+        o = pending.pop()
+        if isinstance(o, (Mapping, list, tuple)):
+            if id(o) not in seen:
+                seen.add(id(o))
+                pending.extend(o.values() if isinstance(o, Mapping) else o)
+        elif type(o) in (torch.Tensor, torch.nn.Parameter) and o.device.type == "cpu":
+            storage = o.untyped_storage()
+            if storage.nbytes():
+                start = storage.data_ptr()
+                spans[start] = max(spans.get(start, 0), start + storage.nbytes())
+    starts = sorted(spans)
+    ends = [spans[s] for s in starts]
+
+    def stable(view: memoryview) -> bool:
+        if not view.nbytes or not starts:
+            return False
+        addr = numpy.frombuffer(view, dtype=numpy.uint8).__array_interface__["data"][0]
+        k = bisect.bisect_right(starts, addr) - 1
+        return k >= 0 and addr + view.nbytes <= ends[k]
+
+    return stable
+
+
 def _save_hashed(path: Path, obj: Any, owned: _Ownership) -> manifest_record.FileComponent:
-    """``torch.save`` through a hashing writer: the digest costs no second read of the file."""
+    """``torch.save`` through a hashing writer: the digest costs no second read of the file, and is taken on
+    a helper thread while ``torch.save`` goes on (``held_tensor_memory``); its tail runs beside the fsync."""
     import torch
 
     with open(path, "xb") as fh:
         owned.created(path.name, writing=True)
-        hashing = _FlushingHashingWriter(fh)
-        torch.save(obj, hashing)
-        testhooks.reached(f"trainer-save:writing-{path.name}", path.parent.name)
-        fh.flush()
-        os.fsync(fh.fileno())
+        hashing = _FlushingHashingWriter(fh, stable=held_tensor_memory(obj))
+        try:
+            torch.save(obj, hashing)
+            testhooks.reached(f"trainer-save:writing-{path.name}", path.parent.name)
+            fh.flush()
+            os.fsync(fh.fileno())
+            sha256 = hashing.hexdigest()
+        finally:
+            hashing.close()
     owned.created(path.name, writing=False)
-    return manifest_record.FileComponent(path=path.name, size=hashing.size, sha256=hashing.hexdigest())
+    return manifest_record.FileComponent(path=path.name, size=hashing.size, sha256=sha256)
 
 
 def _open_dcp_dir(art: Path, name: str, owned: _Ownership) -> None:
