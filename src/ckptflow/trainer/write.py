@@ -12,10 +12,12 @@
 - ``trainer_state``: a mapping with at least ``optimizer_step``, saved as ``trainer.pt`` with ``iter`` set to
   the iteration (manifest component ``trainer``).
 
-``model.pt`` and ``trainer.pt`` are hashed as their bytes are written (``digest.HashingWriter``: a tensor's
-bytes on a helper thread while this one writes them, the kernel asked to start writing them to disk at
-once), never read back; DCP shards are hashed right after DCP wrote them. The native manifest is committed last,
-atomically. A committed artifact of the same iteration is never overwritten.
+``model.pt`` and ``trainer.pt`` are hashed as their bytes are written (``digest.HashingWriter``: on a helper
+thread that runs beside ``torch.save``, without waiting for the tensors the save holds, the kernel asked to
+start writing each tensor's bytes to disk at once), never read back; DCP shards likewise, as DCP writes them
+(through the ``FileSystem`` of its ``FileSystemWriter``; a file it could not follow start to end is hashed
+once written). The native manifest is committed last, atomically. A committed artifact of the same iteration
+is never overwritten.
 
 Ownership: before its first byte a save writes ``.save-in-progress`` (its holder, then each entry it
 creates: ``model.pt``, ``optim/`` and its files, ``trainer.pt``, with the ``lstat`` identity seen right
@@ -37,6 +39,7 @@ iteration N are fsynced, before it reports them), ``trainer-save:before-trainer-
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import os
 import re
@@ -444,20 +447,106 @@ def _open_dcp_dir(art: Path, name: str, owned: _Ownership) -> None:
 
 
 def _save_dcp(art: Path, name: str, state: dict, ranks: Ranks) -> dict[str, tuple[int, str]]:
-    """Every rank: ``dcp.save`` (collective with a process group), then fsync and hash the files this rank
-    wrote (``__<rank>_*``; rank 0 also ``.metadata``); returns them as {relative path: (size, sha256)}."""
+    """Every rank: ``dcp.save`` (collective with a process group), each file hashed as DCP writes it
+    (``_hashing_dcp_writer``), then fsync the files this rank wrote (``__<rank>_*``; rank 0 also
+    ``.metadata``); a file the writer could not hash start to end is hashed here; returns them as
+    {relative path: (size, sha256)}."""
     import torch.distributed.checkpoint as dcp
 
     target = art / name
+    writer, hashed = _hashing_dcp_writer(target, state)
     with warnings.catch_warnings():  # single process without a process group is the intended use here
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-        dcp.save({name: state}, checkpoint_id=str(target), process_group=ranks.group)
+        dcp.save({name: state}, checkpoint_id=str(target), storage_writer=writer, process_group=ranks.group)
     files = [rel for rel in walk_files(target) if _own_shard(rel, ranks)]
-    digests = hash_files(target, files, progress=False, desc=f"{name} sha256")
+    found = {rel: hashed[rel] for rel in files if rel in hashed and hashed[rel][0] == (target / rel).stat().st_size}
+    if rest := [rel for rel in files if rel not in found]:
+        found.update({rel: (d.size, d.sha256) for rel, d in
+                      hash_files(target, rest, progress=False, desc=f"{name} sha256").items()})
     for rel in files:
         with open(target / rel, "rb") as fh:
             os.fsync(fh.fileno())
-    return {rel: (d.size, d.sha256) for rel, d in digests.items()}
+    return found
+
+
+class _HashedStream:
+    """A file DCP writes, every byte hashed as written (``HashingWriter``: pipelined where the bytes are the
+    saved state's). ``complete`` stays true only while the bytes went in order through ``write``: a seek, or
+    any use of the file this wrapper does not know, makes the file hashed again once written."""
+
+    def __init__(self, raw, stable):
+        self._raw = raw
+        self._hashing = HashingWriter(raw, stable=stable)
+        self.complete = True
+
+    def write(self, data) -> int:
+        return self._hashing.write(data)
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+    def close(self) -> None:
+        self._raw.close()
+
+    def __getattr__(self, attr: str) -> Any:
+        self.complete = False  # seek, writelines, truncate ...: not proven by the digest
+        return getattr(self._raw, attr)
+
+    def digest(self) -> tuple[int, str]:
+        return self._hashing.size, self._hashing.hexdigest()
+
+
+def _hashing_dcp_writer(target: Path, state: Any) -> tuple[Any, dict[str, tuple[int, str]]]:
+    """A ``FileSystemWriter`` for ``target`` whose files are hashed while DCP writes them, through its public
+    ``FileSystem`` (``create_stream``, ``rename``), and the dict it fills: {file relative to ``target``:
+    (size, sha256)} for each file written start to end through it. A torch whose writer has no ``fs`` of
+    that kind writes as usual and the dict stays empty (the files are then hashed after ``dcp.save``)."""
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    hashed: dict[str, tuple[int, str]] = {}
+    stable = held_tensor_memory(state)
+
+    def rel(path: Any) -> str | None:
+        try:
+            return Path(path).relative_to(target).as_posix()
+        except ValueError:
+            return None
+
+    class HashingFileSystem(FileSystem):
+        @contextlib.contextmanager
+        def create_stream(self, path, mode):
+            with super().create_stream(path, mode) as raw:
+                if mode != "wb" or rel(path) is None:
+                    yield raw
+                    return
+                stream = _HashedStream(raw, stable)
+                try:
+                    yield stream
+                finally:
+                    size, sha256 = stream.digest()  # stops the helper thread, also after a failure
+                if stream.complete:
+                    hashed[rel(path)] = (size, sha256)
+
+        def rename(self, path, new_path) -> None:
+            super().rename(path, new_path)
+            digest = hashed.pop(rel(path), None)
+            if digest is not None and rel(new_path) is not None:
+                hashed[rel(new_path)] = digest
+
+    writer = FileSystemWriter(str(target))
+    if type(getattr(writer, "fs", None)) is FileSystem:
+        writer.fs = HashingFileSystem()
+    return writer, hashed
 
 
 def _own_shard(rel: str, ranks: Ranks) -> bool:
