@@ -267,12 +267,12 @@ def _child(args, extra: list[str]) -> dict:
     return json.loads(lines[-1])
 
 
-def report(args, times: dict[str, list[list[float]]], rss: dict[str, dict[str, float]]) -> None:
+def report(args, times: dict[str, list[list[float]]], rss: dict[str, dict[str, float]], load: tuple) -> None:
     med = {n: (statistics.median(s for s, _ in v), statistics.median(d for _, d in v)) for n, v in times.items()}
     where = "one process" if args.ranks == 1 else f"{args.ranks} ranks (torchrun, gloo, CPU)"
     print(f"trainer_stall: {args.gib:g} GiB state, plan {args.plan}, {where}, {args.rounds} rounds, "
-          f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M %Z')}, load average "
-          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+          f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M %Z')}, load average (1, 5, 15 min) "
+          f"{' '.join(f'{x:.1f}' for x in load)} at the start, {' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end")
     staged = next(iter(rss.values()))["staged"] if rss else 0.0
     for name, (stall, done) in med.items():
         extra = rss.get(name, {}).get("extra")
@@ -321,9 +321,10 @@ def main(argv: list[str] | None = None) -> int:
             if dist.is_initialized():
                 dist.destroy_process_group()
         return 0
+    load = os.getloadavg()
     times = _child(args, [])
     rss = {} if args.no_rss else {name: _child(args, ["--rss-of", name]) for name in WAYS}
-    report(args, times, rss)
+    report(args, times, rss, load)
     return 0
 
 
