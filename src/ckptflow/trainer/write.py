@@ -213,7 +213,13 @@ class _Ownership:
     def created(self, rel: str, *, writing: bool, dcp: bool = False) -> None:
         """Record ``rel`` (created by this save just now, exclusively); ``writing``: its bytes are still coming;
         ``dcp``: a directory the ranks' DCP writers fill (its DCP-named files are this save's)."""
-        self.data["entries"][rel] = {**_identity(self.art / rel), "writing": writing, **({"dcp": True} if dcp else {})}
+        self.completed(rel, writing=writing, dcp=dcp)
+
+    def completed(self, *rels: str, writing: bool = False, dcp: bool = False) -> None:
+        """Record each of ``rels`` (as ``created``) with one rewrite of the record (one pair of fsyncs)."""
+        for rel in rels:
+            self.data["entries"][rel] = {**_identity(self.art / rel), "writing": writing,
+                                         **({"dcp": True} if dcp else {})}
         self._write()
 
     def release(self) -> None:
@@ -575,8 +581,7 @@ def _dcp_component(art: Path, name: str, reported: list[dict[str, tuple[int, str
                 os.fsync(fh.fileno())
             found[rel] = (d.size, d.sha256)
     fsync_dir(target)
-    for rel in files:
-        owned.created(f"{name}/{rel}", writing=False)
+    owned.completed(*(f"{name}/{rel}" for rel in files))  # every shard at once: one rewrite of the record
     return manifest_record.DcpComponent(
         path=name, files=tuple(FileEntry(rel, *found[rel]) for rel in sorted(files))
     )
