@@ -142,7 +142,9 @@ dist: setup
 
 # `make bench BENCH_FLAGS=--large` adds the 8 GiB figures of bench/publish.py, fetch.py and scrub.py (see each
 # one's docstring); `BENCH_FLAGS='--large --pin'` runs them with the server on CPU 0 and every client on CPU 1.
-# bench/trainer_stall.py: the loop's stall at a save (1 GiB model) beside torch.save + fsync and DCP.
+# bench/trainer_stall.py: the loop's stall at a save, the time to the committed manifest and the peak extra RSS
+# beside torch.save + fsync, dcp.save and dcp.async_save: 1 and 4 GiB of state, model only and the full plan, one
+# process, and 1 GiB under torchrun with two ranks (gloo, CPU); its docstring says why those sizes.
 BENCH_FLAGS ?=
 bench: setup
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[all,test,hf-test,bench]'

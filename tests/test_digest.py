@@ -100,6 +100,61 @@ def test_hashing_writer_hashes_large_writes_on_another_thread_before_returning_t
     assert [t is threading.current_thread() for t in threads] == [True, False, True]
 
 
+def test_a_pipelined_hashing_writer_hashes_in_order_and_waits_only_for_buffers_it_may_not_keep():
+    buf = io.BytesIO()
+    kept = bytearray(os.urandom(digest.OVERLAP_MIN + 5))
+    other = bytearray(os.urandom(digest.OVERLAP_MIN + 7))
+    small = bytearray(b"small")
+    w = digest.HashingWriter(buf, stable=lambda view: view.obj is kept)
+    expected = hashlib.sha256(b"head" + bytes(kept) + bytes(small) + bytes(other) + b"tail").hexdigest()
+    w.write(b"head")
+    w.write(memoryview(kept))
+    w.write(small)
+    small[:] = b"XXXXX"  # a small buffer is copied: the caller may reuse it at once
+    w.write(other)
+    other[:] = bytes(len(other))  # a large buffer not vouched for is hashed before write returns
+    w.write(memoryview(b"tail"))
+    assert w.hexdigest() == expected and w.size == len(kept) + len(other) + 13
+    assert w._thread is None  # stopped by hexdigest
+
+
+def test_a_pipelined_hashing_writer_bounds_the_copies_waiting_for_the_hash(monkeypatch):
+    monkeypatch.setattr(digest, "COPY_BACKLOG", 10)
+    release = threading.Event()
+    seen = []
+
+    class Slow:
+        def __init__(self):
+            self.h = hashlib.sha256()
+
+        def update(self, data):
+            release.wait()
+            seen.append(bytes(data))
+            self.h.update(data)
+
+        def hexdigest(self):
+            return self.h.hexdigest()
+
+    waiting = threading.Event()
+
+    class Watched(threading.Condition):
+        def wait(self, timeout=None):
+            waiting.set()
+            return super().wait(timeout)
+
+    out = io.BytesIO()
+    w = digest.HashingWriter(out, stable=lambda view: False)
+    w._h, w._hashed = Slow(), Watched()
+    w.write(b"12345678")
+    second = threading.Thread(target=w.write, args=(b"abcdefgh",))
+    second.start()
+    waiting.wait()  # 16 bytes of copies would exceed the backlog: the second write waits for the hash
+    assert out.getvalue() == b"12345678" and w._copied == 8
+    release.set()
+    second.join()
+    assert w.hexdigest() == hashlib.sha256(b"12345678abcdefgh").hexdigest() and seen == [b"12345678", b"abcdefgh"]
+
+
 def test_is_sha256_hex():
     assert digest.is_sha256_hex("a" * 64)
     assert not digest.is_sha256_hex("A" * 64)

@@ -398,6 +398,8 @@ def hash_files(
 
 # A write at least this large is hashed on a helper thread while this thread writes it.
 OVERLAP_MIN = 1024 * 1024
+# Pipelined (``HashingWriter(stable=...)``): at most this many bytes of copied writes wait for the hash.
+COPY_BACKLOG = 64 * 1024 * 1024
 
 
 class HashingWriter:
@@ -407,16 +409,33 @@ class HashingWriter:
     this thread writes the same buffer; both release the GIL, so the digest costs what the slower of the
     two costs instead of their sum. ``write`` returns only once both are done: the caller may reuse its
     buffer at once (``torch.save`` hands memory it owns), and the digest sees the bytes in write order.
-    ``hexdigest`` (or ``close``) stops the helper thread."""
+    ``hexdigest`` (or ``close``) stops the helper thread.
 
-    def __init__(self, fh):
+    Pipelined, with ``stable``: ``stable(view)`` says that the written memory stays alive and unchanged
+    until ``hexdigest`` returns (a caller that holds the tensors being saved and lets nothing change them).
+    Every write is then queued, in order, to one helper thread that hashes while this thread goes on: a
+    stable buffer as it is, without waiting; any other small buffer as a copy (``COPY_BACKLOG`` bytes of
+    copies at most wait at once); any other large buffer is hashed while it is written and ``write`` waits
+    for it, as above. So the digest runs beside everything the writer does between its writes (``torch.save``'s
+    CRC-32 of each record, the next tensor) and costs the writer nothing while one core is free.
+    ``hexdigest`` waits for the queue."""
+
+    def __init__(self, fh, *, stable: Callable[[memoryview], bool] | None = None):
         self._fh = fh
         self._h = hashlib.sha256()
         self.size = 0
         self._pool: ThreadPoolExecutor | None = None
+        self._stable = stable
+        self._queue: queue.SimpleQueue | None = None
+        self._thread: threading.Thread | None = None
+        self._copied = 0  # bytes of copies queued and not yet hashed
+        self._hashed = threading.Condition()
+        self._error: BaseException | None = None
 
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
+        if self._stable is not None:
+            return self._write_pipelined(data, view)
         if view.nbytes < OVERLAP_MIN:
             n = self._fh.write(data)
             self._h.update(view)
@@ -431,11 +450,62 @@ class HashingWriter:
         self.size += view.nbytes
         return n
 
+    def _write_pipelined(self, data, view: memoryview) -> int:
+        if self._queue is None:
+            self._queue = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._hash_queued, name="sha256-write", daemon=True)
+            self._thread.start()
+        assert self._stable is not None
+        if self._stable(view):
+            self._queue.put((view, None, 0))
+            n = self._fh.write(data)
+        elif view.nbytes < OVERLAP_MIN:
+            with self._hashed:
+                while self._copied and self._copied + view.nbytes > COPY_BACKLOG and self._error is None:
+                    self._hashed.wait()
+                self._copied += view.nbytes
+            self._queue.put((bytes(view), None, view.nbytes))
+            n = self._fh.write(data)
+        else:
+            hashed = threading.Event()
+            self._queue.put((view, hashed, 0))
+            try:
+                n = self._fh.write(data)
+            finally:
+                hashed.wait()  # the buffer stays the caller's until it is hashed
+        self.size += view.nbytes
+        return n
+
+    def _hash_queued(self) -> None:
+        assert self._queue is not None
+        while (item := self._queue.get()) is not None:
+            buf, hashed, copied = item
+            try:
+                if self._error is None:
+                    self._h.update(buf)
+            except BaseException as exc:  # noqa: BLE001 - raised by hexdigest
+                self._error = exc
+            finally:
+                del buf
+                if hashed is not None:
+                    hashed.set()
+                if copied:
+                    with self._hashed:
+                        self._copied -= copied
+                        self._hashed.notify_all()
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+        if self._thread is not None:
+            assert self._queue is not None
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
 
     def hexdigest(self) -> str:
         self.close()
+        if self._error is not None:
+            raise self._error
         return self._h.hexdigest()

@@ -81,6 +81,58 @@ def test_model_pt_is_hashed_while_written_not_read_back(tmp_path, monkeypatch):
     assert sum(written) == manifest.components["model"].size > 0
 
 
+def test_only_buffers_inside_the_saved_objects_cpu_tensors_are_hashed_after_their_write():
+    from ckptflow.trainer.write import held_tensor_memory
+
+    a, b = torch.arange(1000, dtype=torch.float32), torch.ones(10)
+    stable = held_tensor_memory({"net": {"a": a, "view": a[10:20]}, "more": [(b,)], "n": 3})
+    assert stable(memoryview(a.numpy())) and stable(memoryview(a[100:200].numpy())) and stable(memoryview(b.numpy()))
+    assert not stable(memoryview(torch.arange(1000, dtype=torch.float32).numpy()))  # a copy of a: other memory
+    assert not stable(memoryview(bytearray(64))) and not stable(memoryview(b""))
+    assert held_tensor_memory({})(memoryview(a.numpy())) is False
+
+
+def test_model_pt_is_byte_identical_to_torch_save_of_the_same_state(tmp_path):
+    model, _ = tiny_training()
+    manifest = write_artifact(tmp_path, 1, {"model": model})
+    with open(tmp_path / "plain.pt", "wb") as fh:  # a file object: the archive's folder is "archive"
+        torch.save({"net": {k: v.detach() for k, v in model.state_dict().items()}}, fh)
+    data = (artifact_dir_for(tmp_path, 1) / "model.pt").read_bytes()
+    assert data == (tmp_path / "plain.pt").read_bytes()
+    assert manifest.components["model"].sha256 == hashlib.sha256(data).hexdigest()
+
+
+def test_dcp_shards_are_hashed_while_written_not_read_back(tmp_path, monkeypatch):
+    import ckptflow.digest as digest
+
+    monkeypatch.setattr(digest, "sha256_file", lambda *a, **k: pytest.fail("a file was read back to hash it"))
+    model, optim = tiny_training(steps=3)
+    manifest = write_artifact(tmp_path, 3, {"model": model, "optimizer": optim, "trainer_state": {"optimizer_step": 3}})
+    art = artifact_dir_for(tmp_path, 3)
+    files = manifest.components["optim"].files
+    assert {f.path for f in files} >= {".metadata", "__0_0.distcp"}
+    for f in files:
+        data = (art / "optim" / f.path).read_bytes()
+        assert (f.size, f.sha256) == (len(data), hashlib.sha256(data).hexdigest())
+
+
+def test_a_dcp_file_written_other_than_in_order_is_hashed_again_once_written(tmp_path, monkeypatch):
+    from ckptflow.trainer import write
+
+    class Seeking(write._HashedStream):
+        def write(self, data):
+            self.seek(0, os.SEEK_CUR)  # any use the wrapper does not know
+            return super().write(data)
+
+    monkeypatch.setattr(write, "_HashedStream", Seeking)
+    model, optim = tiny_training(steps=3)
+    manifest = write_artifact(tmp_path, 3, {"model": model, "optimizer": optim})
+    art = artifact_dir_for(tmp_path, 3)
+    for f in manifest.components["optim"].files:
+        data = (art / "optim" / f.path).read_bytes()
+        assert (f.size, f.sha256) == (len(data), hashlib.sha256(data).hexdigest())
+
+
 def test_committed_artifact_is_refused_by_name_and_untouched(tmp_path):
     model, _ = tiny_training()
     write_artifact(tmp_path, 5, {"model": model})

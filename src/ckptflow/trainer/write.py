@@ -12,10 +12,12 @@
 - ``trainer_state``: a mapping with at least ``optimizer_step``, saved as ``trainer.pt`` with ``iter`` set to
   the iteration (manifest component ``trainer``).
 
-``model.pt`` and ``trainer.pt`` are hashed as their bytes are written (``digest.HashingWriter``: a tensor's
-bytes on a helper thread while this one writes them, the kernel asked to start writing them to disk at
-once), never read back; DCP shards are hashed right after DCP wrote them. The native manifest is committed last,
-atomically. A committed artifact of the same iteration is never overwritten.
+``model.pt`` and ``trainer.pt`` are hashed as their bytes are written (``digest.HashingWriter``: on a helper
+thread that runs beside ``torch.save``, without waiting for the tensors the save holds, the kernel asked to
+start writing each tensor's bytes to disk at once), never read back; DCP shards likewise, as DCP writes them
+(through the ``FileSystem`` of its ``FileSystemWriter``; a file it could not follow start to end is hashed
+once written). The native manifest is committed last, atomically. A committed artifact of the same iteration
+is never overwritten.
 
 Ownership: before its first byte a save writes ``.save-in-progress`` (its holder, then each entry it
 creates: ``model.pt``, ``optim/`` and its files, ``trainer.pt``, with the ``lstat`` identity seen right
@@ -36,12 +38,14 @@ iteration N are fsynced, before it reports them), ``trainer-save:before-trainer-
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 import logging
 import os
 import re
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -209,7 +213,13 @@ class _Ownership:
     def created(self, rel: str, *, writing: bool, dcp: bool = False) -> None:
         """Record ``rel`` (created by this save just now, exclusively); ``writing``: its bytes are still coming;
         ``dcp``: a directory the ranks' DCP writers fill (its DCP-named files are this save's)."""
-        self.data["entries"][rel] = {**_identity(self.art / rel), "writing": writing, **({"dcp": True} if dcp else {})}
+        self.completed(rel, writing=writing, dcp=dcp)
+
+    def completed(self, *rels: str, writing: bool = False, dcp: bool = False) -> None:
+        """Record each of ``rels`` (as ``created``) with one rewrite of the record (one pair of fsyncs)."""
+        for rel in rels:
+            self.data["entries"][rel] = {**_identity(self.art / rel), "writing": writing,
+                                         **({"dcp": True} if dcp else {})}
         self._write()
 
     def release(self) -> None:
@@ -361,8 +371,8 @@ class _FlushingHashingWriter(HashingWriter):
     start writing them to disk (``fsutil.start_writeback``), so the disk works while the next tensor is
     written and hashed and the final ``fsync`` waits for little more than the last one."""
 
-    def __init__(self, fh):
-        super().__init__(fh)
+    def __init__(self, fh, *, stable=None):
+        super().__init__(fh, stable=stable)
         self._target = fh
 
     def write(self, data) -> int:
@@ -376,19 +386,64 @@ class _FlushingHashingWriter(HashingWriter):
         self._target.flush()
 
 
+def held_tensor_memory(obj: Any) -> Callable[[memoryview], bool] | None:
+    """Whether a buffer lies wholly inside the storage of a CPU tensor that ``obj`` holds (in mappings, lists
+    and tuples). ``torch.save`` writes a CPU storage straight from the tensor's memory; while the caller holds
+    ``obj`` and nothing changes its tensors (a synchronous save: the loop is inside the call; an asynchronous
+    one: the save's own staged copy), such a buffer may be hashed after ``write`` returned
+    (``HashingWriter(stable=...)``). Any other buffer (a CUDA tensor's temporary CPU copy, torch's own
+    headers) is not in these spans and is hashed before ``write`` returns. None without numpy (which tells a
+    buffer's address): every large buffer is then hashed beside its write."""
+    try:
+        import numpy
+    except ImportError:  # pragma: no cover - numpy comes with torch's wheels
+        return None
+    import torch
+
+    spans: dict[int, int] = {}
+    pending, seen = [obj], set()
+    while pending:
+        o = pending.pop()
+        if isinstance(o, (Mapping, list, tuple)):
+            if id(o) not in seen:
+                seen.add(id(o))
+                pending.extend(o.values() if isinstance(o, Mapping) else o)
+        elif type(o) in (torch.Tensor, torch.nn.Parameter) and o.device.type == "cpu":
+            storage = o.untyped_storage()
+            if storage.nbytes():
+                start = storage.data_ptr()
+                spans[start] = max(spans.get(start, 0), start + storage.nbytes())
+    starts = sorted(spans)
+    ends = [spans[s] for s in starts]
+
+    def stable(view: memoryview) -> bool:
+        if not view.nbytes or not starts:
+            return False
+        addr = numpy.frombuffer(view, dtype=numpy.uint8).__array_interface__["data"][0]
+        k = bisect.bisect_right(starts, addr) - 1
+        return k >= 0 and addr + view.nbytes <= ends[k]
+
+    return stable
+
+
 def _save_hashed(path: Path, obj: Any, owned: _Ownership) -> manifest_record.FileComponent:
-    """``torch.save`` through a hashing writer: the digest costs no second read of the file."""
+    """``torch.save`` through a hashing writer: the digest costs no second read of the file, and is taken on
+    a helper thread while ``torch.save`` goes on (``held_tensor_memory``); its tail runs beside the fsync."""
     import torch
 
     with open(path, "xb") as fh:
         owned.created(path.name, writing=True)
-        hashing = _FlushingHashingWriter(fh)
-        torch.save(obj, hashing)
-        testhooks.reached(f"trainer-save:writing-{path.name}", path.parent.name)
-        fh.flush()
-        os.fsync(fh.fileno())
+        hashing = _FlushingHashingWriter(fh, stable=held_tensor_memory(obj))
+        try:
+            torch.save(obj, hashing)
+            testhooks.reached(f"trainer-save:writing-{path.name}", path.parent.name)
+            fh.flush()
+            os.fsync(fh.fileno())
+            sha256 = hashing.hexdigest()
+        finally:
+            hashing.close()
     owned.created(path.name, writing=False)
-    return manifest_record.FileComponent(path=path.name, size=hashing.size, sha256=hashing.hexdigest())
+    return manifest_record.FileComponent(path=path.name, size=hashing.size, sha256=sha256)
 
 
 def _open_dcp_dir(art: Path, name: str, owned: _Ownership) -> None:
@@ -398,20 +453,106 @@ def _open_dcp_dir(art: Path, name: str, owned: _Ownership) -> None:
 
 
 def _save_dcp(art: Path, name: str, state: dict, ranks: Ranks) -> dict[str, tuple[int, str]]:
-    """Every rank: ``dcp.save`` (collective with a process group), then fsync and hash the files this rank
-    wrote (``__<rank>_*``; rank 0 also ``.metadata``); returns them as {relative path: (size, sha256)}."""
+    """Every rank: ``dcp.save`` (collective with a process group), each file hashed as DCP writes it
+    (``_hashing_dcp_writer``), then fsync the files this rank wrote (``__<rank>_*``; rank 0 also
+    ``.metadata``); a file the writer could not hash start to end is hashed here; returns them as
+    {relative path: (size, sha256)}."""
     import torch.distributed.checkpoint as dcp
 
     target = art / name
+    writer, hashed = _hashing_dcp_writer(target, state)
     with warnings.catch_warnings():  # single process without a process group is the intended use here
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-        dcp.save({name: state}, checkpoint_id=str(target), process_group=ranks.group)
+        dcp.save({name: state}, checkpoint_id=str(target), storage_writer=writer, process_group=ranks.group)
     files = [rel for rel in walk_files(target) if _own_shard(rel, ranks)]
-    digests = hash_files(target, files, progress=False, desc=f"{name} sha256")
+    found = {rel: hashed[rel] for rel in files if rel in hashed and hashed[rel][0] == (target / rel).stat().st_size}
+    if rest := [rel for rel in files if rel not in found]:
+        found.update({rel: (d.size, d.sha256) for rel, d in
+                      hash_files(target, rest, progress=False, desc=f"{name} sha256").items()})
     for rel in files:
         with open(target / rel, "rb") as fh:
             os.fsync(fh.fileno())
-    return {rel: (d.size, d.sha256) for rel, d in digests.items()}
+    return found
+
+
+class _HashedStream:
+    """A file DCP writes, every byte hashed as written (``HashingWriter``: pipelined where the bytes are the
+    saved state's). ``complete`` stays true only while the bytes went in order through ``write``: a seek, or
+    any use of the file this wrapper does not know, makes the file hashed again once written."""
+
+    def __init__(self, raw, stable):
+        self._raw = raw
+        self._hashing = HashingWriter(raw, stable=stable)
+        self.complete = True
+
+    def write(self, data) -> int:
+        return self._hashing.write(data)
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+    def close(self) -> None:
+        self._raw.close()
+
+    def __getattr__(self, attr: str) -> Any:
+        self.complete = False  # seek, writelines, truncate ...: not proven by the digest
+        return getattr(self._raw, attr)
+
+    def digest(self) -> tuple[int, str]:
+        return self._hashing.size, self._hashing.hexdigest()
+
+
+def _hashing_dcp_writer(target: Path, state: Any) -> tuple[Any, dict[str, tuple[int, str]]]:
+    """A ``FileSystemWriter`` for ``target`` whose files are hashed while DCP writes them, through its public
+    ``FileSystem`` (``create_stream``, ``rename``), and the dict it fills: {file relative to ``target``:
+    (size, sha256)} for each file written start to end through it. A torch whose writer has no ``fs`` of
+    that kind writes as usual and the dict stays empty (the files are then hashed after ``dcp.save``)."""
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    hashed: dict[str, tuple[int, str]] = {}
+    stable = held_tensor_memory(state)
+
+    def rel(path: Any) -> str | None:
+        try:
+            return Path(path).relative_to(target).as_posix()
+        except ValueError:
+            return None
+
+    class HashingFileSystem(FileSystem):
+        @contextlib.contextmanager
+        def create_stream(self, path, mode):
+            with super().create_stream(path, mode) as raw:
+                if mode != "wb" or rel(path) is None:
+                    yield raw
+                    return
+                stream = _HashedStream(raw, stable)
+                try:
+                    yield stream
+                finally:
+                    size, sha256 = stream.digest()  # stops the helper thread, also after a failure
+                if stream.complete:
+                    hashed[rel(path)] = (size, sha256)
+
+        def rename(self, path, new_path) -> None:
+            super().rename(path, new_path)
+            digest = hashed.pop(rel(path), None)
+            if digest is not None and rel(new_path) is not None:
+                hashed[rel(new_path)] = digest
+
+    writer = FileSystemWriter(str(target))
+    if type(getattr(writer, "fs", None)) is FileSystem:
+        writer.fs = HashingFileSystem()
+    return writer, hashed
 
 
 def _own_shard(rel: str, ranks: Ranks) -> bool:
@@ -440,8 +581,7 @@ def _dcp_component(art: Path, name: str, reported: list[dict[str, tuple[int, str
                 os.fsync(fh.fileno())
             found[rel] = (d.size, d.sha256)
     fsync_dir(target)
-    for rel in files:
-        owned.created(f"{name}/{rel}", writing=False)
+    owned.completed(*(f"{name}/{rel}" for rel in files))  # every shard at once: one rewrite of the record
     return manifest_record.DcpComponent(
         path=name, files=tuple(FileEntry(rel, *found[rel]) for rel in sorted(files))
     )
