@@ -243,7 +243,11 @@ def get_teacher_target(wildcards):
     source = teacher_source(run, name)
     ckptflow_config.require_base(config["base"])
     # A receipt with a file:// copy is served by it whatever the credentials: the job skips a copy they cannot open.
-    schemes = (source.schemes or (source.uri.partition("://")[0],)) if source.kind == "archive" else ()
+    schemes = (
+        (source.schemes or (source.uri.partition("://")[0],))
+        if source.kind == "archive"
+        else ()
+    )
     if schemes and "file" not in schemes:
         ckptflow_config.require_credentials(config["credentials"], schemes)
     return f"{REPORTS}/materialize/{run}/{name}.json"
@@ -300,9 +304,14 @@ def get_teacher_input(wildcards):
 @ckptflow_config.one_line_errors
 def get_teacher_ckpt_dir(wildcards):
     """The local artifact materialize reads: in place, or once pruned through its receipt (every destination
-    it lists is tried); None when there is no local artifact and it builds from the bucket."""
+    it lists is tried); None when there is no local artifact and it builds from the bucket.
+    """
     source = teacher_source(wildcards.run, wildcards.iteration)
-    return None if source.kind == "archive" and not source.receipt else str(source.artifact_dir)
+    return (
+        None
+        if source.kind == "archive" and not source.receipt
+        else str(source.artifact_dir)
+    )
 
 
 @ckptflow_config.one_line_errors
