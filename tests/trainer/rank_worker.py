@@ -5,7 +5,7 @@
 every rank got, the full model state and the full optimizer state (``OUT``, torch.save).
 
 ``fail RUN_DIR OUT``: a collective full-plan ``save_and_publish`` of iteration 2 in which rank 1 cannot
-hash its shards; every rank writes the error it raised to ``OUT.<rank>.json``. ``fail-async``: the same save
+hash its shards (hashed once written, the read fails); every rank writes the error it raised to ``OUT.<rank>.json``. ``fail-async``: the same save
 asynchronous, the error being the one ``wait_for_publications`` raised.
 """
 
@@ -62,9 +62,14 @@ def fail(run_dir: str, out: str, parallel: str, asynchronous: bool = False) -> N
     optim.step()
     rank = dist.get_rank()
     if rank == 1:
+        # Rank 1's shards are hashed once written (the path a torch without a hashable writer takes), and that
+        # read fails: a failure on one rank after dcp.save's collective, before the seal.
+        from torch.distributed.checkpoint import FileSystemWriter
+
         def broken(*args, **kwargs):
             raise OSError("input/output error reading a shard back")
 
+        write._hashing_dcp_writer = lambda target, state: (FileSystemWriter(str(target)), {})
         write.hash_files = broken
     upload = UploadSettings(enabled=True, bucket=sys.argv[5])
     try:
