@@ -209,8 +209,13 @@ def run_times(args) -> dict[str, list[tuple[float, float]]]:
     root = _shared_dir(args.dir)
     results: dict[str, list[tuple[float, float]]] = {w: [] for w in WAYS}
     try:
+        names = list(WAYS)
         for r in range(args.rounds):
-            for name, way in WAYS.items():
+            # Each round starts one way later, so over len(WAYS) rounds every way runs once in every position
+            # (after each of the others): what the previous way left (writeback, freed extents, page cache)
+            # falls on all of them alike.
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                way = WAYS[name]
                 out = root / f"{name.replace(' ', '-')}-{r}"
                 _barrier()
                 stall, done = _slowest(list(way(comps, out)))

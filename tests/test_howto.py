@@ -217,15 +217,32 @@ def test_the_hugging_face_example_runs_as_written_on_the_offline_base(tmp_path):
     workdir = linked(tmp_path, "examples", "demo")
     shown = others("hugging-face.md")
     assert [c.line.split()[:2] for c in shown] == [["python", "demo/build_run.py"], ["mkdir", "-p"],
-                                                  ["python", "examples/train_hf_trainer.py"]]
+                                                  ["python", "examples/train_hf_trainer.py"],
+                                                  ["torchrun", "--nproc-per-node"]]
     assert not any(c.output for c in shown)
-    built, made, trained = run_lines([c.line for c in shown], workdir, workdir_env())
+    built, made, trained, sft = run_lines([c.line for c in shown], workdir, workdir_env())
     assert built.returncode == 0 and made.returncode == 0, built.stderr + made.stderr
     assert trained.returncode == 0, trained.stderr
     result = json.loads(trained.stdout.strip().splitlines()[-1])
     text = (HOWTO / "hugging-face.md").read_text(encoding="utf-8")
     assert result["resumed_from"] is None and result["exported"] == [2, 4] and not result["failed"]
     assert result["published"] == ["iter_000002", "iter_000004"] and "(`iter_000002` and `iter_000004` published)" in text
+    # TRL's SFTTrainer, LoRA, two ranks: one JSON line (the main process's), the same two iterations, each
+    # artifact the adapters and the Trainer's full state, resumable as the resume guard judges it
+    assert sft.returncode == 0, sft.stderr[-4000:]
+    [line] = [line for line in sft.stdout.splitlines() if line.startswith('{"')]  # the Trainer's logs are dict reprs
+    lora = json.loads(line)
+    assert lora["exported"] == [2, 4] and lora["published"] == ["iter_000002", "iter_000004"] and not lora["failed"]
+    run = workdir / shown[3].line.split("--run-dir ")[1].split()[0]
+    from ckptflow.records import read_manifest
+    from ckptflow.trainer.resume import check_run_attempt
+
+    for it in (2, 4):
+        names = {f.path for f in read_manifest(run / "checkpoint_artifacts" / f"iter_{it:06d}").physical_files()}
+        assert {"adapter_model.safetensors", "adapter_config.json", "optimizer.pt", "scheduler.pt",
+                "rng_state_0.pth", "rng_state_1.pth", "trainer_state.json"} <= names, names
+    decision = check_run_attempt(run, "auto")
+    assert (decision.decision, decision.resume_iteration) == ("resume", 4), decision
     tensors = json.loads((workdir / "demo-run" / "base" / "model.safetensors.index.json").read_text())["weight_map"]
     assert f"That base has {len(tensors)} tensors" in text and f"--min-tensors {len(tensors)}`" in text
 
