@@ -1,4 +1,5 @@
-"""Killing a job a test started, all of it: ``kill_job(proc)`` SIGKILLs every process it started (found from
+"""Starting a job and killing it whole: ``run_job(argv, env)`` starts it in a session of its own and, waited
+for, kills whatever is left of it after its timeout; ``kill_job(proc)`` SIGKILLs every process it started (found from
 /proc by parent pid, wherever their session), then its own process group. ``torchrun`` (torch 2.13) starts
 its workers in a session of their own, so killing the launcher's process group alone leaves them training."""
 
@@ -39,3 +40,21 @@ def kill_job(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def run_job(argv: list[str], *, cwd: Path, env: dict[str, str], wait: bool = True,
+            timeout: float = 600) -> subprocess.Popen | subprocess.CompletedProcess:
+    """``argv`` in its own session (its process group, torchrun's workers with it), output captured. With
+    ``wait``, its completed process, the whole job killed (``kill_job``) if it outlives ``timeout``;
+    without, the running ``Popen`` (pause points, SIGKILL)."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    if not wait:
+        return proc
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            kill_job(proc)  # torchrun's workers too: they run in a session of their own
+            proc.communicate()
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)

@@ -21,7 +21,7 @@ from ckptflow.records import receipt as receipt_record
 from ckptflow.store.local import LocalStore
 from helpers import REPO
 from helpers.cli import run_cli, wait_until
-from helpers.procs import kill_job
+from helpers.procs import run_job
 from helpers.tiny_models import build_tiny_base
 
 RUN = "proj/grp/run1/20261129T000000Z"
@@ -48,17 +48,7 @@ def train(base: Path, run_dir: Path, *args: str, ranks: int = 1, env: dict | Non
     launcher = [str(TORCHRUN), "--standalone", "--nproc-per-node", str(ranks)] if ranks > 1 else [sys.executable]
     argv = [*launcher, str(EXAMPLE), "--model", str(base), "--run-dir", str(run_dir), *args]
     env = {**os.environ, "CKPTFLOW_PROGRESS": "0", "OMP_NUM_THREADS": "1", **(env or {})}
-    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # its own process group: torchrun's workers go with it
-    if not wait:
-        return proc
-    try:
-        out, err = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            kill_job(proc)  # torchrun's workers too: they run in a session of their own
-            proc.communicate()
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+    return run_job(argv, cwd=REPO, env=env, wait=wait)
 
 
 def result(proc) -> dict:

@@ -22,7 +22,7 @@ from ckptflow.records import receipt as receipt_record
 from ckptflow.store.local import LocalStore
 from helpers import REPO
 from helpers.cli import run_cli, wait_until
-from helpers.procs import kill_job
+from helpers.procs import kill_job, run_job
 from helpers.tiny_models import build_tiny_base
 
 RUN = "proj/grp/run1/20261129T000000Z"
@@ -47,17 +47,7 @@ def sft(base: Path, run_dir: Path, *args: str, env: dict | None = None,
         wait: bool = True) -> subprocess.Popen | subprocess.CompletedProcess:
     argv = [sys.executable, str(EXAMPLE), "--model", str(base), "--run-dir", str(run_dir), *args]
     env = {**os.environ, "CKPTFLOW_PROGRESS": "0", "OMP_NUM_THREADS": "1", **(env or {})}
-    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    if not wait:
-        return proc
-    try:
-        out, err = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            kill_job(proc)
-            proc.communicate()
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+    return run_job(argv, cwd=REPO, env=env, wait=wait)
 
 
 def result(proc) -> dict:
