@@ -6,8 +6,10 @@ SQLAlchemy, smart_open, PuLP, ...) before it reads a Snakefile; a ``ckptflow mer
 spends 1.5–3 CPU-s importing torch and transformers, any other verb 0.2–0.4 CPU-s importing botocore and
 jsonschema. The suite starts hundreds of each, and on two cores those imports were its largest single cost.
 Here each pytest process starts one template per kind (``python preloaded.py serve KIND``): ``snakemake``,
-``ckptflow`` (torch and transformers: merge, materialize) and ``ckptflow-core`` (no module of the
-[convert] or [workflow] extras: every other verb). A template imports those modules once and freezes them
+``ckptflow`` (torch and transformers: merge, materialize), ``ckptflow-core`` (no module of the
+[convert] or [workflow] extras: every other verb) and ``hf`` (torch, transformers, accelerate, datasets,
+PEFT and TRL: the Hugging Face examples run on one process, 7–8 CPU-s of imports each, started as jobs of
+their own by ``procs.run_job``: ``start_script``, in a session of their own). A template imports those modules once and freezes them
 out of the garbage collector (``gc.freeze``: a child's collections would otherwise touch, and copy, every
 page). An invocation is a ``fork()`` of it that sets its working directory, environment, ``sys.argv``,
 ``sys.path[0]`` and standard streams, then runs ``snakemake.cli.main`` as the ``snakemake`` console script
@@ -69,6 +71,10 @@ PRELOAD = {
         "botocore.session", "botocore.client", "urllib3", "jsonschema", "tqdm", "argparse", "logging",
         "http.client", "concurrent.futures",
     ),
+    "hf": (  # the Hugging Face examples (examples/train_hf_trainer.py, train_trl_sft.py) on one process
+        "torch", "torch.distributed", "transformers", "transformers.trainer", "transformers.modeling_utils",
+        "safetensors.torch", "accelerate", "datasets", "peft", "trl", "botocore.session", "jsonschema", "tqdm",
+    ),
 }
 CKPTFLOW_KINDS = ("ckptflow", "ckptflow-core")
 TORCH_SCRIPTS = ("merge.py", "materialize.py")  # the workflow's scripts whose jobs fork from ``ckptflow``
@@ -113,6 +119,8 @@ def _child(kind: str, request: dict, sel: selectors.BaseSelector, sockets: list[
     """In the forked process: becomes the requested command; never returns (the command's SystemExit, or the
     one raised here, ends the process through the interpreter's normal exit). ``fds``: a script job's
     standard streams, handed over by its launcher (job_launcher.py); otherwise the request names files."""
+    if request.get("session"):  # a job of its own (procs.run_job): its own session and process group
+        os.setsid()
     for sock in sockets:
         sock.close()
     for key in list(sel.get_map().values()):
@@ -314,14 +322,15 @@ class _Template:
                                    f"its log: {self.log}\n{self.log.read_text(errors='replace')[-4000:]}")
             return self.answers[rid] if ok else None
 
-    def start(self, argv: list[str], cwd: str, env: dict[str, str], executable: str | None = None) -> Started:
+    def start(self, argv: list[str], cwd: str, env: dict[str, str], executable: str | None = None,
+              session: bool = False) -> Started:
         with self.lock:
             rid = self.next_id
             self.next_id += 1
         work = Path(tempfile.mkdtemp(prefix=f"run{rid}-", dir=self.dir))
         out, err = work / "stdout", work / "stderr"
         request = {"id": rid, "argv": argv, "cwd": cwd, "env": env, "stdout": str(out), "stderr": str(err),
-                   "executable": executable}
+                   "executable": executable, "session": session}
         with self.write_lock:
             self.proc.stdin.write((json.dumps(request) + "\n").encode())
             self.proc.stdin.flush()
@@ -416,7 +425,8 @@ class Started:
         self.stdout, self.stderr = _Done(out), _Done(err)
         for path in (self._work / "stdout", self._work / "stderr"):
             path.unlink(missing_ok=True)
-        self._work.rmdir()
+        if self._work.exists():  # a second ``communicate``, as on a Popen, gives the same again
+            self._work.rmdir()
         return out, err
 
 
@@ -559,6 +569,17 @@ def start_ckptflow(argv: list[str], *, cwd: Path, env: dict[str, str],
         return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                 cwd=str(cwd))
     return template.start(argv, str(cwd), env)
+
+
+def start_script(argv: list[str], *, cwd: Path, env: dict[str, str], kind: str = "hf") -> Started | None:
+    """``python SCRIPT ARGS`` (``argv[0]`` this interpreter) forked from the template of ``kind`` in a session of
+    its own, as ``subprocess.Popen(argv, ..., start_new_session=True)`` with its output captured would start it:
+    a ``Started``. None where the kind does not fork (switched off, not installed, a ``PYTHON*`` variable):
+    the caller starts its own interpreter then."""
+    if argv[0] != sys.executable or not argv[1].endswith(".py"):
+        raise ValueError(f"not a python SCRIPT command line: {argv[:2]}")
+    template = _usable(kind, env)
+    return None if template is None else template.start(argv, str(cwd), env, session=True)
 
 
 class Attached:

@@ -42,13 +42,21 @@ def kill_job(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_job(argv: list[str], *, cwd: Path, env: dict[str, str], wait: bool = True,
-            timeout: float = 600) -> subprocess.Popen | subprocess.CompletedProcess:
+def run_job(argv: list[str], *, cwd: Path, env: dict[str, str], wait: bool = True, timeout: float = 600,
+            preloaded: str | None = None) -> subprocess.Popen | subprocess.CompletedProcess:
     """``argv`` in its own session (its process group, torchrun's workers with it), output captured. With
     ``wait``, its completed process, the whole job killed (``kill_job``) if it outlives ``timeout``;
-    without, the running ``Popen`` (pause points, SIGKILL)."""
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    without, the running ``Popen`` (pause points, SIGKILL). ``preloaded``: a ``python SCRIPT`` command line
+    forked from that kind of template (preloaded.py: ``hf`` for the Hugging Face examples on one process),
+    where the kind forks; a ``Started``, handled as the ``Popen``."""
+    proc = None
+    if preloaded is not None:
+        from .preloaded import start_script
+
+        proc = start_script(argv, cwd=cwd, env=env, kind=preloaded)
+    if proc is None:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
     if not wait:
         return proc
     try:

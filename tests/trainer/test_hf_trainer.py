@@ -48,7 +48,7 @@ def train(base: Path, run_dir: Path, *args: str, ranks: int = 1, env: dict | Non
     launcher = [str(TORCHRUN), "--standalone", "--nproc-per-node", str(ranks)] if ranks > 1 else [sys.executable]
     argv = [*launcher, str(EXAMPLE), "--model", str(base), "--run-dir", str(run_dir), *args]
     env = {**os.environ, "CKPTFLOW_PROGRESS": "0", "OMP_NUM_THREADS": "1", **(env or {})}
-    return run_job(argv, cwd=REPO, env=env, wait=wait)
+    return run_job(argv, cwd=REPO, env=env, wait=wait, preloaded=None if ranks > 1 else "hf")
 
 
 def result(proc) -> dict:

@@ -47,7 +47,7 @@ def sft(base: Path, run_dir: Path, *args: str, env: dict | None = None,
         wait: bool = True) -> subprocess.Popen | subprocess.CompletedProcess:
     argv = [sys.executable, str(EXAMPLE), "--model", str(base), "--run-dir", str(run_dir), *args]
     env = {**os.environ, "CKPTFLOW_PROGRESS": "0", "OMP_NUM_THREADS": "1", **(env or {})}
-    return run_job(argv, cwd=REPO, env=env, wait=wait)
+    return run_job(argv, cwd=REPO, env=env, wait=wait, preloaded="hf")
 
 
 def result(proc) -> dict:
@@ -68,13 +68,20 @@ def tensors(path: Path, lora: bool) -> dict:
 
 def paused_then_killed(proc: subprocess.Popen, flag: Path, steps: list[tuple[str, object]]) -> None:
     """Drive a job that pauses at test points, then SIGKILL it: for each (what, action), "go" waits for the
-    pause file and releases the pause, "hold" waits for it and keeps the job paused, a callable is waited on."""
+    job's pause file (written by this job: its pid) and releases the pause, "hold" waits for it and keeps the
+    job paused, a callable is waited on. The pause file of the killed job goes with it."""
     def stderr() -> str:
         return proc.communicate()[1][-4000:]
 
+    def paused() -> bool:
+        try:
+            return flag.read_text().split()[0] == str(proc.pid)
+        except (FileNotFoundError, IndexError):
+            return False
+
     try:
         for what, action in steps:
-            wait_until(flag.exists if action in ("go", "hold") else action, proc, what, 300, stderr)
+            wait_until(paused if action in ("go", "hold") else action, proc, what, 300, stderr)
             if action == "go":
                 flag.unlink()
         kill_job(proc)
@@ -82,6 +89,7 @@ def paused_then_killed(proc: subprocess.Popen, flag: Path, steps: list[tuple[str
         if proc.poll() is None:
             kill_job(proc)
         proc.communicate()
+        flag.unlink(missing_ok=True)
 
 
 @pytest.mark.slow
