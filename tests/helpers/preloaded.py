@@ -152,6 +152,11 @@ def _child(kind: str, request: dict, sel: selectors.BaseSelector, sockets: list[
         from snakemake.cli import main
 
         main(argv[1:])
+    elif argv[1] == "-c":  # ``python -c CODE ARGS``: the working directory first on the path
+        sys.argv = argv[1:2] + argv[3:]
+        sys.path[0] = ""
+        _threads_as_started()
+        exec(compile(argv[2], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
     elif argv[1:3] != ["-m", "ckptflow"]:  # ``python SCRIPT``, a Snakemake script job: its directory first
         sys.argv = argv[1:]
         sys.path[0] = os.path.dirname(os.path.realpath(argv[1]))
@@ -572,12 +577,12 @@ def start_ckptflow(argv: list[str], *, cwd: Path, env: dict[str, str],
 
 
 def start_script(argv: list[str], *, cwd: Path, env: dict[str, str], kind: str = "hf") -> Started | None:
-    """``python SCRIPT ARGS`` (``argv[0]`` this interpreter) forked from the template of ``kind`` in a session of
-    its own, as ``subprocess.Popen(argv, ..., start_new_session=True)`` with its output captured would start it:
-    a ``Started``. None where the kind does not fork (switched off, not installed, a ``PYTHON*`` variable):
-    the caller starts its own interpreter then."""
-    if argv[0] != sys.executable or not argv[1].endswith(".py"):
-        raise ValueError(f"not a python SCRIPT command line: {argv[:2]}")
+    """``python SCRIPT ARGS`` or ``python -c CODE ARGS`` (``argv[0]`` this interpreter) forked from the template
+    of ``kind`` in a session of its own, as ``subprocess.Popen(argv, ..., start_new_session=True)`` with its
+    output captured would start it: a ``Started``. None where the kind does not fork (switched off, not
+    installed, a ``PYTHON*`` variable): the caller starts its own interpreter then."""
+    if argv[0] != sys.executable or not (argv[1].endswith(".py") or (argv[1] == "-c" and len(argv) > 2)):
+        raise ValueError(f"not a python SCRIPT or python -c CODE command line: {argv[:2]}")
     template = _usable(kind, env)
     return None if template is None else template.start(argv, str(cwd), env, session=True)
 

@@ -196,8 +196,8 @@ EXPORT = ("import sys; from ckptflow.trainer.hf import export_checkpoint; "
 
 
 def export_in_process(ckpt: Path, run_dir: Path, n: int, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", EXPORT, str(ckpt), str(run_dir), str(n)], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, **env})
+    return run_job([sys.executable, "-c", EXPORT, str(ckpt), str(run_dir), str(n)], cwd=REPO,
+                   env={**os.environ, **env}, timeout=300, preloaded="hf")
 
 
 @pytest.mark.slow
@@ -252,7 +252,8 @@ def rewrite_in_place(ckpt: Path, how: str) -> None:
     """What a user's tool does to ``checkpoint-N`` after the export: a Hugging Face re-save into the same
     directory, or a truncate-and-rewrite of one file with other bytes of the same size."""
     if how == "resave":
-        done = subprocess.run([sys.executable, "-c", RESAVE, str(ckpt)], capture_output=True, text=True, timeout=300)
+        done = run_job([sys.executable, "-c", RESAVE, str(ckpt)], cwd=REPO, env=dict(os.environ), timeout=300,
+                       preloaded="hf")
         assert done.returncode == 0, done.stderr[-3000:]
     else:
         path = ckpt / "config.json"
