@@ -18,6 +18,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -59,12 +60,17 @@ def for_this_cluster(script: list[str], *, runs: Path, credentials: Path, bucket
     return text
 
 
-def _wait_for(check, what: str, log: Path, timeout: float = TIMEOUT):
+ENDED = ("", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+
+
+def _wait_for(check, what: str, job: str, log: Path, timeout: float = TIMEOUT) -> None:
+    """Wait until ``check()``; fail, with the job's log, when the job ended first or after ``timeout``."""
     deadline = time.monotonic() + timeout
-    while not (found := check()):
+    while not check():
+        state = _state(job)
+        assert state not in ENDED, f"job {job} ended ({state or 'gone'}) before {what}:\n{_text(log)[-4000:]}"
         assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s:\n{_text(log)[-4000:]}"
         time.sleep(0.2)
-    return found
 
 
 def _text(path: Path) -> str:
@@ -90,29 +96,37 @@ def test_the_slurm_pages_requeued_job_keeps_its_attempt_gets_sigterm_and_resumes
     pause = tmp_path / "paused"
     # Every save pauses right after its artifact is committed until the pause file is removed (the job's
     # environment is the submitter's: --export=ALL), so the requeue lands after iter_000002 and before step 3.
-    env = {**os.environ, "CKPTFLOW_TEST_PAUSE_AT": "trainer:after-save", "CKPTFLOW_TEST_PAUSE_FILE": str(pause),
+    # torchrun on PATH, as where a user submits from (the environment's bin directory first).
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "CKPTFLOW_TEST_PAUSE_AT": "trainer:after-save", "CKPTFLOW_TEST_PAUSE_FILE": str(pause),
            "CKPTFLOW_PROGRESS": "0"}
     submitted = subprocess.run(["bash", "-c", submit], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert submitted.returncode == 0, submitted.stderr
     [job] = re.findall(r"Submitted batch job (\d+)", submitted.stdout)
     log = tmp_path / "logs" / f"sft-run1-{job}.out"
     try:
-        _wait_for(pause.exists, "pause after the first artifact", log)
+        _wait_for(pause.exists, "pause after the first artifact", job, log)
         [attempt] = (tmp_path / "runs" / "myproj" / "sft" / "run1").iterdir()
         first = attempt / "checkpoint_artifacts" / "iter_000002"
         assert (first / ".posttrain-checkpoint-artifact.json").is_file()
         assert not (first / ".uploaded").exists()  # paused before its publication was queued
 
         subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True, text=True, timeout=60)
+        # Slurm makes a requeued batch job eligible again only some time later (EligibleTime: about two
+        # minutes on); the test does not wait for that, as an admin may do for a job held back.
+        _wait_for(lambda: _state(job) == "PENDING", "the job pending again after the requeue", job, log)
+        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, capture_output=True,
+                       text=True, timeout=60)
         # The first start's processes are gone once the second start has begun; from then on every pause
         # (the second start's saves) is let go at once.
-        _wait_for(lambda: f"job {job} start 2, attempt" in _text(log), "second start of the job", log)
+        _wait_for(lambda: f"job {job} start 2, attempt" in _text(log), "second start of the job", job, log)
         pause.unlink(missing_ok=True)
 
-        def ended() -> bool:
+        deadline = time.monotonic() + TIMEOUT
+        while _state(job) not in ENDED:
             pause.unlink(missing_ok=True)
-            return _state(job) in ("", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
-        _wait_for(ended, "end of the requeued job", log)
+            assert time.monotonic() < deadline, f"job {job} still running after {TIMEOUT} s:\n{_text(log)[-4000:]}"
+            time.sleep(0.2)
     finally:
         subprocess.run(["scancel", job], capture_output=True)
     text = _text(log)
@@ -123,6 +137,7 @@ def test_the_slurm_pages_requeued_job_keeps_its_attempt_gets_sigterm_and_resumes
     assert starts[0][1] == starts[1][1] == attempt.name, (starts, attempt)
     # The requeue's signal: SIGTERM to the job's processes (torchrun's agent names it as it stops its ranks).
     first_run, second_run = text.split(f"job {job} start 2, attempt", 1)
+    assert f"*** JOB {job} ON " in first_run and " DUE TO JOB REQUEUE ***" in first_run, first_run[-4000:]
     assert re.search(r"Received (15|SIGTERM) death signal", first_run), first_run[-4000:]
     # The second start resumes after step 2 from the committed artifact and publishes what the first did not.
     steps = re.findall(r"^step (\d+) loss", second_run, re.M)
