@@ -80,8 +80,12 @@ def _text(path: Path) -> str:
         return ""
 
 
-def _state(job: str) -> str:
+def _state(job: str) -> str | None:
+    """The job's state in squeue ("" once it has left squeue), None when squeue did not answer (a busy
+    slurmctld), which is never taken for an end."""
     done = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True)
+    if done.returncode != 0:
+        return "" if "Invalid job id" in done.stderr else None
     return done.stdout.strip()
 
 
