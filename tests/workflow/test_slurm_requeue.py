@@ -109,15 +109,15 @@ def test_the_slurm_pages_requeued_job_keeps_its_attempt_gets_sigterm_and_resumes
     [job] = re.findall(r"Submitted batch job (\d+)", submitted.stdout)
     log = tmp_path / "logs" / f"sft-run1-{job}.out"
     try:
-        _wait_for(pause.exists, "pause after the first artifact", job, log)
-        [attempt] = (tmp_path / "runs" / "myproj" / "sft" / "run1").iterdir()
-        first = attempt / "checkpoint_artifacts" / "iter_000002"
-        assert (first / ".posttrain-checkpoint-artifact.json").is_file()
-        assert not (first / ".uploaded").exists()  # paused before its publication was queued
+        run = tmp_path / "runs" / "myproj" / "sft" / "run1"
+        committed = "*/checkpoint_artifacts/iter_000002/.posttrain-checkpoint-artifact.json"
+        _wait_for(lambda: pause.exists() and any(run.glob(committed)), "pause after the first artifact", job, log)
+        [attempt] = run.iterdir()
+        assert not (attempt / "checkpoint_artifacts" / "iter_000002" / ".uploaded").exists()  # not yet queued
 
         subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True, text=True, timeout=60)
-        # Slurm makes a requeued batch job eligible again only some time later (EligibleTime: about two
-        # minutes on); the test does not wait for that, as an admin may do for a job held back.
+        # Slurm makes a requeued batch job eligible again only later (its EligibleTime, two minutes on with
+        # Slurm's defaults); the test does not wait for that, as an admin may not for a job held back.
         _wait_for(lambda: _state(job) == "PENDING", "the job pending again after the requeue", job, log)
         subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, capture_output=True,
                        text=True, timeout=60)
@@ -149,7 +149,7 @@ def test_the_slurm_pages_requeued_job_keeps_its_attempt_gets_sigterm_and_resumes
     [result] = [json.loads(line) for line in second_run.splitlines() if line.startswith('{"')]
     assert result["run_dir"] == str(attempt) and result["saved"] == [4, 6] and not result["failed"], result
     assert result["published"] == ["iter_000002", "iter_000004", "iter_000006"], result
-    assert [p.name for p in (tmp_path / "runs" / "myproj" / "sft" / "run1").iterdir()] == [attempt.name]
+    assert [p.name for p in run.iterdir()] == [attempt.name]
 
     accounted = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-o", "JobID,State", "-j", job],
                                capture_output=True, text=True, check=True).stdout.split()
