@@ -2,18 +2,18 @@
 
     python tests/helpers/browser.py install      # apt-get install it when missing (root); `make test` runs it
 
-``install`` installs the Debian package ``chromium-headless-shell`` (``--no-install-recommends``; the
-headless shell alone, without the desktop browser's 100-odd packages) with apt-get when the program is
-missing, through tests/helpers/apt.py (one install at a time, beside Slurm's). Exit status: 0 installed
-(or already there), 1 failure, 3 this machine cannot install it (not root, or no apt-get); a failure prints
-one line naming the reason and the remedy and leaves it in ``.ckptflow/browser-install-failed.txt`` until
-the next install succeeds: tests/test_docs_browser.py skips with that line outside CI and fails with it
-under CI, as the Slurm tests do.
+``install`` installs the Debian package ``chromium-headless-shell`` (``--no-install-recommends``: the
+headless shell alone, without the desktop ``chromium``'s graphical stack) and the font the pages are
+measured with (``fonts-dejavu-core``) with apt-get when the program is missing, through tests/helpers/apt.py
+(one install at a time, beside Slurm's). Exit status: 0 installed (or already there), 1 failure, 3 this
+machine cannot install it (not root, or no apt-get); a failure prints one line naming the reason and the
+remedy and leaves it in ``.ckptflow/browser-install-failed.txt`` until the next install succeeds:
+tests/test_docs_browser.py skips with that line outside CI and fails with it under CI, as the Slurm tests do.
 
-``layout(page, screenshot)`` loads a copy of a built page (beside it, so its relative links still resolve)
-with ``LAYOUT_SCRIPT`` added at 1280 x 900 px, with ``--dump-dom``: the script measures the page once it
-has loaded and writes what it found into the DOM as JSON (base64 in an attribute, nothing to unescape);
-then it takes a screenshot of the whole page (the window as tall as the page) for a person to look at.
+``measure(program, page)`` loads a copy of a built page (beside it, so its relative links still resolve)
+with ``LAYOUT_SCRIPT`` added, at 1280 x 900 px, with ``--dump-dom``: the script measures the page once it
+has loaded and writes what it found into the DOM as JSON (base64 in an attribute, nothing to unescape).
+``screenshot`` takes a picture of the whole page (the window as tall as the page) for a person to look at.
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ else:  # run as a script: tests/helpers is sys.path[0]
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = "chromium-headless-shell"
 PROGRAM = "chromium-headless-shell"
+# The font the pages are measured with (Material's system font stack falls back to it on Debian), named so
+# that a fresh machine gets the same one whichever font fontconfig's dependency would otherwise bring.
+FONTS = "fonts-dejavu-core"
 INSTALL_FAILED = REPO / ".ckptflow" / "browser-install-failed.txt"
 REMEDY = f"install it as root: `python tests/helpers/browser.py install` (apt-get install {PACKAGE})"
 CANNOT = 3
@@ -162,7 +165,7 @@ def install() -> str:
     if reason:
         raise BrowserError(reason)
     try:
-        apt.install([PACKAGE], lambda: [] if find() else [PROGRAM])
+        apt.install([PACKAGE, FONTS], lambda: [] if find() else [PROGRAM])
     except apt.AptError as exc:
         raise BrowserError(str(exc)) from None
     return find() or PROGRAM
