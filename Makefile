@@ -11,6 +11,8 @@ SLURM_ROOT := .ckptflow/slurm
 PYTEST_ARGS ?=
 # `make test` brings up the single-node Slurm for the slurm tests; `test-fast` deselects them and skips it.
 SLURM_UP ?= yes
+# and installs the browser of the site's layout test (slow tests, which `test-fast` deselects too).
+BROWSER_INSTALL ?= yes
 
 # Python caches bytecode here (__pycache__, ignored by git) even where the environment says not to: the
 # suite starts thousands of Python processes, and each would compile the tests and ckptflow again (pytest's
@@ -50,7 +52,10 @@ lint: setup
 # the whole suite, and stops Slurm's daemons and both servers by PID (side by side) whatever pytest's outcome; exits with
 # pytest's status. Where Slurm cannot run (not root, no apt-get) or does not come up (slurm.py prints one line
 # naming the reason and the remedy) the slurm tests skip with that line, except under CI (the variable CI
-# set), where they must run: there a Slurm that does not come up fails `make test`.
+# set), where they must run: there a Slurm that does not come up fails `make test`. The browser of the site's
+# layout test (Debian's chromium-headless-shell, tests/helpers/browser.py: apt-get as root when missing) is
+# installed at the same time, one apt-get after the other (tests/helpers/apt.py), and likewise: where it cannot
+# be installed those tests skip with browser.py's line, except under CI.
 # The suite runs on PYTEST_WORKERS pytest-xdist workers (`--dist loadgroup`: the `alone` tests go, one
 # after another, to one worker, the `slurm` tests to another; tests/conftest.py). The order keeps both
 # cores busy: the core legs' environments install, one after another and at a lower priority, while
@@ -82,6 +87,9 @@ test:
 	slurm=; if [ "$(SLURM_UP)" = yes ]; then \
 	  $(BIN)/python tests/helpers/slurm.py up --root $(SLURM_ROOT) >/dev/null & slurm=$$!; \
 	fi; \
+	browser=; if [ "$(BROWSER_INSTALL)" = yes ]; then \
+	  $(BIN)/python tests/helpers/browser.py install >/dev/null & browser=$$!; \
+	fi; \
 	mkdir -p .ckptflow; \
 	$(BIN)/python tests/helpers/servers.py up --root $(SERVERS_ROOT) >.ckptflow/servers-up.log & servers=$$!; \
 	$(MAKE) --no-print-directory lint || { wait; exit 1; }; \
@@ -91,6 +99,11 @@ test:
 	if [ -n "$$slurm" ]; then \
 	  wait $$slurm; rc=$$?; \
 	  if [ $$rc -ne 0 ] && [ -z "$${CI:-}" ]; then echo "make test: the single-node Slurm is not up (slurm.py's line above says why); the slurm tests skip" >&2; \
+	  elif [ $$rc -ne 0 ]; then wait; exit $$rc; fi; \
+	fi; \
+	if [ -n "$$browser" ]; then \
+	  wait $$browser; rc=$$?; \
+	  if [ $$rc -ne 0 ] && [ -z "$${CI:-}" ]; then echo "make test: no browser for the site's layout test (browser.py's line above says why); those tests skip" >&2; \
 	  elif [ $$rc -ne 0 ]; then wait; exit $$rc; fi; \
 	fi; \
 	wait; \
@@ -104,9 +117,11 @@ test:
 	fi; \
 	exit $$rc
 
-# The inner loop: the suite without slow tests (the Slurm tests are slow), no Slurm, no core legs.
+# The inner loop: the suite without slow tests (the Slurm and browser tests are slow), no Slurm, no browser
+# install, no core legs.
 test-fast: PYTEST_ARGS = -m "not slow"
 test-fast: SLURM_UP = no
+test-fast: BROWSER_INSTALL = no
 test-fast: CORE_LEGS_RUN = no
 test-fast: test
 

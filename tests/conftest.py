@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +33,7 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from ckptflow.store import Credentials
-from helpers import servers, xdist_groups  # tests/helpers/
+from helpers import REPO, servers, xdist_groups  # tests/helpers/
 from helpers.moto_bodies import mock_aws_bytes_bodies
 
 NOT_RUNNING = "test servers are not running; run `make test` or `python tests/helpers/servers.py up`"
@@ -166,3 +168,24 @@ def moto_s3(monkeypatch: pytest.MonkeyPatch):
         target = S3Target("ckptflow-moto", Credentials("moto-testing", "moto-testing-secret", None, "us-east-1"))
         servers.create_bucket(target.credentials, target.bucket)
         yield target
+
+
+@dataclass(frozen=True)
+class BuiltSite:
+    """The documentation site built once for this pytest process, and what ``mkdocs build --strict`` said."""
+
+    path: Path
+    build: subprocess.CompletedProcess
+
+
+@pytest.fixture(scope="session")
+def built_site(tmp_path_factory: pytest.TempPathFactory) -> BuiltSite:
+    """``mkdocs build --strict`` of the checkout's site, offline: any download would go through a proxy that
+    refuses it. The tests that use it carry ``xdist_group(docs_pages.SITE_GROUP)``, so one worker builds it."""
+    site = tmp_path_factory.mktemp("docs-site") / "site"
+    refused = "http://127.0.0.1:9"
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "HTTP_PROXY": refused, "HTTPS_PROXY": refused,
+           "http_proxy": refused, "https_proxy": refused, "NO_PROXY": "", "no_proxy": ""}
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    return BuiltSite(site, done)

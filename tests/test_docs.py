@@ -7,10 +7,8 @@ The pages under docs/reference/ are written by tests/helpers/docs_pages.py (``ma
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
-import sys
 
+import pytest
 import yaml
 
 from helpers import REPO, docs_pages
@@ -62,14 +60,10 @@ def test_the_site_needs_nothing_from_the_network():
     assert config["plugins"] == ["search"], "a plugin may download at build time (social cards, privacy)"
 
 
-def test_site_builds_strict_offline_without_a_warning(tmp_path):
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1",
-           # Any download would go through a proxy that refuses it.
-           "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9",
-           "http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9", "NO_PROXY": "", "no_proxy": ""}
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+@pytest.mark.xdist_group(docs_pages.SITE_GROUP)
+def test_site_builds_strict_offline_without_a_warning(built_site):
+    done = built_site.build
     assert done.returncode == 0, done.stdout + done.stderr
     assert "WARNING" not in done.stderr, done.stderr
-    assert (tmp_path / "site" / "index.html").is_file()
-    assert (tmp_path / "site" / "reference" / "cli" / "publish" / "index.html").is_file()
+    assert (built_site.path / "index.html").is_file()
+    assert (built_site.path / "reference" / "cli" / "publish" / "index.html").is_file()

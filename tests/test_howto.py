@@ -10,7 +10,8 @@ from another directory with a site file, and the Slurm first run's copies and dr
 Slurm daemon). The sbatch scripts (the scrub job, the training job that Slurm requeues on the Slurm page)
 and the scrub's crontab line are checked for syntax (``bash -n``), and the first run's other lines for
 syntax and for the checkout files they name: the real run and ``sacct`` need a cluster
-(``tests/workflow/test_slurm*.py`` run the same profiles on the single-node Slurm)."""
+(``tests/workflow/test_slurm*.py`` run the same profiles on the single-node Slurm, and
+``tests/workflow/test_slurm_requeue.py`` submits the training job's script and requeues it)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ import yaml
 from ckptflow.artifact import ComponentSpec, seal_artifact
 from helpers import REPO, docs_examples
 from helpers.artifacts import write_payloads
+from helpers.markdown import fenced
 
 HOWTO = REPO / "docs" / "how-to"
 PAGES = sorted(HOWTO.glob("*.md"))
@@ -50,21 +52,6 @@ class Command:
     page: str
     line: str
     output: tuple[str, ...]
-
-
-def fenced(text: str) -> list[tuple[str, list[str]]]:
-    """Each fenced block of a page: its language and its lines."""
-    blocks, lang, lines = [], None, []
-    for line in text.splitlines():
-        if lang is None and line.startswith("```"):
-            lang, lines = line[3:].strip(), []
-        elif lang is not None and line == "```":
-            blocks.append((lang, lines))
-            lang = None
-        elif lang is not None:
-            lines.append(line)
-    assert lang is None, "a fenced block is not closed"
-    return blocks
 
 
 def commands(page: Path) -> list[Command]:

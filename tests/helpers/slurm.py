@@ -44,8 +44,9 @@ import time
 from pathlib import Path
 
 if __package__:
-    from . import servers
+    from . import apt, servers
 else:  # run as a script: tests/helpers is sys.path[0]
+    import apt
     import servers
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,29 +103,12 @@ def _sbin(name: str) -> str:
 
 
 def install() -> None:
-    """apt-get install the packages when a program is missing. Services are not started by the packages
-    (a temporary policy-rc.d says so on hosts with an init system)."""
-    if not missing_programs():
-        return
-    policy = Path("/usr/sbin/policy-rc.d")
-    ours = not policy.exists()
-    if ours:
-        policy.write_text("#!/bin/sh\n# ckptflow slurm.py: do not start services while installing\nexit 101\n")
-        policy.chmod(0o755)
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
+    """apt-get install the packages when a program is missing (tests/helpers/apt.py: services are not started
+    by the packages, and one install runs at a time)."""
     try:
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if done.returncode != 0:  # stale package lists on a fresh machine
-            subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, text=True)
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    finally:
-        if ours:
-            policy.unlink()
-    if done.returncode != 0:
-        raise SlurmError(f"`{' '.join(cmd)}` failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
-    if missing_programs():
-        raise SlurmError(f"still missing after apt-get install: {', '.join(missing_programs())}")
+        apt.install(PACKAGES, missing_programs)
+    except apt.AptError as exc:
+        raise SlurmError(str(exc)) from None
 
 
 # ---------------------------------------------------------------- configuration

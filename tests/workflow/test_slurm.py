@@ -1,10 +1,7 @@
 """The workflow under Slurm: `snakemake --profile profiles/slurm` on the single-node Slurm of `make test`.
 
-Slurm comes from ``tests/helpers/slurm.py up`` (state in ``<repo>/.ckptflow/slurm`` or
-``$CKPTFLOW_TEST_SLURM``). These tests skip only where the machine cannot run Slurm (not root, or no
-apt-get to install it) or where ``slurm.py up`` failed (with the one line it left, naming the reason and the
-remedy); with ``CI`` set they fail instead, and a machine that could run it but where it is not up fails
-with the command to start it.
+The cluster is the fixture ``slurm_cluster`` (tests/workflow/conftest.py): these tests skip only where the
+machine cannot run Slurm or where ``slurm.py up`` failed, and never under CI.
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, servers, slurm
+from helpers import REPO, slurm
 from helpers.artifacts import make_artifact
 from helpers.cli import run_cli
 from helpers.trees import tree_bytes
@@ -30,26 +27,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 RUN = "proj/grp/run1/20261129T000000Z"
 TIMEOUT = 600
-
-
-@pytest.fixture(scope="module")
-def slurm_cluster() -> dict:
-    root = Path(os.environ.get("CKPTFLOW_TEST_SLURM") or slurm.DEFAULT_ROOT)
-    state = servers.read_state(root)
-    daemons = state.get("servers", {})
-    if all(name in daemons and servers.is_running(daemons[name]) for name in slurm.ORDER):
-        return state
-    reason = slurm.cannot_run_reason()
-    if reason and not os.environ.get("CI"):
-        pytest.skip(f"Slurm tests skipped: this machine cannot run Slurm ({reason})")
-    failure = slurm.up_failure(root)
-    if failure:
-        message = f"the single-node Slurm under {root} did not start: {failure}"
-        if not os.environ.get("CI"):
-            pytest.skip(f"Slurm tests skipped: {message}")
-        pytest.fail(message, pytrace=False)
-    pytest.fail(f"the single-node Slurm is not running under {root}; start it with `make slurm-up` "
-                f"(or run `make test`){f' ({reason})' if reason else ''}", pytrace=False)
 
 
 def _snakemake_cmd(workdir: Path, *args: str, config: dict[str, str], configfile: Path | None = None) -> list[str]:
