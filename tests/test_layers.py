@@ -1,4 +1,5 @@
-"""The package's layers import one way: front ends → steps → records / store / conversion → base.
+"""The package's layers import one way: front ends → workflow → lifecycle → steps → records / store /
+conversion → base.
 
 Every import in ``src/ckptflow`` (module level and inside functions) is resolved and checked against the
 layer table below; a private module (``_x``) may be imported only from inside its own package. A new
@@ -16,16 +17,17 @@ from helpers import REPO
 
 SRC = REPO / "src" / "ckptflow"
 
-BASE, CORE, STEP, LIFECYCLE, FRONT = 0, 1, 2, 3, 4
+BASE, CORE, STEP, LIFECYCLE, WORKFLOW, FRONT = 0, 1, 2, 3, 4, 5
 # Top-level names under ckptflow/ and their layer. Core packages (records, store, conversion) stand on
 # the base only, side by side: none of them imports another. ``status`` reads the whole life of an
-# artifact (it calls archive.verify), so it stands above the steps: no step may import it.
+# artifact (it calls archive.verify), so it stands above the steps: no step may import it. ``workflow`` (what
+# the Snakefile and its scripts call) stands above the lifecycle, under the face (cli, commands), never importing it.
 LAYERS = {
     "__init__": BASE, "errors": BASE, "jsonio": BASE, "fsutil": BASE, "digest": BASE, "progress": BASE,
     "testhooks": BASE, "schemas": BASE, "lock": BASE, "units": BASE,
     "records": CORE, "store": CORE, "conversion": CORE,
     "artifact": STEP, "archive": STEP, "merge": STEP, "materialize": STEP, "trainer": STEP, "status": LIFECYCLE,
-    "cli": FRONT, "commands": FRONT, "workflow_plan": FRONT, "workflow_steps": FRONT, "workflow_config": FRONT, "__main__": FRONT,
+    "workflow": WORKFLOW, "cli": FRONT, "commands": FRONT, "__main__": FRONT,
 }
 # Front ends the library side of the workflow may not lean on: it imports steps and store.open only.
 WORKFLOW_MAY_NOT_IMPORT = {"cli", "commands"}
@@ -73,7 +75,7 @@ def violations(path: Path) -> list[str]:
                 out.append(f"{where}: a lower layer imports a higher one")
             elif LAYERS[other] == LAYERS[top] == CORE:
                 out.append(f"{where}: records, store and conversion stand side by side")
-            if top in ("workflow_plan", "workflow_steps", "workflow_config") and other in WORKFLOW_MAY_NOT_IMPORT:
+            if top == "workflow" and other in WORKFLOW_MAY_NOT_IMPORT:
                 out.append(f"{where}: the workflow must not depend on the command line")
         private = [i for i, part in enumerate(target) if part.startswith("_") and not part.startswith("__")]
         if private and target[: private[0]] != me[: private[0]]:

@@ -11,8 +11,9 @@ import jsonschema
 import pytest
 import yaml
 
-from ckptflow import workflow_config, workflow_plan
 from ckptflow.errors import NotFound, Refused, UsageError
+from ckptflow.workflow import config as workflow_config
+from ckptflow.workflow import triggers as workflow_plan
 from helpers import REPO
 from helpers.artifacts import make_artifact
 
@@ -148,7 +149,7 @@ def test_a_failing_step_leaves_its_error_in_the_rule_log(tmp_path):
     import sys
 
     from ckptflow.errors import Refused
-    from ckptflow.workflow_steps import step_log
+    from ckptflow.workflow.steps import step_log
 
     log, stderr = tmp_path / "step.log", sys.stderr
     with pytest.raises(Refused), step_log(str(log)):
