@@ -87,7 +87,7 @@ def _model_present(artifact_dir: Path) -> tuple[bool, str]:
     manifest = manifest_record.read_manifest(artifact_dir)
     model = manifest.components.get("model")
     if model is None:  # a Hugging Face Trainer artifact: the files a teacher reads (or its refusal by name)
-        from ..materialize.hf_artifact import trainer_files_present
+        from ..materialize.hf_source import trainer_files_present
 
         return trainer_files_present(artifact_dir, manifest)
     if not hasattr(model, "size"):
