@@ -203,6 +203,7 @@ def plan_jobs(plan: Plan, target: str, inputs: list[str]) -> dict[str, set[tuple
     return jobs
 
 
+@pytest.mark.slow
 def test_the_plan_of_publish_all_is_what_snakemake_plans(tmp_path):
     flow = _tree(tmp_path)
     plan = plan_of(flow)
@@ -211,6 +212,7 @@ def test_the_plan_of_publish_all_is_what_snakemake_plans(tmp_path):
     assert dry_run_jobs(flow, "publish_all") == expected
 
 
+@pytest.mark.slow
 def test_the_plan_of_verify_all_and_prune_all_is_what_snakemake_plans(tmp_path):
     flow = _tree(tmp_path)
     plan = plan_of(flow)
@@ -227,6 +229,7 @@ def test_the_plan_of_verify_all_and_prune_all_is_what_snakemake_plans(tmp_path):
     assert dry_run_jobs(flow, "prune_all") == expected
 
 
+@pytest.mark.slow
 def test_once_published_the_plan_of_verify_all_is_what_snakemake_plans(tmp_path):
     flow = _tree(tmp_path)
     flow.ok("publish_all")
