@@ -86,6 +86,7 @@ def step_job(path: str, step: str) -> Iterator[None]:
 
 
 def write_report(path: Path | str, report: dict[str, Any]) -> None:
+    """Write a step's JSON report (or a batch's outcomes) atomically, its directory made first."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, encode_json(report))
@@ -93,7 +94,6 @@ def write_report(path: Path | str, report: dict[str, Any]) -> None:
 
 # The schema of each step whose report a batch job's outcome becomes (records.step_report).
 STEP_SCHEMAS = {"publish": "report_publish", "verify": "report_verify", "prune": "report_prune_verified"}
-
 
 
 def merge_step(artifact_dir: str, recipe: Mapping[str, Any], iteration: int, report_path: str) -> dict[str, Any]:
