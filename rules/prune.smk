@@ -1,12 +1,12 @@
 # The outputs are step reports. The param round is the rerun trigger of a restore: the round the report
 # records, plus one while a payload file gone when it finished is on disk again, whatever freed it
-# (ckptflow.workflow_plan.prune_round), so a restored artifact is pending prune again, as a published one is.
+# (ckptflow.workflow.triggers.prune_round), so a restored artifact is pending prune again, as a published one is.
 localrules:
     prune,
 
 
 # prune is a local job: the prune runs in its batch job (prune_batch), or in this job when it has none
-# (see rules/common.smk, batches).
+# (see ckptflow.workflow.plan, batches).
 rule prune:
     input:
         receipt=get_receipt_input,
@@ -20,7 +20,7 @@ rule prune:
         credentials=config["credentials"],
         round=get_prune_round,
     run:
-        finish_member("prune", wildcards, input, output, log, round=params.round)
+        member_rule("prune", wildcards, input, output, log, config, round=params.round)
 
 
 rule prune_batch:

@@ -11,7 +11,7 @@ localrules:
 
 
 # publish is a local job: the artifact's publication runs in its batch job (publish_batch, below), or in
-# this job when it has none (see rules/common.smk, batches).
+# this job when it has none (see ckptflow.workflow.plan, batches).
 rule publish:
     input:
         manifest=f"{ARTIFACT}/{MANIFEST}",
@@ -27,12 +27,13 @@ rule publish:
     params:
         publication=get_publication,
     run:
-        finish_member(
+        member_rule(
             "publish",
             wildcards,
             input,
             output,
             log,
+            config,
             publication=params.publication,
         )
 

@@ -1,7 +1,7 @@
 # The output is the step report, never a record: restore reads the manifest and the receipt, and
 # Snakemake deletes a declared output before a rerun and after a failure. The artifact directory is the
 # input: pruning it (or losing a payload) changes its mtime, so an earlier restore reruns when needed
-# (see ckptflow.workflow_plan.restore_inputs).
+# (see ckptflow.workflow.triggers.restore_inputs).
 rule restore_artifact:
     input:
         get_restore_input,

@@ -3,7 +3,7 @@ localrules:
 
 
 # verify is a local job: the verification runs in its batch job (verify_batch), or in this job when it
-# has none (see rules/common.smk, batches).
+# has none (see ckptflow.workflow.plan, batches).
 rule verify:
     input:
         get_receipt_input,
@@ -15,7 +15,14 @@ rule verify:
     params:
         credentials=config["credentials"],
     run:
-        finish_member("verify", wildcards, input, output, log)
+        member_rule(
+            "verify",
+            wildcards,
+            input,
+            output,
+            log,
+            config,
+        )
 
 
 rule verify_batch:

@@ -1,6 +1,6 @@
-"""Snakemake shim for rule materialize: the rule's log file gets its logs and any traceback, stderr the one-line error; calls ckptflow.workflow_steps.materialize_step."""
+"""Snakemake shim for rule materialize: the rule's log file gets its logs and any traceback, stderr the one-line error; calls ckptflow.workflow.steps.materialize_step."""
 
-from ckptflow.workflow_steps import materialize_step, step_job
+from ckptflow.workflow.steps import materialize_step, step_job
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
 with step_job(snakemake.log[0], snakemake.rule):

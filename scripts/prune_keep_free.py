@@ -1,6 +1,6 @@
-"""Snakemake shim for rule prune_keep_free: the rule's log file gets its logs and any traceback; calls ckptflow.workflow_steps.keep_free_step."""
+"""Snakemake shim for rule prune_keep_free: the rule's log file gets its logs and any traceback; calls ckptflow.workflow.steps.keep_free_step."""
 
-from ckptflow.workflow_steps import keep_free_step, step_log
+from ckptflow.workflow.steps import keep_free_step, step_log
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
 with step_log(snakemake.log[0]):

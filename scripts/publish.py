@@ -1,7 +1,7 @@
-"""Snakemake shim for rule publish: the rule's log file gets its logs and any traceback, stderr the one-line error; calls ckptflow.workflow_steps.publish_step."""
+"""Snakemake shim for rule publish: the rule's log file gets its logs and any traceback, stderr the one-line error; calls ckptflow.workflow.steps.publish_step."""
 
-from ckptflow.workflow_plan import artifact_path, step_reports, upload_prefix
-from ckptflow.workflow_steps import publish_step, step_job
+from ckptflow.workflow.steps import publish_step, step_job
+from ckptflow.workflow.triggers import artifact_path, step_reports, upload_prefix
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
 with step_job(snakemake.log[0], snakemake.rule):

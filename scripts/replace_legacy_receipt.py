@@ -1,7 +1,7 @@
-"""Snakemake shim for rule replace_legacy_receipt: the rule's log file gets its logs and any traceback, stderr the one-line error; calls ckptflow.workflow_steps.replace_legacy_receipt_step."""
+"""Snakemake shim for rule replace_legacy_receipt: the rule's log file gets its logs and any traceback, stderr the one-line error; calls ckptflow.workflow.steps.replace_legacy_receipt_step."""
 
-from ckptflow.workflow_plan import artifact_of, step_reports, upload_prefix
-from ckptflow.workflow_steps import replace_legacy_receipt_step, step_job
+from ckptflow.workflow.steps import replace_legacy_receipt_step, step_job
+from ckptflow.workflow.triggers import artifact_of, step_reports, upload_prefix
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
 with step_job(snakemake.log[0], snakemake.rule):

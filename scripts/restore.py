@@ -1,7 +1,7 @@
-"""Snakemake shim for rule restore_artifact: the rule's log file gets its logs and any traceback; calls ckptflow.workflow_steps.restore_step."""
+"""Snakemake shim for rule restore_artifact: the rule's log file gets its logs and any traceback; calls ckptflow.workflow.steps.restore_step."""
 
-from ckptflow.workflow_plan import artifact_path
-from ckptflow.workflow_steps import restore_step, step_log
+from ckptflow.workflow.steps import restore_step, step_log
+from ckptflow.workflow.triggers import artifact_path
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
 with step_log(snakemake.log[0]):

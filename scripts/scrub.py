@@ -1,6 +1,6 @@
-"""Snakemake shim for rule scrub: the rule's log file gets its logs and any traceback; calls ckptflow.workflow_steps.scrub_step."""
+"""Snakemake shim for rule scrub: the rule's log file gets its logs and any traceback; calls ckptflow.workflow.steps.scrub_step."""
 
-from ckptflow.workflow_steps import scrub_step, step_log
+from ckptflow.workflow.steps import scrub_step, step_log
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
 with step_log(snakemake.log[0]):

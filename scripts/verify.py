@@ -1,7 +1,7 @@
-"""Snakemake shim for rule verify: the rule's log file gets its logs and any traceback, stderr the one-line error; calls ckptflow.workflow_steps.verify_step."""
+"""Snakemake shim for rule verify: the rule's log file gets its logs and any traceback, stderr the one-line error; calls ckptflow.workflow.steps.verify_step."""
 
-from ckptflow.workflow_plan import artifact_path
-from ckptflow.workflow_steps import step_job, verify_step
+from ckptflow.workflow.steps import step_job, verify_step
+from ckptflow.workflow.triggers import artifact_path
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
 with step_job(snakemake.log[0], snakemake.rule):

@@ -13,7 +13,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from ckptflow import workflow_config as workflow
+from ckptflow.workflow import config as workflow
 from helpers import REPO
 
 DEMO_ROOT = Path(".ckptflow/demo")  # demo/demo.sh builds the run here, relative to the checkout

@@ -22,7 +22,7 @@ HEAVY = ("torch", "transformers", "snakemake", "safetensors", "tokenizers", "PIL
 # Every module the core verbs (seal, probe, publish, verify, prune-verified, fetch, status, resume-check,
 # retain-checkpoints) and the trainer API reach (its write functions import torch when called); the steps of the [convert] extra (merge/, conversion/, materialize/) are left out on purpose.
 CORE_MODULES = (
-    "ckptflow", "ckptflow.cli", "ckptflow.artifact", "ckptflow.trainer", "ckptflow.workflow_plan", "ckptflow.workflow_steps", "ckptflow.archive",
+    "ckptflow", "ckptflow.cli", "ckptflow.artifact", "ckptflow.trainer", "ckptflow.workflow.plan", "ckptflow.workflow.steps", "ckptflow.archive",
     "ckptflow.archive.publish", "ckptflow.archive.fetch", "ckptflow.archive.verify", "ckptflow.archive.prune",
     "ckptflow.archive.probe", "ckptflow.records", "ckptflow.store", "ckptflow.store.open", "ckptflow.store.s3",
     "ckptflow.store.gcs", "ckptflow.store.local", "ckptflow.status", "ckptflow.commands.seal",

@@ -28,7 +28,7 @@ from ckptflow.status import collect_status
 from ckptflow.store.credentials import load_credentials
 from ckptflow.store.open import store_factory
 from ckptflow.store.s3 import S3Store
-from ckptflow.workflow_steps import prune_step, publish_step, status_step, verify_step
+from ckptflow.workflow.steps import prune_step, publish_step, status_step, verify_step
 from helpers import REPO
 from helpers.artifacts import ARTIFACT_PREFIX, UPLOAD_PREFIX, make_artifact
 from helpers.cli import run_cli

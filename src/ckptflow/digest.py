@@ -1,5 +1,9 @@
 """Streaming SHA-256: one pass per file, large chunks, files hashed in parallel, progress on stderr.
 
+One file because it is the one hashing pass of the package: the whole-file digest, the store's part
+checksums and the BLAKE3 part digests are taken from the same buffers on the same threads, and the
+checks of part digests (``PartDigests``, ``verified_part_prefix``) run that same pass over what is read.
+
 The same pass can also take per-part digests: SHA-256 and MD5 of the store's upload parts (for the
 server's per-part checksums) and BLAKE3 of fixed ``part_digest_size`` parts (``PartDigests``: what every
 verified read checks, part by part, on as many cores as the machine has; see

@@ -11,8 +11,9 @@ import jsonschema
 import pytest
 import yaml
 
-from ckptflow import workflow_config, workflow_plan
 from ckptflow.errors import NotFound, Refused, UsageError
+from ckptflow.workflow import config as workflow_config
+from ckptflow.workflow import triggers
 from helpers import REPO
 from helpers.artifacts import make_artifact
 
@@ -97,50 +98,50 @@ def _receipt(art: Path, prefix: str) -> None:
 
 def test_the_teacher_source_is_local_while_the_payload_is_there_else_the_archive_its_receipt_names(tmp_path):
     art = make_artifact(tmp_path / "runs" / "r", iteration=300)
-    assert workflow_plan.teacher_source(art, "r", bucket="ckpts", has_recipe=False).kind == "local"
-    assert workflow_plan.teacher_source(art, "r", bucket="ckpts", has_recipe=True).kind == "merge"
+    assert triggers.teacher_source(art, "r", bucket="ckpts", has_recipe=False).kind == "local"
+    assert triggers.teacher_source(art, "r", bucket="ckpts", has_recipe=True).kind == "merge"
     with open(art / "model.pt", "ab") as fh:
         fh.write(b"x")  # the size no longer matches the manifest
     with pytest.raises(NotFound, match="no receipt"):
-        workflow_plan.teacher_source(art, "r", bucket="ckpts", has_recipe=False)
+        triggers.teacher_source(art, "r", bucket="ckpts", has_recipe=False)
     _receipt(art, "r/checkpoint_artifacts/iter_000300")
-    source = workflow_plan.teacher_source(art, "r", bucket="other", has_recipe=True)
+    source = triggers.teacher_source(art, "r", bucket="other", has_recipe=True)
     assert (source.kind, source.uri) == ("archive", "s3://ckpts/r/checkpoint_artifacts/iter_000300")
     (art / "model.pt").unlink()
-    assert workflow_plan.teacher_source(art, "r", bucket=None, has_recipe=False).kind == "archive"
+    assert triggers.teacher_source(art, "r", bucket=None, has_recipe=False).kind == "archive"
     (art / ".uploaded").write_text("uploaded 2024-01-01\n", encoding="utf-8")
     with pytest.raises(Refused, match="legacy"):
-        workflow_plan.teacher_source(art, "r", bucket="ckpts", has_recipe=False)
+        triggers.teacher_source(art, "r", bucket="ckpts", has_recipe=False)
 
 
 def test_without_a_local_directory_the_teacher_comes_from_the_configured_bucket(tmp_path, monkeypatch):
     missing = tmp_path / "runs" / "p" / "g" / "r" / "ts" / "checkpoint_artifacts" / "iter_000300"
-    source = workflow_plan.teacher_source(missing, "p/g/r/ts", bucket="file:///arch/", has_recipe=False)
+    source = triggers.teacher_source(missing, "p/g/r/ts", bucket="file:///arch/", has_recipe=False)
     assert (source.kind, source.uri) == ("archive", "file:///arch/p/g/r/ts/checkpoint_artifacts/iter_000300")
     monkeypatch.setenv("CKPTFLOW_BUCKET", "ckpts")
-    assert workflow_plan.teacher_source(missing, "p/g/r/ts", bucket=None, has_recipe=False).uri == (
+    assert triggers.teacher_source(missing, "p/g/r/ts", bucket=None, has_recipe=False).uri == (
         "s3://ckpts/p/g/r/ts/checkpoint_artifacts/iter_000300")
-    assert workflow_plan.teacher_source(missing, "p/g/r/ts", bucket=None, has_recipe=True).kind == "merge"
+    assert triggers.teacher_source(missing, "p/g/r/ts", bucket=None, has_recipe=True).kind == "merge"
     missing.mkdir(parents=True)
     (missing / "model.pt").write_bytes(b"an interrupted save")
     with pytest.raises(NotFound, match="not a committed artifact"):
-        workflow_plan.teacher_source(missing, "p/g/r/ts", bucket="ckpts", has_recipe=False)
+        triggers.teacher_source(missing, "p/g/r/ts", bucket="ckpts", has_recipe=False)
 
 
 def test_the_status_fingerprint_moves_with_records_only(tmp_path):
     roots = [tmp_path / d for d in ("runs", "reports", "stage", "teachers")]
     art = make_artifact(roots[0] / "r", iteration=300)
-    first = workflow_plan.records_fingerprint(*roots)
+    first = triggers.records_fingerprint(*roots)
     (art / "notes.txt").write_text("unrelated", encoding="utf-8")
     (roots[1]).mkdir()
     (roots[1] / "status.json").write_text("{}", encoding="utf-8")  # the table itself is not an input
-    assert workflow_plan.records_fingerprint(*roots) == first
+    assert triggers.records_fingerprint(*roots) == first
     (roots[1] / "verify" / "r").mkdir(parents=True)
     (roots[1] / "verify" / "r" / "iter_000300.json").write_text("{}", encoding="utf-8")
-    second = workflow_plan.records_fingerprint(*roots)
+    second = triggers.records_fingerprint(*roots)
     assert second != first
     os.utime(art / ".posttrain-checkpoint-artifact.json", ns=(1, 1))
-    assert workflow_plan.records_fingerprint(*roots) != second
+    assert triggers.records_fingerprint(*roots) != second
 
 
 def test_a_failing_step_leaves_its_error_in_the_rule_log(tmp_path):
@@ -148,7 +149,7 @@ def test_a_failing_step_leaves_its_error_in_the_rule_log(tmp_path):
     import sys
 
     from ckptflow.errors import Refused
-    from ckptflow.workflow_steps import step_log
+    from ckptflow.workflow.steps import step_log
 
     log, stderr = tmp_path / "step.log", sys.stderr
     with pytest.raises(Refused), step_log(str(log)):

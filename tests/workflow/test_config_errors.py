@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from workflow_helpers import RUN, Flow
 
-from ckptflow.workflow_config import config_remedy
+from ckptflow.workflow.config import config_remedy
 from helpers.artifacts import make_artifact
 from helpers.cli import run_cli
 

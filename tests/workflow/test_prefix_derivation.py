@@ -13,7 +13,7 @@ from workflow_helpers import Flow
 from ckptflow.records import receipt as receipt_record
 from ckptflow.store.local import LocalStore
 from ckptflow.trainer.publish import trainer_publish
-from ckptflow.workflow_plan import teacher_source
+from ckptflow.workflow.triggers import teacher_source
 from helpers.artifacts import make_artifact
 from helpers.cli import run_cli
 

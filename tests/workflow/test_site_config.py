@@ -11,7 +11,7 @@ import pytest
 import yaml
 from workflow_helpers import NOTHING, RUN, SNAKEMAKE, copy_workflow
 
-from ckptflow import workflow_config
+from ckptflow.workflow import config as workflow_config
 from helpers import REPO, preloaded
 from helpers.artifacts import make_artifact
 
@@ -112,7 +112,7 @@ def test_the_slurm_profile_s_rates_and_waits_are_what_snakemake_applies_under_th
 @pytest.mark.parametrize("pending, most", [(1, 20), (9, 20), (10, 20), (200, 20), (1000, 20), (5000, 20), (200, 2),
                                            (1000, 2), (37, 3)])
 def test_a_backlog_is_spread_over_at_most_the_jobs_in_flight_in_batches_of_10_to_100(pending, most):
-    from ckptflow.workflow_plan import batch_sizes
+    from ckptflow.workflow.batches import batch_sizes
 
     sizes = batch_sizes(pending, most)
     assert sum(sizes) == pending and max(sizes) - min(sizes) <= 1

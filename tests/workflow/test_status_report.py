@@ -10,7 +10,7 @@ import shutil
 import pytest
 from workflow_helpers import RUN, Flow
 
-from ckptflow.workflow_steps import prune_step, publish_step, verify_step
+from ckptflow.workflow.steps import prune_step, publish_step, verify_step
 from helpers.artifacts import make_artifact
 from helpers.cli import run_cli
 

@@ -50,6 +50,7 @@ from ..records import manifest as manifest_record
 from ..records import receipt as receipt_record
 from ..records import verification as verification_record
 from ..store.uri import destination_label
+from .destinations import check_binding, select_destinations
 from .keys import ARTIFACTS_DIR
 from .release import (
     Checked,
@@ -61,16 +62,7 @@ from .release import (
     unlink_checked,
 )
 from .stage import is_part_name
-from .verify import (
-    DAMAGED,
-    READ_ALL,
-    READ_NONE,
-    check_binding,
-    check_receipt,
-    describe_failures,
-    effective_read,
-    select_destinations,
-)
+from .verify import DAMAGED, READ_ALL, READ_NONE, check_receipt, describe_failures, effective_read
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,9 @@ artifact is archived at this destination as well: the new receipt then keeps the
 (``earlier_destinations``). Any receipt this function rewrites keeps them.
 
 Modules: this one talks to the store (steps 3–5) and writes the receipt; ``publish_inventory.py`` builds
-the local inventory (steps 1–2); ``publish_plan.py`` is the dry run.
+the local inventory (steps 1–2); ``adopt.py`` judges what the destination already holds (step 3, a pruned
+artifact's archive, the declared form); ``destinations.py`` owns the overlap check and the earlier
+destinations a receipt keeps; ``publish_plan.py`` is the dry run.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from pathlib import Path
 from .. import testhooks
 from ..artifact import clear_stale_merge_marker, merge_in_progress
 from ..digest import FileDigest, sha256_bytes
-from ..errors import CkptflowError, ConflictError, NotFound, Refused
+from ..errors import ConflictError, NotFound, Refused
 from ..fsutil import atomic_write_bytes
 from ..progress import ByteProgress
 from ..records import declaration as declaration_record
@@ -67,19 +69,11 @@ from ..records import part_digests as part_digests_record
 from ..records import receipt as receipt_record
 from ..records.inventory import FileEntry
 from ..store.base import DEFAULT_MULTIPART_THRESHOLD, ObjectStore, UploadLog, server_checksums_of
-from ..store.uri import destination_label
+from .adopt import adopt_pruned, adopt_read_objects, declared_form, judge_undeclared_objects
+from .destinations import earlier_destinations, refuse_overlapping_archive
 from .keys import artifact_prefix, object_key, upload_prefix_for
-from .part_digests import load_part_digests
 from .publish_inventory import LocalInventory, build_local_inventory
-from .verify import (
-    READ_UNPROVEN,
-    ObjectState,
-    check_declaration,
-    check_remote_inventory,
-    read_back,
-    refuse_overlapping_archive,
-    require_all_ok,
-)
+from .verify import READ_UNPROVEN, ObjectState, check_declaration, check_remote_inventory, require_all_ok
 
 log = logging.getLogger(__name__)
 
@@ -140,83 +134,6 @@ def refuse_merge_in_progress(artifact_dir: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------------- remote
-
-
-def judge_undeclared(store: ObjectStore, prefix: str, inv: LocalInventory) -> list[dict]:
-    """Before the first write under a prefix that holds no declaration: judge every object already there
-    (reads only). One with a declared file's size and SHA-256, by its ``sha256`` metadata or, without
-    metadata, by its bytes read and hashed, is adopted (``{"path", "proof"}``, sorted by path); any other
-    object (other bytes, or no file of this artifact) refuses the publication by key, since a payload write
-    would replace it. A declared prefix returns ``[]``: its objects were written under that declaration."""
-    return _judge_undeclared(store, prefix, inv)[0]
-
-
-def _judge_undeclared(store: ObjectStore, prefix: str, inv: LocalInventory) -> tuple[list[dict], dict[str, str | None]]:
-    """``judge_undeclared``'s rows, and the ETag (None where the store has none) of each object adopted by
-    its bytes read, so that ``_adopt_read_objects`` gives its metadata to that very object."""
-    from .probe import PROBE_DIR
-
-    declaration_key = object_key(prefix, declaration_record.FILENAME)
-    if store.head(declaration_key) is not None:
-        return [], {}
-    declared = {object_key(prefix, e.path): e for e in inv.files}
-    scratch = object_key(prefix, PROBE_DIR) + "/"  # a probe's own scratch objects (it removes them)
-    foreign: list[str] = []
-    adopted: list[dict] = []
-    to_read: list[FileEntry] = []
-    etags: dict[str, str | None] = {}
-    for listed in store.list(prefix + "/"):
-        if listed.key == declaration_key or listed.key.startswith(scratch):
-            continue
-        uri = store.destination.uri(listed.key)
-        entry = declared.get(listed.key)
-        if entry is None:
-            foreign.append(f"{uri} (not a file of this artifact)")
-            continue
-        info = store.head(listed.key)
-        if info is None:
-            continue  # gone since the listing
-        if info.size != entry.size:
-            foreign.append(f"{uri} ({info.size} bytes, not the {entry.size} of {entry.path})")
-        elif info.sha256 is None:
-            to_read.append(entry)
-            etags[entry.path] = info.etag
-        elif info.sha256 != entry.sha256 or info.checksum_sha256 not in (None, entry.sha256):
-            foreign.append(f"{uri} (sha256 {info.sha256 if info.sha256 != entry.sha256 else info.checksum_sha256}, "
-                           f"not the {entry.sha256} of {entry.path})")
-        else:
-            adopted.append({"path": entry.path, "proof": "sha256 metadata"})
-    for state in read_back(store, prefix, to_read):
-        if state.state == "ok":
-            adopted.append({"path": state.path, "proof": "read"})
-        elif state.state != "missing":
-            foreign.append(f"{store.destination.uri(state.key)} ({state.detail})")
-    if foreign:
-        more = f" (+{len(foreign) - 5} more)" if len(foreign) > 5 else ""
-        raise Refused(
-            f"{store.destination.uri(prefix)} holds no declaration, and {len(foreign)} object(s) there are not this "
-            f"artifact's: {'; '.join(foreign[:5])}{more}; publishing would replace them, so nothing was written",
-            remedy="publish this artifact to another destination, or move those objects away first if they are "
-            "not needed (ckptflow never replaces an object it did not write)")
-    for row in adopted:
-        log.info("%s: adopting %s already there with its bytes (%s)", store.destination.uri(prefix), row["path"],
-                 row["proof"])
-    read = {row["path"] for row in adopted if row["proof"] == "read"}
-    return sorted(adopted, key=lambda row: row["path"]), {path: etags[path] for path in read}
-
-
-def _adopt_read_objects(store: ObjectStore, prefix: str, inv: LocalInventory, etags: dict[str, str | None]) -> None:
-    """Once the declaration claims the prefix: give each object adopted by its bytes read the ``sha256``
-    metadata HEAD checks, without sending or changing its bytes (``store.adopt_object``); one the store
-    cannot adopt so (replaced since it was read, too large for a server-side copy) is left for the
-    payload upload, which sends the file."""
-    for entry in inv.files:
-        if entry.path not in etags or entry.size > store.adopts_objects_up_to:
-            continue
-        info = store.adopt_object(object_key(prefix, entry.path), FileDigest(entry.size, entry.sha256),
-                                  etag=etags[entry.path])
-        if info is None:
-            log.info("%s: %s could not be adopted in place; sending it", store.destination.uri(prefix), entry.path)
 
 
 def _create_or_match_declaration(store: ObjectStore, prefix: str, inv: LocalInventory) -> None:
@@ -292,67 +209,6 @@ def _commit_manifest(store: ObjectStore, prefix: str, inv: LocalInventory) -> No
             f"{key} is already committed with different bytes than {manifest_record.FILENAME}",
             remedy="the destination holds another artifact; publish to another destination",
         )
-
-
-def adopt_pruned(store: ObjectStore, prefix: str, artifact_dir: Path, inv: LocalInventory) -> None:
-    """Adopt the committed archive of an artifact whose payloads were pruned here; write nothing remote.
-
-    The missing files cannot be uploaded, so the destination must already hold this very artifact: a
-    declaration and a manifest byte-identical to the ones built from the local manifest and records."""
-    where = str(store.destination.uri(prefix))
-    missing = f"{len(inv.pruned)} payload file(s) ({artifact_dir / inv.pruned[0]}{', ...' if len(inv.pruned) > 1 else ''})"
-    for name, expected in ((declaration_record.FILENAME, inv.declaration_bytes), (manifest_record.FILENAME, inv.manifest_bytes)):
-        key = object_key(prefix, name)
-        if store.head(key) is None:
-            raise NotFound(
-                f"{missing} listed by the manifest are gone locally (pruned?), and {where} holds no {name} "
-                "of a committed archive to adopt",
-                remedy="publish to the destination that holds this artifact's archive (the one its receipt named), "
-                "or bring the files back with `ckptflow fetch` first",
-            )
-        found = store.get_bytes(key)
-        if found != expected:
-            raise Refused(
-                f"{where}/{name} (sha256 {sha256_bytes(found)}) is not this artifact's (sha256 {sha256_bytes(expected)}), "
-                f"and {missing} listed by the manifest are gone locally, so nothing can be published there",
-                remedy="publish to the destination that holds this artifact's archive (the one its receipt named)",
-            )
-    log.info("%s: payloads pruned locally; adopting the identical committed archive at %s", artifact_dir, where)
-
-
-def declared_form(store: ObjectStore, prefix: str, artifact_dir: Path, inv: LocalInventory) -> LocalInventory:
-    """``inv``, or ``inv`` without its part digests when the artifact was archived before they existed:
-    its receipt binds that declaration (every destination of a receipt holds the same one), or the
-    declaration already at ``prefix`` is that one; or, for payloads pruned here whose parts the artifact's
-    own record no longer holds, ``inv`` with the parts the archive's record holds. Reads only (the
-    receipt, one GET, and the archive's record in that last case)."""
-    if inv.part_digests_bytes is None and not inv.pruned:
-        return inv
-    plain = inv.without_part_digests()
-    receipt = receipt_record.belonging_receipt(artifact_dir)
-    if receipt is not None:
-        if receipt.declaration_sha256 == sha256_bytes(inv.declaration_bytes):
-            return inv
-        if receipt.declaration_sha256 == sha256_bytes(plain.declaration_bytes):
-            return plain
-    try:
-        existing = store.get_bytes(object_key(prefix, declaration_record.FILENAME))
-    except NotFound:
-        return inv
-    if existing == plain.declaration_bytes:
-        return plain
-    if inv.pruned and existing != inv.declaration_bytes:
-        # Payloads pruned here and the artifact's own record gone: the archive's record (bound by its
-        # declaration) holds their parts. Taken only if the declaration then comes out byte for byte.
-        try:
-            remote = declaration_record.parse_declaration(existing)
-            rebuilt = inv.with_pruned_parts(load_part_digests(store, prefix, remote.files))
-        except CkptflowError as exc:
-            log.info("%s: the archive's part digests cannot stand in for the pruned payloads: %s", artifact_dir, exc)
-            return inv
-        if rebuilt.declaration_bytes == existing:
-            return rebuilt
-    return inv
 
 
 def write_part_digests(artifact_dir: Path, inv: LocalInventory) -> None:
@@ -450,11 +306,11 @@ def publish_artifact(
             _commit_manifest(store, prefix, inv)
             _create_or_match_declaration(store, prefix, inv)
     else:
-        result.adopted_objects, read_etags = _judge_undeclared(store, prefix, inv)
+        result.adopted_objects, read_etags = judge_undeclared_objects(store, prefix, inv)
         write_part_digests(artifact_dir, inv)  # uploaded from there with the payloads
         _create_or_match_declaration(store, prefix, inv)
         testhooks.reached("publish:after-declaration")
-        _adopt_read_objects(store, prefix, inv, read_etags)
+        adopt_read_objects(store, prefix, inv, read_etags)
         payloads = [e for e in inv.files if e.path != manifest_record.FILENAME]
         result.uploaded, result.uploaded_bytes = _upload_payloads(store, prefix, artifact_dir, payloads, progress,
                                                                   inv.digests, uploads)
@@ -481,26 +337,6 @@ def publish_artifact(
         result.removed, result.freed_bytes, result.held = delete_verified_payloads(artifact_dir, inv.manifest, store,
                                                                                    progress)
     return result
-
-
-def earlier_destinations(artifact_dir: Path, dest: receipt_record.ReceiptDestination,
-                          add_destination: bool) -> tuple[receipt_record.ReceiptDestination, ...]:
-    """The destinations the new receipt keeps besides ``dest``; refuses (before anything is read or
-    written) to let a publication elsewhere drop the record of where this artifact's archive lives."""
-    existing = receipt_record.belonging_receipt(artifact_dir)
-    if existing is None:
-        return ()
-    if existing.destination != dest and not add_destination:
-        def uri(d: receipt_record.ReceiptDestination) -> str:
-            return destination_label(d, d.prefix)
-        raise Refused(
-            f"{receipt_record.path_in(artifact_dir)} records this artifact's archive at {uri(existing.destination)}, "
-            f"not at {uri(dest)}: publishing here would replace the only record of that archive",
-            path=str(receipt_record.path_in(artifact_dir)),
-            remedy="publish to the destination the receipt names, or pass --add-destination to archive the artifact "
-            "here as well (the receipt keeps both destinations)",
-        )
-    return tuple(d for d in existing.destinations if d != dest)
 
 
 def _clean_uploads(store: ObjectStore, prefix: str, stale_age: float, uploads: UploadLog | None,

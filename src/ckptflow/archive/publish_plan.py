@@ -9,7 +9,7 @@ of every file with what the real run would do with it: ``send`` (absent or diffe
 another tool left under a prefix without a declaration holds it, by its sha256 metadata or by its bytes
 read: the real run then adds the metadata in place, ``store.adopt_object``) or ``skip`` (the
 receipt already matches). Objects under a prefix without a declaration are judged as the real run judges
-them (``publish.judge_undeclared``): a foreign one is refused by key here too.
+them (``adopt.judge_undeclared``): a foreign one is refused by key here too.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from ..errors import Refused, UsageError
 from ..records import declaration as declaration_record
 from ..records import manifest as manifest_record
 from ..store.base import ObjectStore
+from .adopt import adopt_pruned, declared_form, judge_undeclared
 from .keys import object_key
-from .publish import adopt_pruned, check_destination, declared_form, judge_undeclared, receipt_matches
+from .publish import check_destination, receipt_matches
 from .publish_inventory import build_local_inventory
 from .verify import check_remote_inventory
 

@@ -42,7 +42,8 @@ from ..progress import ByteProgress
 from ..records import manifest as manifest_record
 from ..records import receipt as receipt_record
 from ..store.base import ObjectStore
-from .verify import READ_NONE, ObjectState, check_binding, check_receipt, describe_failures
+from .destinations import check_binding
+from .verify import READ_NONE, ObjectState, check_receipt, describe_failures
 
 FileStat = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns: which file, in which state
 

@@ -7,7 +7,7 @@ warning naming it). Republishing cannot put it back: the declaration is create-o
 (or those ``destinations`` names):
 
 1. Read-only, at every destination before anything is written: the receipt belongs to this artifact and
-   the credentials reach that destination (``verify.check_binding``); the remote declaration hashes to the
+   the credentials reach that destination (``destinations.check_binding``); the remote declaration hashes to the
    receipt's ``declaration_sha256``; it lists the record (else there is nothing to repair: ``not-declared``);
    the object at the record's key is read: the declared bytes (``intact``), absent (``missing``) or other
    bytes (``damaged``: truncated, or another artifact's record). For a missing or damaged one, the local
@@ -40,8 +40,9 @@ from ..records import receipt as receipt_record
 from ..records.inventory import FileEntry
 from ..store.base import ObjectStore
 from ..store.uri import destination_label
+from .destinations import check_binding, select_destinations
 from .keys import object_key
-from .verify import check_binding, check_declaration, select_destinations
+from .verify import check_declaration
 
 log = logging.getLogger(__name__)
 

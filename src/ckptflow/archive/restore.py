@@ -6,8 +6,8 @@
 1. Read the local manifest and the JSON receipt (a legacy or full-checkpoint receipt is refused by name).
    A receipt may list several destinations (``publish --add-destination``): each is tried in the receipt's
    order (the current one first), or only those ``destinations`` names (``--destination URI``,
-   ``verify.select_destinations``), until one serves. At each, the receipt must belong to this artifact and
-   the credentials must reach that destination (``verify.check_binding``). The remote declaration must exist and hash to the receipt's
+   ``destinations.select_destinations``), until one serves. At each, the receipt must belong to this artifact and
+   the credentials must reach that destination (``destinations.check_binding``). The remote declaration must exist and hash to the receipt's
    ``declaration_sha256``: an archive that is gone (deleted bucket, removed ``file://`` root, objects
    deleted) is a ``NotFound`` naming the receipt and the destination. The declaration and the remote
    manifest are then read and checked like any fetch (``fetch_plan.read_plan``), and the remote manifest must be
@@ -69,11 +69,12 @@ from ..records.inventory import FileEntry
 from ..store.base import ObjectStore
 from . import space, stage
 from .copies import Unusable, first_serving
+from .destinations import check_binding, select_destinations
 from .download import download_files
 from .fetch_plan import FetchPlan, read_plan, require_remote
 from .keys import receipt_archive_uri
 from .release import dead_asides, put_back_asides
-from .verify import check_binding, check_declaration, select_destinations
+from .verify import check_declaration
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,8 @@ from ..artifact import ARTIFACTS_DIR, committed_artifacts
 from ..errors import CkptflowError, Refused
 from ..fsutil import require_directory
 from ..records import receipt as receipt_record
-from .verify import Subset, VerifyResult, read_figures, select_destinations, verify_artifact
+from .destinations import select_destinations
+from .verify import Subset, VerifyResult, read_figures, verify_artifact
 
 
 @dataclass

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from functools import partial
 from pathlib import Path
 
 from ..digest import FileDigest, PartDigests, sha256_bytes
-from ..errors import CkptflowError, NotFound, Refused, UsageError, VerificationFailed
+from ..errors import CkptflowError, NotFound, UsageError, VerificationFailed
 from ..fsutil import require_directory
 from ..progress import ByteProgress
 from ..records import declaration as declaration_record
@@ -45,9 +44,9 @@ from ..records import utc_timestamp
 from ..records import verification as verification_record
 from ..records.inventory import FileEntry
 from ..store.base import ObjectStore
-from ..store.open import check_destination as open_check_destination
 from ..store.transfer import HashedObject, hash_batch
-from ..store.uri import destination_label, destination_uri
+from ..store.uri import destination_label
+from .destinations import check_binding, select_destinations
 from .download import download_connections, download_range_size
 from .keys import object_key
 from .part_digests import FILENAME as PART_DIGESTS_FILENAME
@@ -282,77 +281,6 @@ def require_all_ok(states: list[ObjectState], where: str) -> None:
             f"remote copy at {where} does not match its inventory: {describe_failures(states)}",
             remedy="the archive is damaged; keep the local copy and republish to a new destination",
         )
-
-
-def check_destination(store: ObjectStore, receipt: receipt_record.Receipt, artifact_dir: Path) -> None:
-    """Refuse a receipt bound to another endpoint or bucket than the one the credentials reach."""
-    open_check_destination(store, receipt.destination, what=str(receipt_record.path_in(artifact_dir)))
-
-
-def _identity(path: Path) -> tuple[int, int] | None:
-    """(device, inode) of a directory, None when it cannot be stat'ed."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
-def _same_directory(one: Path, among: tuple[Path, ...]) -> Path | None:
-    """The directory of ``among`` that is ``one`` (same device and inode, whatever the path), else None."""
-    wanted = _identity(one)
-    return next((p for p in among if wanted is not None and _identity(p) == wanted), None)
-
-
-def refuse_overlapping_archive(store: ObjectStore, artifact_dir: Path) -> None:
-    """A ``file://`` archive root that contains the artifact, or lies inside it, would put archive objects
-    and metadata into the artifact (or make the local copy its own "remote" one): refused. Paths are
-    compared resolved, then directories by device and inode, so the runs tree reached by another mount
-    path (a bind mount, a second NFS mount of one export) is caught as well."""
-    if store.destination.scheme != "file":
-        return
-    root = Path(store.destination.endpoint).resolve()
-    art = Path(artifact_dir).resolve()
-    remedy = "choose a file:// archive root that neither contains nor lies inside the artifact directory"
-    if root == art or root in art.parents or art in root.parents:
-        raise Refused(
-            f"archive root {root} overlaps the artifact {art}: the archive must live outside the runs tree "
-            "holding the artifact, and not inside it", remedy=remedy)
-    inside = _same_directory(root, (art, *art.parents))  # the root contains the artifact
-    within = _same_directory(art, root.parents)  # the root lies inside the artifact
-    if inside is not None or within is not None:
-        how = (f"the root is {inside}, which holds the artifact, under another mount path" if inside is not None
-               else f"{within}, above the root, is the artifact under another mount path")
-        raise Refused(
-            f"archive root {root} overlaps the artifact {art}: {how} (same device and inode); the archive must "
-            "live outside the runs tree holding the artifact, and not inside it", remedy=remedy)
-
-
-def check_binding(store: ObjectStore, receipt: receipt_record.Receipt, artifact_dir: Path) -> None:
-    """The receipt belongs to this artifact (``records.receipt.check_belongs``: its prefix names this
-    ``iter_N``, it records this artifact's manifest digest, and that manifest is of iteration N), at the
-    endpoint the credentials reach."""
-    artifact_dir = Path(artifact_dir)
-    check_destination(store, receipt, artifact_dir)
-    refuse_overlapping_archive(store, artifact_dir)
-    receipt_record.check_belongs(receipt, artifact_dir)
-
-
-def select_destinations(receipt: receipt_record.Receipt, named: list[str] | tuple[str, ...] | None,
-                        where: str) -> list[receipt_record.ReceiptDestination]:
-    """The destinations of ``receipt`` to check, in its order (the current one first): every one it lists,
-    or those ``named`` (``--destination URI``: a destination's URI, or a URI above it, such as its bucket).
-    A name that matches none of them is refused, naming what the receipt lists."""
-    if not named:
-        return list(receipt.destinations)
-    uris = {d: str(destination_uri(d, d.prefix)).rstrip("/") for d in receipt.destinations}
-    wanted = [n.rstrip("/") for n in named]
-    unknown = [n for n in wanted if not any(u == n or u.startswith(n + "/") for u in uris.values())]
-    if unknown:
-        raise Refused(f"{where} lists no destination {', '.join(unknown)}: it lists "
-                      f"{', '.join(destination_label(d, d.prefix) for d in receipt.destinations)}",
-                      remedy="name a destination the receipt lists with --destination, or leave it out to check every one")
-    return [d for d, u in uris.items() if any(u == n or u.startswith(n + "/") for n in wanted)]
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
-# Over 500 lines on purpose: key rules, piece model, planner and conversions are the one layout engine.
 """Tensor layouts of Hugging Face checkpoints: key names, fused/per-expert MoE forms, and the mapping between them.
 
-The key rules, the piece model, the planner that accounts for it and the whole-dict conversions built on
-it are the one layout engine that conversion and merge share, so they stay in one module.
+One file because the key rules, the piece model, the planner that accounts for it and the whole-dict
+conversions built on it are the one layout engine that conversion and merge share, so they stay in one
+module.
 
 One checkpoint can name and shape the same weights in several ways:
 

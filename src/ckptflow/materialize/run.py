@@ -95,7 +95,7 @@ from ..conversion import shards as hf_shards
 from ..errors import UsageError
 from ..lock import reading
 from ..records.materialized import Materialized
-from . import hf_artifact, preflight, recovery
+from . import hf_artifact, hf_source, preflight, recovery
 from .build import Built, build, fetch_model, recover
 from .identity import Identity, base_identity
 from .lock import DEFAULT_WAIT_SECONDS, check_wait_seconds, output_lock
@@ -204,7 +204,7 @@ def materialize(
     wait = check_wait_seconds(lock_wait_seconds)
     request = MaterializeRequest(base_dir, out, stage_root, expect_tensors, min_tensors, verify_tensors, force,
                                  keep_staged, max_shard_bytes, progress, bool(unified_chat_template))
-    found = hf_artifact.resolve(ckpt_dir=ckpt_dir, artifact_uri=artifact_uri, store=store, credentials=credentials)
+    found = hf_source.resolve(ckpt_dir=ckpt_dir, artifact_uri=artifact_uri, store=store, credentials=credentials)
     if found.trainer is not None:  # a Hugging Face Trainer artifact: its own build, no conversion
         return hf_artifact.materialize_trainer(request, found.trainer, wait, credentials)
     if base_dir is None:

@@ -28,7 +28,7 @@ canonical template.
 
 There is no record of a build from an intermediate HF output: every source is a ``model.pt`` (local or
 archived), identified by its digest in ``source``, or a Hugging Face Trainer artifact
-(``materialize.hf_artifact``): then ``source`` is the sha256 of the sorted inventory of the files the teacher
+(``materialize.hf_source``): then ``source`` is the sha256 of the sorted inventory of the files the teacher
 reads and their total size, ``options`` holds ``trainer_artifact`` (``full`` or ``lora``), and ``shards`` lists
 every file of the teacher (weights, config, tokenizer and template files), the inventory its skip check reads.
 """

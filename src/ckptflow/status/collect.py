@@ -16,7 +16,7 @@ from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE, RUN_DEPTH, changed_payloads, 
 from ..digest import sha256_bytes
 from ..errors import CkptflowError, NotFound, Refused
 from ..fsutil import require_directory
-from ..materialize.hf_artifact import source_sha256 as trainer_source_sha256
+from ..materialize.hf_source import source_sha256 as trainer_source_sha256
 from ..records import (
     MANIFEST_FILENAME,
     MATERIALIZED_FILENAME,

@@ -1,6 +1,10 @@
 """The S3 backend (botocore): AWS and S3-compatible servers (SeaweedFS, Ceph RGW, ...): one bucket on
 one endpoint, its client, and the capabilities it offers (``base.StoreCapabilities``).
 
+One file because ``S3Store`` is one class, a method per S3 operation over one client; what the operations
+delegate (how files are put, multipart uploads, download shapes, error mapping, retries, small GETs) lives
+already in the ``s3_*`` modules beside it.
+
 Checksums are computed only when an operation requires them (botocore >= 1.36 otherwise adds CRC headers
 that many S3-compatible servers reject); ckptflow sends its own ``ChecksumSHA256`` on single-part puts,
 so the server refuses corrupted bytes on receipt where it verifies checksums. Multipart uploads carry

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from ..errors import Refused
 from ..fsutil import create_exclusive_bytes, host_tag
-from .write import IN_PROGRESS, TRAINER_FILE
+from .ownership import IN_PROGRESS
+from .write import TRAINER_FILE
 
 CHECKPOINTS_DIR = "checkpoints"
 LATEST_NAMES = ("latest", "latest_checkpointed_iteration.txt")

@@ -106,6 +106,7 @@ from ..fsutil import clone_file, fsync_dir, walk_files
 from ..records import manifest as manifest_record
 from ..records.receipt import FileIdentity
 from .async_save import SaveHandle, background_ranks, run_in_background
+from .ownership import begin_owned_save
 from .preflight import preflight_once
 from .publish import UploadSettings, publish_in_background, publish_pending, wait_for_publications
 from .ranks import Ranks
@@ -118,7 +119,7 @@ from .resume import (
     model_only_reason,
     trainer_checkpoint_missing,
 )
-from .write import artifact_dir_for, begin_owned_save
+from .write import artifact_dir_for
 
 log = logging.getLogger(__name__)
 

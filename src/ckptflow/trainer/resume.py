@@ -58,8 +58,9 @@ from ..errors import InvalidRecord, Refused, UsageError
 from ..fsutil import require_directory
 from ..records import manifest as manifest_record
 from .checkpoints import CHECKPOINTS_DIR, is_complete_checkpoint, iteration_of_name
+from .ownership import IN_PROGRESS
 from .ranks import Ranks
-from .write import IN_PROGRESS, TRAINER_FILE
+from .write import TRAINER_FILE
 
 FULL_PLAN = frozenset({"model", "optim", "trainer"})
 

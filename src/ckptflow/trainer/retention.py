@@ -58,7 +58,7 @@ from .checkpoints import (
     is_complete_checkpoint,
     latest_checkpoints,
 )
-from .write import IN_PROGRESS
+from .ownership import IN_PROGRESS
 
 log = logging.getLogger(__name__)
 

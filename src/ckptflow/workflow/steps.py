@@ -9,47 +9,33 @@ outputs before a rerun, after a failure and on ``--delete-all-output``, so the l
 (manifest, receipt, merge record, staging record, teacher record) are never outputs.
 A lost receipt is re-derived by publication from an archive a report or the configuration names.
 
-A shim takes the paths of its job (artifact, reports, upload prefix) from ``workflow_plan``, which names
-them for ``rules/common.smk`` as well, and calls one function here; what planning calls lives there and
-in ``workflow_config``.
+A shim takes the paths of its job (artifact, reports, upload prefix) from ``workflow.triggers``, which
+names them for the plan as well, and calls one function here; what planning calls lives in ``workflow.plan``
+and ``workflow.config``. The batch jobs, which run the steps of many artifacts in one process, are
+``workflow.batch_jobs``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
-import json
 import logging
-import os
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import testhooks
-from .artifact import ARTIFACTS_DIR
-from .errors import CkptflowError, VerificationFailed
-from .fsutil import atomic_write_bytes
-from .jsonio import encode_json
-from .records import manifest as manifest_record
-from .records import receipt as receipt_record
-from .records.step_report import write_step_report
-from .store.open import credentials_for, open_bucket_arg, store_factory
-from .workflow_config import error_line, exit_with, require_base, require_bucket
-from .workflow_plan import (
-    PLANNED_AT,
-    PLANNING,
-    archive_uri_of,
-    artifact_path,
-    batch_members_of,
-    read_batch_plan,
-    recorded_destinations,
-    step_reports,
-    upload_prefix,
-)
+from ..artifact import ARTIFACTS_DIR
+from ..errors import CkptflowError, VerificationFailed
+from ..fsutil import atomic_write_bytes
+from ..jsonio import encode_json
+from ..records import manifest as manifest_record
+from ..records import receipt as receipt_record
+from ..records.step_report import write_step_report
+from ..store.open import credentials_for, open_bucket_arg, store_factory
+from .config import exit_with, require_base, require_bucket
+from .triggers import archive_uri_of, artifact_path, prune_round_path, recorded_destinations
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +44,12 @@ log = logging.getLogger(__name__)
 def step_log(path: str) -> Iterator[None]:
     """Send a step's logs and stderr to its rule's log file; a step that fails writes its traceback there
     before the file is closed (so the log says why), then the error goes on to Snakemake."""
-    with open(path, "w", encoding="utf-8") as log, _log_to(log):
+    with open(path, "w", encoding="utf-8") as log, log_to(log):
         yield
 
 
 @contextlib.contextmanager
-def _log_to(log: Any) -> Iterator[None]:
+def log_to(log: Any) -> Iterator[None]:
     """``step_log`` on an open text stream: logs, stderr and a failure's traceback go there; the last line
     says how long the step took (``finished in S s``, or ``failed after S s``)."""
     started = time.perf_counter()
@@ -90,7 +76,7 @@ def _log_to(log: Any) -> Iterator[None]:
 @contextlib.contextmanager
 def step_job(path: str, step: str) -> Iterator[None]:
     """A rule's job: ``step_log``, and a failure ends the job with one line on stderr, the error and its
-    remedy in ``--config`` terms (``workflow_config.exit_with``), which Snakemake shows above its own
+    remedy in ``--config`` terms (``workflow.config.exit_with``), which Snakemake shows above its own
     lines for the failed job; the traceback stays in the log."""
     try:
         with step_log(path):
@@ -99,7 +85,8 @@ def step_job(path: str, step: str) -> Iterator[None]:
         exit_with(exc, step, log=path)
 
 
-def _write_report(path: Path | str, report: dict[str, Any]) -> None:
+def write_report(path: Path | str, report: dict[str, Any]) -> None:
+    """Write a step's JSON report (or a batch's outcomes) atomically, its directory made first."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, encode_json(report))
@@ -109,11 +96,10 @@ def _write_report(path: Path | str, report: dict[str, Any]) -> None:
 STEP_SCHEMAS = {"publish": "report_publish", "verify": "report_verify", "prune": "report_prune_verified"}
 
 
-
 def merge_step(artifact_dir: str, recipe: Mapping[str, Any], iteration: int, report_path: str) -> dict[str, Any]:
     """Merge one recipe into ``artifact_dir/model.pt`` (the library refuses a completed merge of another
     request unless the recipe says ``force``) and write the step report, the rule's output."""
-    from .merge import merge_experts
+    from ..merge import merge_experts
 
     result = merge_experts(recipe["mode"], list(recipe["experts"]), Path(artifact_dir) / "model.pt", base=recipe.get("base"),
                            lam=recipe.get("lam"), iteration=iteration, force=bool(recipe.get("force")),
@@ -125,7 +111,7 @@ def merge_step(artifact_dir: str, recipe: Mapping[str, Any], iteration: int, rep
         "experts": [e.to_dict() for e in result.request.experts], "request_identity": result.identity,
         "replaced_identity": result.replaced_identity, "model": result.model.to_dict(),
     }
-    _write_report(report_path, report)
+    write_report(report_path, report)
     return report
 
 
@@ -139,8 +125,8 @@ def fetch_step(artifact_uri: str, stage_root: str, credentials: str | None, repo
     ``.staged.json``, fetch's ownership record, is never a rule output: Snakemake would delete it before
     a rerun, and the stage would then look foreign to fetch.
     """
-    from .archive.copies import fetch_from_receipt
-    from .archive.fetch import fetch_artifact
+    from ..archive.copies import fetch_from_receipt
+    from ..archive.fetch import fetch_artifact
 
     skipped = []
     if receipt_dir:
@@ -152,7 +138,7 @@ def fetch_step(artifact_uri: str, stage_root: str, credentials: str | None, repo
     report = result.to_report()
     if skipped:
         report["skipped_destinations"] = [s.to_dict() for s in skipped]
-    _write_report(report_path, report)
+    write_report(report_path, report)
     return report
 
 
@@ -168,7 +154,7 @@ def materialize_step(base: str, out: str, ckpt_dir: str | None, artifact_uri: st
     resolves the artifact: its archive, from the first destination its receipt lists that serves
     (``materialize.source``); the teacher's identity does not name the destination, so a teacher built from
     one copy is skipped when another serves."""
-    from .materialize import materialize
+    from ..materialize import materialize
 
     require_base(base)  # what the planning of materialize_teacher checks, with the same words
     kwargs = {k: options[k] for k in ("min_tensors", "expect_tensors") if options.get(k) is not None}
@@ -183,7 +169,7 @@ def materialize_step(base: str, out: str, ckpt_dir: str | None, artifact_uri: st
                          force=bool(options.get("force", False)), progress=False, **kwargs)
     log.info("materialize %s: %s (%s)", out, result.status, result.reason)
     report = result.to_report()
-    _write_report(report_path, report)
+    write_report(report_path, report)
     return report
 
 
@@ -205,8 +191,8 @@ def publish_step(artifact_dir: str, upload_prefix: str, bucket: str | None, cred
     ``named_by`` name that holds this artifact's committed archive (``publish_artifact`` adopts it:
     declaration and manifest byte-identical to the local ones, every object HEAD-verified), else the
     artifact is published to the configured bucket (which adopts an identical archive as well)."""
-    from .archive.keys import object_key, run_upload_prefix
-    from .archive.publish import publish_artifact
+    from ..archive.keys import object_key, run_upload_prefix
+    from ..archive.publish import publish_artifact
 
     artifact = Path(artifact_dir)
     receipt = receipt_record.belonging_receipt(artifact)
@@ -253,7 +239,7 @@ def verify_step(artifact_dir: str, credentials: str | None, report_path: str | N
     """Verify one published artifact and write the report (unless ``report_path`` is None: a batch records
     it); a failed verification fails the job. The outcome is recorded in ``.verified.json`` as
     ``ckptflow verify`` records it, so ``ckptflow status`` shows it without the workflow's reports."""
-    from .archive.verify import verify_artifact
+    from ..archive.verify import verify_artifact
 
     result = verify_artifact(Path(artifact_dir), store_factory(credentials), record=True)
     if not result.ok:
@@ -267,57 +253,56 @@ def verify_step(artifact_dir: str, credentials: str | None, report_path: str | N
 def scrub_step(runs_root: str, credentials: str | None, slice_name: str, report_path: str) -> dict[str, Any]:
     """Scrub every published artifact under ``runs_root`` (``slice_name``: ``all`` or ``K-of-N``) and write
     the report; damage fails the job, naming the objects."""
-    from .archive.scrub import scrub_runs_root
-    from .archive.verify import Subset
+    from ..archive.scrub import scrub_runs_root
+    from ..archive.verify import Subset
 
     subset = None if slice_name == "all" else Subset.parse(slice_name.replace("-of-", "/"))
     result = scrub_runs_root(Path(runs_root), store_factory(credentials), subset=subset)
     if not result.ok:
         raise VerificationFailed(result.failure_line())
     report = result.to_report()
-    _write_report(report_path, report)
+    write_report(report_path, report)
     return report
 
 
 def prune_step(artifact_dir: str, credentials: str | None, report_path: str | None, *,
                round: int = 1) -> dict[str, Any]:
     """Prune one artifact if every check holds; a kept artifact is a result (in the report), not a failure.
-    ``round`` is the rule's rerun trigger (``workflow_plan.prune_round``), recorded in the report (a batch
+    ``round`` is the rule's rerun trigger (``workflow.triggers.prune_round``), recorded in the report (a batch
     passes no ``report_path`` and records both)."""
-    from .archive.prune import prune_verified
+    from ..archive.prune import prune_verified
 
     report = prune_verified([Path(artifact_dir)], store_factory(credentials)).to_report()
     if report["status"] == "failed":  # the archive no longer matches, or the local bytes are in no archive
         raise VerificationFailed(f"prune kept {artifact_dir}: {_errors(report)}",
                                  remedy="the artifact was kept; do what its reason says")
     if report_path is not None:
-        report = _write_round(report_path, report, round, [artifact_dir])
+        report = write_round(report_path, report, round, [artifact_dir])
     return report
 
 
 def restore_step(artifact_dir: str, credentials: str | None, report_path: str) -> dict[str, Any]:
     """Refill one artifact's missing payloads from the archive its receipt names and write the report, the
     rule's output (the manifest and receipt restore reads are never outputs)."""
-    from .archive.restore import restore_artifact
+    from ..archive.restore import restore_artifact
 
     report = restore_artifact(Path(artifact_dir), store_factory(credentials), progress=False).to_report()
-    _write_report(report_path, report)
+    write_report(report_path, report)
     return report
 
 
-def _write_round(report_path: str, report: dict[str, Any], round: int,
+def write_round(report_path: str, report: dict[str, Any], round: int,
                  artifact_dirs: Sequence[str | Path]) -> dict[str, Any]:
-    """The prune report, with its round, then the round record beside it (``workflow_plan.prune_round``):
+    """The prune report, with its round, then the round record beside it (``workflow.triggers.prune_round``):
     every payload file of ``artifact_dirs`` (the artifacts the job judged) absent once it finished, whatever
     freed it (this job, a killed one, ``prune-verified`` or ``publish --delete-local`` by hand), and what
     the report says it removed; a restore puts one back, and the prune is pending again."""
-    from .archive.restore import missing_payloads
-    from .workflow_plan import prune_round_path
+    from ..archive.restore import missing_payloads
 
     report = write_step_report(report_path, {**report, "round": round}, STEP_SCHEMAS["prune"])
     freed = {str(Path(e["path"]) / rel) for e in report["removed"] for rel in e["files"]}
     freed.update(str(Path(d) / rel) for d in artifact_dirs for rel in missing_payloads(d))
-    _write_report(prune_round_path(report_path), {"removed": sorted(freed), "round": round})
+    write_report(prune_round_path(report_path), {"removed": sorted(freed), "round": round})
     return report
 
 
@@ -331,23 +316,23 @@ def keep_free_step(runs_root: str, keep_free: str, keep_newest: int, credentials
     """Free verified artifacts under ``runs_root``, oldest first, to the ``keep_free`` target; a kept artifact
     or an unmet target is a result (in the report), an inconsistent archive fails the job. ``round`` as in
     ``prune_step``."""
-    from .archive.keep_free import keep_free as free_to_target
-    from .archive.keep_free import parse_target
-    from .artifact import committed_artifacts
+    from ..archive.keep_free import keep_free as free_to_target
+    from ..archive.keep_free import parse_target
+    from ..artifact import committed_artifacts
 
     report = free_to_target(Path(runs_root), parse_target(keep_free), store_factory(credentials),
                             keep_newest=int(keep_newest)).to_report()
     if report["status"] == "failed":
         raise VerificationFailed(f"prune kept artifacts under {runs_root}: {_errors(report)}",
                                  remedy="those artifacts were kept; do what each reason says")
-    return _write_round(report_path, report, round,
+    return write_round(report_path, report, round,
                         [artifact_path(runs_root, run, it) for run, it in committed_artifacts(runs_root)])
 
 
 def status_step(runs_root: str, reports_dir: str | None, stage_dir: str | None, teachers_dir: str | None,
                 out_json: str, out_txt: str) -> dict[str, Any]:
     """Write the status of every configured run: the JSON report and the rendered table (the report item)."""
-    from .status import collect_status
+    from ..status import collect_status
 
     def opt(value: str | None) -> Path | None:
         return Path(value) if value else None
@@ -355,142 +340,7 @@ def status_step(runs_root: str, reports_dir: str | None, stage_dir: str | None, 
     status = collect_status(Path(runs_root), reports_dir=opt(reports_dir), stage_dir=opt(stage_dir),
                             teachers_dir=opt(teachers_dir))
     report = status.to_report()
-    _write_report(out_json, report)
+    write_report(out_json, report)
     Path(out_txt).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(Path(out_txt), status.render().encode("utf-8"))
     return report
-
-
-
-# ------------------------------------------------------------------ batches
-#
-# Under Slurm a job pays for its submission, its scheduling and the start of Snakemake (twice: the batch
-# step and the job step) before any work; for a small artifact that is nearly all of its time. A batch job
-# (rule publish_batch, verify_batch, prune_batch) runs the step of many artifacts in one process, one
-# after another, each exactly as its own job would, and records each artifact's outcome (its report or
-# its one-line error, and its log) in the batch's output. The per-artifact rule (publish, verify, prune)
-# stays the target of its artifact: a local job that writes the report and the log from that outcome, or
-# fails with the artifact's own error; so one artifact's failure fails only its own target, and a rerun
-# retries only what has no report, afresh: the outcomes are bound to the planning that wrote the batch's
-# member file (``planned``), and outcomes a failed run left behind are never taken for a later run's. The library's records (receipt, manifest) are written by the step
-# itself as it goes: a batch killed midway leaves each artifact published with its receipt or pending.
-
-
-def _batch_publish(member: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-    artifact = artifact_path(config["runs_root"], member["run"], member["iteration"])
-    return publish_step(artifact, upload_prefix(artifact, member["run"]), config.get("bucket"),
-                        config.get("credentials"), None, publication=member["publication"],
-                        named_by=step_reports(config["reports_dir"], member["run"], member["iteration"]))
-
-
-def _batch_verify(member: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-    return verify_step(artifact_path(config["runs_root"], member["run"], member["iteration"]),
-                       config.get("credentials"), None)
-
-
-def _batch_prune(member: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-    return prune_step(artifact_path(config["runs_root"], member["run"], member["iteration"]),
-                      config.get("credentials"), None, round=member["round"])
-
-
-BATCH_STEPS = {"publish": _batch_publish, "verify": _batch_verify, "prune": _batch_prune}
-
-
-def batch_step(step: str, members_path: str, config: Mapping[str, Any], out_path: str) -> dict[str, Any]:
-    """Run ``step`` (publish, verify, prune) for each member of the batch file ``members_path`` (``run``,
-    ``iteration`` and the rerun trigger of its own rule: ``publication`` or ``round``) in this process, one
-    after another, and write the outcomes to ``out_path``, the batch rule's output: per artifact
-    ``{"status": "done", "report": ...}`` or ``{"status": "failed", "error": <one line>}``, and its ``log``;
-    with the planning that wrote the member file (``planned``), the only one whose jobs may use them. A
-    member's failure is its outcome, not the batch's; only an interruption (a signal, a killed job) ends
-    the batch, without an output."""
-    run_one = BATCH_STEPS[step]
-    plan = read_batch_plan(members_path)
-    outcomes: dict[str, Any] = {}
-    for member in plan["members"]:
-        key = f"{member['run']}/{member['iteration']}"
-        buffer = io.StringIO()
-        try:
-            with _log_to(buffer):
-                report = run_one(member, config)
-            outcome: dict[str, Any] = {"status": "done", "report": report}
-        except Exception as exc:  # noqa: BLE001  the member's failure is its own outcome, not the batch's
-            outcome = {"status": "failed", "error": error_line(exc, step)}
-        outcome["log"] = buffer.getvalue()
-        log.info("%s %s: %s%s", step, key, outcome["status"], f": {outcome['error']}" if "error" in outcome else "")
-        outcomes[key] = outcome
-        testhooks.reached("batch:after-member", key)
-    result = {"step": step, "planned": plan["planned"], "outcomes": outcomes}
-    _write_report(out_path, result)
-    return result
-
-
-class BatchMemberFailed(CkptflowError):
-    """One artifact's step failed (in its batch job, or in its own job): its own target fails with the
-    step's one line, which names the artifact's log."""
-
-
-def member_job(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Run a per-artifact rule's body in Snakemake's own process: a failure fails the job with its one line,
-    the line a script job's ``step_job`` prints, which Snakemake shows above its error block."""
-    try:
-        return fn(*args, **kwargs)
-    except BatchMemberFailed as exc:
-        raise StepFailed(f"ckptflow: {exc.message}") from None
-
-
-class StepFailed(Exception):
-    """A per-artifact job failed: the message is its one line."""
-
-
-_direct = threading.Lock()
-
-
-def _outcome_of(batch_path: str | None, run: str, iteration: str) -> dict[str, Any] | None:
-    """The artifact's outcome in the batch output ``batch_path`` when this run's batch job wrote it: its
-    ``planned`` is the one of the batch's member file, and that file was written by this process's
-    planning (``workflow_plan.PLANNING``) or the output is newer than this process's start (Snakemake ran
-    the batch again from an earlier planning's file: ``-R``, a changed input). An output an earlier run left
-    (a temp() file whose consumer failed stays) judged what was there then, and is never used: None, and
-    the member's job runs its step itself."""
-    if batch_path is None:
-        return None
-    try:
-        planned = read_batch_plan(batch_members_of(batch_path))["planned"]
-    except CkptflowError:
-        planned = None
-    batch = json.loads(Path(batch_path).read_bytes())
-    this_run = planned == PLANNING or os.stat(batch_path).st_mtime >= PLANNED_AT
-    if planned is None or batch.get("planned") != planned or not this_run:
-        log.warning("%s is the outcome of an earlier run: %s/%s runs its step itself", batch_path, run, iteration)
-        return None
-    return batch["outcomes"][f"{run}/{iteration}"]
-
-
-def finish_member(step: str, run: str, iteration: str, batch_path: str | None, config: Mapping[str, Any],
-                  report_path: str, log_path: str, *, publication: int = 1, round: int = 1) -> dict[str, Any]:
-    """The per-artifact rule's job (publish, verify, prune): take its artifact's outcome from its batch's
-    output and write the report and the log it recorded, or fail with the artifact's own error. Without a
-    batch (a rerun that Snakemake decides on after planning: a lost receipt, a restored payload, a changed
-    input), or with a batch output this planning did not produce, it runs the step itself, as its batch
-    would have, one such job at a time in this process."""
-    outcome = _outcome_of(batch_path, run, iteration)
-    if outcome is None:
-        member = {"run": run, "iteration": iteration, "publication": publication, "round": round}
-        with _direct:
-            try:
-                with step_log(log_path):
-                    report = BATCH_STEPS[step](member, config)
-            except Exception as exc:
-                raise BatchMemberFailed(f"{error_line(exc, step)} (details: {log_path})") from exc
-    else:
-        atomic_write_bytes(Path(log_path), outcome["log"].encode("utf-8"))
-        if outcome["status"] != "done":
-            raise BatchMemberFailed(f"{outcome['error']} (details: {log_path})")
-        report = outcome["report"]
-        report["batch"] = Path(batch_path).name.removesuffix(".json")
-        if step == "publish":
-            report["publication"] = publication  # this job's trigger, whatever the batch recorded
-    if step == "prune":
-        return _write_round(report_path, report, round, [artifact_path(config["runs_root"], run, iteration)])
-    return write_step_report(report_path, report, STEP_SCHEMAS[step])

@@ -1,14 +1,16 @@
-"""What ``rules/common.smk`` calls while Snakemake plans: the paths a job is named by, its rerun triggers
-and where the teacher comes from.
+"""What the workflow's plan reads from records: the paths a job is named by, its rerun triggers and where
+the teacher comes from.
 
-The named input functions of ``rules/common.smk`` call these (the configuration and its checks live in
-``workflow_config``; the jobs in ``workflow_steps``; the ``scripts/`` shims take their paths from here):
+``workflow.plan`` (the logic of the Snakefile's input functions) calls these, and the ``scripts/`` shims take
+their paths from here (the configuration and its checks live in ``workflow.config``; the batch jobs' plans
+in ``workflow.batches``; the jobs in ``workflow.steps`` and ``workflow.batch_jobs``):
 
 - paths: ``artifact_path`` (the artifact of a job's ``run`` and ``iteration``), ``artifact_of``,
   ``step_reports``, ``upload_prefix`` (``archive.keys``' derivation); the archive's URI of a receipt,
   ``archive_uri_of``;
 - rerun triggers: ``publication_number``, ``prune_round``, ``recorded_destinations``, ``restore_inputs``,
-  ``records_fingerprint``; the scopes of ``restore_all`` and ``scrub``, ``keep_free_target``;
+  ``records_fingerprint``; the scopes of ``restore_all`` and ``scrub``, ``keep_free_target``; what a step
+  report records (``report_batch``, ``report_round``);
 - ``teacher_source``: where ``materialize_teacher`` builds from;
 - ``show_status``: the status table while the status job is planned.
 
@@ -22,23 +24,21 @@ import hashlib
 import json
 import os
 import sys
-import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .artifact import ARTIFACTS_DIR, committed_artifacts
-from .errors import CkptflowError, NotFound, Refused
-from .fsutil import atomic_write_bytes
-from .jsonio import encode_json
-from .records import manifest as manifest_record
-from .records import materialized as materialized_record
-from .records import merge_record
-from .records import receipt as receipt_record
-from .records import staging as staging_record
-from .workflow_config import require_bucket
+from ..artifact import ARTIFACTS_DIR, committed_artifacts
+from ..errors import CkptflowError, NotFound, Refused
+from ..fsutil import atomic_write_bytes
+from ..jsonio import encode_json
+from ..records import manifest as manifest_record
+from ..records import materialized as materialized_record
+from ..records import merge_record
+from ..records import receipt as receipt_record
+from ..records import staging as staging_record
+from .config import require_bucket
 
 # Report subdirectories whose files are records of finished jobs (rerun triggers of the status rule).
 REPORT_KINDS = ("merge", "legacy-receipt", "verify", "prune", "fetch", "materialize")
@@ -63,7 +63,7 @@ def upload_prefix(artifact_dir: str | Path, run: str) -> str:
     """Where the artifact of a job's ``run`` is published under the bucket: ``<project>/<group>/<run>/<ts>/
     checkpoints`` derived from its path as the CLI and the trainer derive it, whatever the depth of runs_root
     (``keys.run_tree_upload_prefix``; ``<run>/checkpoints`` outside the runs layout)."""
-    from .archive.keys import run_tree_upload_prefix
+    from ..archive.keys import run_tree_upload_prefix
 
     return run_tree_upload_prefix(artifact_dir, run)
 
@@ -87,7 +87,7 @@ def _model_present(artifact_dir: Path) -> tuple[bool, str]:
     manifest = manifest_record.read_manifest(artifact_dir)
     model = manifest.components.get("model")
     if model is None:  # a Hugging Face Trainer artifact: the files a teacher reads (or its refusal by name)
-        from .materialize.hf_artifact import trainer_files_present
+        from ..materialize.hf_source import trainer_files_present
 
         return trainer_files_present(artifact_dir, manifest)
     if not hasattr(model, "size"):
@@ -105,7 +105,7 @@ def _model_present(artifact_dir: Path) -> tuple[bool, str]:
 
 def archive_uri_of(receipt: receipt_record.Receipt) -> str:
     """The archived artifact's URI a JSON receipt names (``archive.keys.receipt_archive_uri``)."""
-    from .archive.keys import receipt_archive_uri
+    from ..archive.keys import receipt_archive_uri
 
     return str(receipt_archive_uri(receipt))
 
@@ -114,7 +114,7 @@ def teacher_source(artifact_dir: str | Path, run: str, *, bucket: str | None, ha
     """Choose the source of ``materialize_teacher`` from local records (sizes only; the library verifies). The
     archive is expected under the artifact's derived prefix (``keys.run_tree_artifact_prefix``), where every
     front end publishes it."""
-    from .archive.keys import run_tree_artifact_prefix
+    from ..archive.keys import run_tree_artifact_prefix
 
     artifact_dir = Path(artifact_dir)
     if not manifest_record.path_in(artifact_dir).is_file():
@@ -150,7 +150,7 @@ def records_fingerprint(runs_root: str | Path, reports_dir: str | Path, stage_di
     record it reads (the artifacts', stages' and teachers' records and the step reports, not the table
     itself). A payload lost or pruned behind the workflow's back changes the first even when no record
     changed. ``status``: that report's ``collect_status`` result when the caller has it already."""
-    from .status import collect_status
+    from ..status import collect_status
 
     names = {manifest_record.FILENAME, receipt_record.FILENAME, merge_record.FILENAME, staging_record.FILENAME,
              materialized_record.FILENAME}
@@ -227,7 +227,7 @@ def recorded_destinations(report_paths: Sequence[str | Path]) -> list[receipt_re
 
 def scrub_slice_name(subset: str | None) -> str:
     """The scrub report's name for config ``scrub_subset``: ``all``, or ``K-of-N`` for ``K/N`` (checked)."""
-    from .archive.verify import Subset
+    from ..archive.verify import Subset
 
     if subset is None:
         return "all"
@@ -238,7 +238,7 @@ def scrub_slice_name(subset: str | None) -> str:
 def restore_scope(runs_root: str | Path, run: str | None) -> list[tuple[str, str, bool]]:
     """``(run, iter_N, pruned)`` of every committed artifact of ``run`` (None: of every run); ``pruned``: it
     has a receipt and lacks a payload file, so ``restore_all`` refills it. Stats only; restore re-judges."""
-    from .archive.restore import missing_payloads
+    from ..archive.restore import missing_payloads
 
     wanted = run.strip("/") if run else None
     return [(r, name, bool(missing_payloads(Path(artifact_path(str(runs_root), r, name)))))
@@ -249,7 +249,7 @@ def restore_inputs(artifact_dir: str) -> list[str]:
     """The restore job's inputs: the artifact directory and each existing directory that lacks one of its
     payload files. Removing a file changes its directory's mtime, so a restore report older than that
     reruns; a fully pruned artifact has only its top directory, before and after, so the set is stable."""
-    from .archive.restore import missing_payloads
+    from ..archive.restore import missing_payloads
 
     dirs = {os.path.dirname(f"{artifact_dir}/{rel}") for rel in missing_payloads(Path(artifact_dir))}
     return [artifact_dir, *sorted(d for d in dirs - {artifact_dir} if os.path.isdir(d))]
@@ -258,7 +258,7 @@ def restore_inputs(artifact_dir: str) -> list[str]:
 def keep_free_target(config: Mapping[str, Any]) -> Any:
     """``prune: {keep_free}`` of a normalised configuration, parsed (``archive.keep_free.parse_target``; a wrong
     spelling is a usage error at planning), or None: ``prune_all`` then prunes every verified artifact."""
-    from .archive.keep_free import parse_target
+    from ..archive.keep_free import parse_target
 
     value = (config.get("prune") or {}).get("keep_free")
     return None if value is None else parse_target(value)
@@ -269,12 +269,12 @@ _shown: set[str] = set()  # tables already printed by this Snakemake process (pl
 
 def show_status(runs_root: str, reports_dir: str, stage_dir: str, teachers_dir: str, out_json: str, out_txt: str,
                 *, executing: bool) -> Any:
-    """The status table while Snakemake plans the status job (see rules/common.smk): when Snakemake will
+    """The status table while Snakemake plans the status job (``Plan.records_fingerprint``): when Snakemake will
     execute (a run or a dry-run), the current table on stdout, once per process, whether or not the job
     runs; when it plans without executing (``--report``, ``--summary``, ``--dag``), the table files
     rewritten if they differ from the current table, so what those read is current. Returns the status
     (``records_fingerprint`` digests it)."""
-    from .status import collect_status
+    from ..status import collect_status
 
     status = collect_status(Path(runs_root), reports_dir=Path(reports_dir), stage_dir=Path(stage_dir),
                             teachers_dir=Path(teachers_dir))
@@ -295,79 +295,6 @@ def show_status(runs_root: str, reports_dir: str, stage_dir: str, teachers_dir: 
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(path, data)
     return status
-
-
-def batch_sizes(pending: int, max_batches: int, *, min_size: int = 10, max_size: int = 100) -> list[int]:
-    """How many artifacts each batch job of one step takes: ``pending`` artifacts spread evenly over at most
-    ``max_batches`` jobs (the jobs in flight), none smaller than ``min_size`` (a job's start-up is paid
-    once per batch) unless that leaves one, and none larger than ``max_size`` (a batch's runtime is the sum
-    of its artifacts'). Sizes differ by one at most; their sum is ``pending``."""
-    if pending <= 0:
-        return []
-    count = max(1, min(max_batches, pending // max(1, min_size)))
-    count = max(count, -(-pending // max_size))
-    base, extra = divmod(pending, count)
-    return [base + 1] * extra + [base] * (count - extra)
-
-
-def batches(step: str, members: Sequence[tuple[str, str]], max_batches: int) -> dict[str, list[tuple[str, str]]]:
-    """The batch jobs of one step: ``members`` (run, iteration), sorted and cut by ``batch_sizes``, each under
-    a name that is a digest of the step and its members (a plan with other members is another job)."""
-    ordered = sorted(members)
-    plan: dict[str, list[tuple[str, str]]] = {}
-    start = 0
-    for size in batch_sizes(len(ordered), max_batches):
-        chunk = ordered[start:start + size]
-        start += size
-        digest = hashlib.sha256(json.dumps([step, chunk]).encode()).hexdigest()[:16]
-        plan[digest] = chunk
-    return plan
-
-
-# This process's planning: written into every batch member file it writes, so a batch's outcomes (which
-# record it) are used only by the jobs of the planning that wrote them, never replayed by a later run.
-PLANNING = uuid.uuid4().hex
-PLANNED_AT = time.time()  # when this process started planning: a batch output older than that is an earlier run's
-
-
-def write_batch_members(path: str | Path, members: Sequence[Mapping[str, Any]]) -> None:
-    """The member file of one batch job: ``{"planned": PLANNING, "members": [...]}`` (its name is a digest
-    of the members). Written again by every planning of the same batch: its newer mtime makes Snakemake
-    run the batch again rather than keep outcomes an earlier run left (a temp() output whose consumer
-    failed stays), and its ``planned`` tells the members' jobs which outcomes are this run's."""
-    data = encode_json({"planned": PLANNING, "members": list(members)})
-    path = Path(path)
-    try:
-        if path.read_bytes() == data:
-            return
-    except OSError:
-        pass
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, data)
-
-
-def batch_members_of(outcomes_path: str | Path) -> Path:
-    """The member file beside a batch's outcomes (``<batch>.json`` -> ``<batch>.members.json``)."""
-    path = Path(outcomes_path)
-    return path.with_name(path.name.removesuffix(".json") + ".members.json")
-
-
-def read_batch_plan(path: str | Path) -> dict[str, Any]:
-    """The member file a planning wrote (``write_batch_members``); a batch whose file is gone, or one
-    written by an earlier ckptflow (a bare list, no planning), is refused."""
-    try:
-        plan = json.loads(Path(path).read_bytes())
-        if not isinstance(plan, dict) or not isinstance(plan.get("members"), list):
-            raise ValueError("not a batch plan of this ckptflow")
-        return plan
-    except (OSError, ValueError) as exc:
-        raise NotFound(f"batch member file {path} is unreadable ({exc})",
-                       remedy="run the same snakemake command again: planning writes it") from None
-
-
-def read_batch_members(path: str | Path) -> list[dict[str, Any]]:
-    """The members of a batch's member file (``read_batch_plan``)."""
-    return read_batch_plan(path)["members"]
 
 
 def _report_value(report_path: str | Path, key: str, kind: type) -> Any:

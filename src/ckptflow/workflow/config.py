@@ -1,13 +1,14 @@
 """The workflow's configuration in ``--config`` terms: typing, validation, and what a target needs.
 
-Owns, for the Snakemake workflow (a front end beside ``workflow_plan`` and ``workflow_steps``, which import it):
+Owns, for the Snakemake workflow (``workflow.plan``, ``workflow.triggers`` and ``workflow.steps`` import it):
 
 - ``checked_config``: command-line spellings typed (``normalise_config``), then the schema; an unknown key
   is named with the closest known one (``bucekt`` → ``bucket``), any other schema error in one line.
 - The checks a target needs before Snakemake plans a job, each naming the key and its remedy as
-  ``--config KEY=VALUE`` with the candidates found on disk: ``require_runs_root``, ``require_base``, ``require_bucket``,
-  ``require_credentials``, ``require_merge_recipe``, ``require_experts``, ``resolve_target`` (the run and the iteration). ``rules/common.smk`` calls them
-  while planning (so a dry-run refuses what the run would) and the step functions call the same ones.
+  ``--config KEY=VALUE`` with the candidates found on disk: ``require_runs_root``, ``require_base``,
+  ``require_bucket``, ``require_credentials``, ``require_merge_recipe``, ``require_experts``, ``resolve_target``
+  (the run and the iteration). The plan (``workflow.plan``) calls them while Snakemake plans (so a dry-run
+  refuses what the run would) and the step functions call the same ones.
 - ``refuse_overrides_as_targets``: a ``--config`` override placed after ``--`` (taken as a target).
 - ``exit_with``: the one line Snakemake shows for such a refusal (planning, or inside a job, where the
   remedy's command-line flags are spelled as ``--config`` keys by ``config_remedy``); details go to the
@@ -30,14 +31,14 @@ from typing import Any, NoReturn, TypeVar
 
 import jsonschema
 
-from .artifact import ARTIFACTS_DIR, ITER_DIR_RE, archived_artifact_of, committed_artifacts, find_runs
-from .errors import CkptflowError, UsageError
-from .jsonio import load_schema
-from .store import StoreURI
-from .store.credentials import ENV_VAR as CREDENTIALS_ENV
-from .store.credentials import resolve_credentials_path
-from .store.open import BUCKET_ENV, credentials_for
-from .store.uri import parse_store_uri
+from ..artifact import ARTIFACTS_DIR, ITER_DIR_RE, archived_artifact_of, committed_artifacts, find_runs
+from ..errors import CkptflowError, UsageError
+from ..jsonio import load_schema
+from ..store import StoreURI
+from ..store.credentials import ENV_VAR as CREDENTIALS_ENV
+from ..store.credentials import resolve_credentials_path
+from ..store.open import BUCKET_ENV, credentials_for
+from ..store.uri import parse_store_uri
 
 RUN_REMEDY = "pass --config run=<project>/<group>/<run>/<ts> (the run's path under runs_root)"
 README = "config/README.md"
@@ -200,7 +201,7 @@ def _raise(exc: CkptflowError) -> NoReturn:
 def _check_keep_free(config: Mapping[str, Any]) -> None:
     """config ``prune.keep_free`` read as ``prune_all`` will read it (``archive.keep_free.parse_target``), a
     wrong one refused here by its key, before any planning."""
-    from .archive.keep_free import parse_target
+    from ..archive.keep_free import parse_target
 
     value = (config.get("prune") or {}).get("keep_free")
     if value is None:
