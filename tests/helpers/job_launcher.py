@@ -14,6 +14,9 @@ process, as ``python SCRIPT`` would have been the process:
 
 Any other command line (``-m snakemake ...``, ``-c ...``), or a template that does not answer, is handed to
 the real interpreter by ``exec``: the process is then exactly the one Snakemake would have started.
+
+``worker`` does the same for a ``torchrun``'s workers (``PYTHON_EXEC``, preloaded.torchrun_env): each
+``-u SCRIPT ARGS`` is forked from the ``hf`` template (torch imported) and the launcher stands for it.
 """
 
 from __future__ import annotations
@@ -45,6 +48,23 @@ def main(sockets: dict[str, str | None], torch_scripts: list[str], python: str) 
     path = None if name is None else sockets.get("ckptflow" if name in torch_scripts else "ckptflow-core")
     if path:
         signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)  # until the job's pid is known
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(path)
+        except OSError:  # the template is gone (its pytest process ended): start as usual
+            conn.close()
+        else:
+            _stand_for_job(conn, [python, *args])
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+    os.execv(python, [python, *args])
+
+
+def worker(path: str, python: str) -> None:
+    """A torchrun worker (``PYTHON_EXEC``: ``-u SCRIPT ARGS``), forked from the template listening on ``path``;
+    anything else, or no template answering, starts as usual."""
+    args = sys.argv[1:]
+    if args[:1] == ["-u"] and len(args) > 1 and args[1].endswith(".py"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)  # until the worker's pid is known
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             conn.connect(path)

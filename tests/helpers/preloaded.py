@@ -77,6 +77,7 @@ PRELOAD = {
     ),
 }
 CKPTFLOW_KINDS = ("ckptflow", "ckptflow-core")
+LISTENING_KINDS = (*CKPTFLOW_KINDS, "hf")  # the kinds whose template forks jobs a launcher hands it (jobs.sock)
 TORCH_SCRIPTS = ("merge.py", "materialize.py")  # the workflow's scripts whose jobs fork from ``ckptflow``
 JOBS_SOCKET = "jobs.sock"  # in a ckptflow template's directory: its script jobs' launchers connect here
 READY = -1  # the id of the template's first message: preloaded (and listening for script jobs)
@@ -157,7 +158,11 @@ def _child(kind: str, request: dict, sel: selectors.BaseSelector, sockets: list[
         sys.path[0] = ""
         _threads_as_started()
         exec(compile(argv[2], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
-    elif argv[1:3] != ["-m", "ckptflow"]:  # ``python SCRIPT``, a Snakemake script job: its directory first
+    elif argv[1:3] != ["-m", "ckptflow"]:  # ``python [-u] SCRIPT``, a Snakemake script job or a torchrun
+        if argv[1] == "-u":  # worker (tests/helpers/job_launcher.py): unbuffered output, as ``-u`` makes it
+            argv = argv[:1] + argv[2:]
+            for stream in (sys.stdout, sys.stderr):
+                stream.reconfigure(write_through=True)
         sys.argv = argv[1:]
         sys.path[0] = os.path.dirname(os.path.realpath(argv[1]))
         _threads_as_started()
@@ -209,7 +214,7 @@ def serve(kind: str) -> None:
     sel.register(0, selectors.EVENT_READ)
     sockets: list[socket.socket] = []
     launchers: dict[int, socket.socket] = {}  # job pid -> its launcher's connection
-    if kind in CKPTFLOW_KINDS:
+    if kind in LISTENING_KINDS:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(JOBS_SOCKET)
         listener.listen(64)
@@ -544,6 +549,29 @@ def _job_launcher(env: dict[str, str]) -> str | None:
             path.chmod(0o755)
             _launchers[text] = str(path)
         return _launchers[text]
+
+
+def torchrun_env(env: dict[str, str], kind: str = "hf") -> dict[str, str]:
+    """``env`` for a ``torchrun`` whose workers fork from this process's template of ``kind``: torchrun starts
+    each worker as ``$PYTHON_EXEC -u SCRIPT ARGS``, and ``PYTHON_EXEC`` here is a launcher that hands the
+    worker's environment, directory and streams to the template and stands for the worker (job_launcher.py:
+    its exit status, signals passed on, the worker killed when the launcher is). ``env`` unchanged where
+    the kind does not fork."""
+    template = _usable(kind, env)
+    if template is None:
+        return env
+    template.ready()
+    text = (f"#!{sys.executable} -IS\n"
+            f"# The python of a torchrun's workers (written by {Path(__file__).name}).\n"
+            f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+            f"from job_launcher import worker\nworker({template.jobs!r}, {sys.executable!r})\n")
+    with _templates_lock:
+        if text not in _launchers:
+            path = Path(tempfile.mkdtemp(prefix="preloaded-workers-")) / "python"
+            path.write_text(text, encoding="utf-8")
+            path.chmod(0o755)
+            _launchers[text] = str(path)
+        return {**env, "PYTHON_EXEC": _launchers[text]}
 
 
 def _check_ckptflow(argv: list[str], kind: str) -> None:

@@ -19,7 +19,7 @@ from ckptflow.archive.probe import run_probe
 from ckptflow.records import manifest as manifest_record
 from ckptflow.records import receipt as receipt_record
 from ckptflow.store.local import LocalStore
-from helpers import REPO
+from helpers import REPO, preloaded
 from helpers.cli import run_cli, wait_until
 from helpers.procs import run_job
 from helpers.tiny_models import build_tiny_base
@@ -48,7 +48,9 @@ def train(base: Path, run_dir: Path, *args: str, ranks: int = 1, env: dict | Non
     launcher = [str(TORCHRUN), "--standalone", "--nproc-per-node", str(ranks)] if ranks > 1 else [sys.executable]
     argv = [*launcher, str(EXAMPLE), "--model", str(base), "--run-dir", str(run_dir), *args]
     env = {**os.environ, "CKPTFLOW_PROGRESS": "0", "OMP_NUM_THREADS": "1", **(env or {})}
-    return run_job(argv, cwd=REPO, env=env, wait=wait, preloaded=None if ranks > 1 else "hf")
+    if ranks > 1:  # the workers fork from the hf template; one process forks from it directly
+        return run_job(argv, cwd=REPO, env=preloaded.torchrun_env(env), wait=wait)
+    return run_job(argv, cwd=REPO, env=env, wait=wait, preloaded="hf")
 
 
 def result(proc) -> dict:

@@ -16,7 +16,7 @@ import torch
 from trainer_helpers import tiny_training
 
 from ckptflow.trainer import write_artifact
-from helpers import REPO
+from helpers import REPO, preloaded
 from helpers.cli import run_cli
 
 RUN = "proj/grp/run1/20261129T000000Z"
@@ -33,7 +33,7 @@ def torchrun(script: Path, *args: str, env: dict | None = None, nproc: int = 2) 
     return subprocess.run(
         [str(TORCHRUN), "--standalone", "--nproc-per-node", str(nproc), str(script), *args],
         capture_output=True, text=True, cwd=REPO, timeout=300,
-        env={**os.environ, "CKPTFLOW_PROGRESS": "0", "OMP_NUM_THREADS": "1", **(env or {})},
+        env=preloaded.torchrun_env({**os.environ, "CKPTFLOW_PROGRESS": "0", "OMP_NUM_THREADS": "1", **(env or {})}),
     )
 
 
