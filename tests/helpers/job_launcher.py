@@ -45,26 +45,22 @@ def main(sockets: dict[str, str | None], torch_scripts: list[str], python: str) 
     """``sockets``: each ckptflow kind's socket (None where the kind starts its own interpreter)."""
     args = sys.argv[1:]
     name = script_name(args)
-    path = None if name is None else sockets.get("ckptflow" if name in torch_scripts else "ckptflow-core")
-    if path:
-        signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)  # until the job's pid is known
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            conn.connect(path)
-        except OSError:  # the template is gone (its pytest process ended): start as usual
-            conn.close()
-        else:
-            _stand_for_job(conn, [python, *args])
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
-    os.execv(python, [python, *args])
+    _fork_or_exec(None if name is None else sockets.get("ckptflow" if name in torch_scripts else "ckptflow-core"),
+                  python, args)
 
 
 def worker(path: str, python: str) -> None:
     """A torchrun worker (``PYTHON_EXEC``: ``-u SCRIPT ARGS``), forked from the template listening on ``path``;
     anything else, or no template answering, starts as usual."""
     args = sys.argv[1:]
-    if args[:1] == ["-u"] and len(args) > 1 and args[1].endswith(".py"):
-        signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)  # until the worker's pid is known
+    _fork_or_exec(path if args[:1] == ["-u"] and len(args) > 1 and args[1].endswith(".py") else None, python, args)
+
+
+def _fork_or_exec(path: str | None, python: str, args: list[str]) -> None:
+    """``python ARGS`` forked from the template listening on ``path`` (this process standing for it), or, with
+    no ``path`` or no template answering there, ``exec``'d as usual."""
+    if path:
+        signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)  # until the job's pid is known
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             conn.connect(path)

@@ -538,13 +538,19 @@ def _job_launcher(env: dict[str, str]) -> str | None:
         sockets[kind] = None if template is None else template.jobs
     if not any(sockets.values()):
         return None
+    return _launcher("a forked Snakemake's script jobs", f"main({sockets!r}, {list(TORCH_SCRIPTS)!r}, {sys.executable!r})")
+
+
+def _launcher(whose: str, call: str) -> str:
+    """An executable ``python`` file (one per distinct text, kept for the session) that calls ``call`` of
+    job_launcher.py in an isolated interpreter."""
     text = (f"#!{sys.executable} -IS\n"
-            f"# The python of a forked Snakemake's script jobs (written by {Path(__file__).name}).\n"
+            f"# The python of {whose} (written by {Path(__file__).name}).\n"
             f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-            f"from job_launcher import main\nmain({sockets!r}, {list(TORCH_SCRIPTS)!r}, {sys.executable!r})\n")
+            f"import job_launcher\njob_launcher.{call}\n")
     with _templates_lock:
         if text not in _launchers:
-            path = Path(tempfile.mkdtemp(prefix="preloaded-jobs-")) / "python"
+            path = Path(tempfile.mkdtemp(prefix="preloaded-launcher-")) / "python"
             path.write_text(text, encoding="utf-8")
             path.chmod(0o755)
             _launchers[text] = str(path)
@@ -561,17 +567,7 @@ def torchrun_env(env: dict[str, str], kind: str = "hf") -> dict[str, str]:
     if template is None:
         return env
     template.ready()
-    text = (f"#!{sys.executable} -IS\n"
-            f"# The python of a torchrun's workers (written by {Path(__file__).name}).\n"
-            f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-            f"from job_launcher import worker\nworker({template.jobs!r}, {sys.executable!r})\n")
-    with _templates_lock:
-        if text not in _launchers:
-            path = Path(tempfile.mkdtemp(prefix="preloaded-workers-")) / "python"
-            path.write_text(text, encoding="utf-8")
-            path.chmod(0o755)
-            _launchers[text] = str(path)
-        return {**env, "PYTHON_EXEC": _launchers[text]}
+    return {**env, "PYTHON_EXEC": _launcher("a torchrun's workers", f"worker({template.jobs!r}, {sys.executable!r})")}
 
 
 def _check_ckptflow(argv: list[str], kind: str) -> None:
