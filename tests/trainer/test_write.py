@@ -188,6 +188,18 @@ def test_a_save_still_running_on_this_host_is_not_discarded(tmp_path, monkeypatc
     assert "error" not in outcome and (art / ".posttrain-checkpoint-artifact.json").is_file()
 
 
+def test_a_save_that_failed_in_this_process_is_discarded_by_its_next_save_of_that_iteration(tmp_path):
+    model, optim = tiny_training()
+    with pytest.raises(Exception, match="pickle"):  # the lambda fails torch.save after model.pt and optim/
+        write_artifact(tmp_path, 7, {"model": model, "optimizer": optim,
+                                     "trainer_state": {"optimizer_step": 7, "hook": lambda: None}})
+    art = artifact_dir_for(tmp_path, 7)
+    assert (art / ".save-in-progress").is_file() and (art / "model.pt").is_file()
+    # The loop catches it, fixes the state and saves again: the failed save has ended, its record proves it.
+    manifest = write_artifact(tmp_path, 7, {"model": model, "optimizer": optim, "trainer_state": {"optimizer_step": 7}})
+    assert read_manifest(art) == manifest and not (art / ".save-in-progress").exists()
+
+
 def test_an_unsealed_user_model_without_a_save_record_is_refused_and_kept(tmp_path):
     art = artifact_dir_for(tmp_path, 7)
     (art / "optim").mkdir(parents=True)

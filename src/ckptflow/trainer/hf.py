@@ -106,7 +106,7 @@ from ..fsutil import clone_file, fsync_dir, walk_files
 from ..records import manifest as manifest_record
 from ..records.receipt import FileIdentity
 from .async_save import SaveHandle, background_ranks, run_in_background
-from .ownership import begin_owned_save
+from .ownership import Ownership, begin_owned_save
 from .preflight import preflight_once
 from .publish import UploadSettings, publish_in_background, publish_pending, wait_for_publications
 from .ranks import Ranks
@@ -184,9 +184,17 @@ def copy_and_seal(snapshot: CheckpointSnapshot) -> manifest_record.Manifest:
     name, nothing committed (a change after its copy is not the artifact's: the copy holds the bytes of the
     snapshot). A committed ``iter_N`` is refused (``begin_owned_save``: its manifest is no entry of an
     interrupted export), never overwritten."""
-    ckpt, art, iteration = snapshot.checkpoint_dir, snapshot.artifact_dir, snapshot.iteration
+    art, iteration = snapshot.artifact_dir, snapshot.iteration
     testhooks.reached(f"hf-export:copying-iter{iteration}")
     owned = begin_owned_save(art)
+    try:
+        return _copy_and_seal(snapshot, owned)
+    finally:
+        owned.ended()
+
+
+def _copy_and_seal(snapshot: CheckpointSnapshot, owned: Ownership) -> manifest_record.Manifest:
+    ckpt, art, iteration = snapshot.checkpoint_dir, snapshot.artifact_dir, snapshot.iteration
     dirs: list[str] = []
     made: dict[str, int] = {}
     for rel, seen in snapshot.files:

@@ -6,7 +6,10 @@ before committing the manifest. An interrupted save (no manifest) is discarded (
 when every entry in the directory is one its record names with that same identity (a file still being
 written: the same inode), or a DCP-named file directly inside a DCP directory the record names; anything else
 (no record, a file the record does not name, a replaced or rewritten file, a save still running on this
-host) refuses the save by name and leaves every byte as it is. ``write_artifact`` and the Hugging Face
+host) refuses the save by name and leaves every byte as it is. A save still running: its holder is another
+process of this host that runs, or a save of this very process that has not ended (each record names its
+save, and the process knows which of its saves are under way until ``Ownership.ended``): a save that failed
+in a training loop that goes on is discarded by the next save of that iteration in the same process. ``write_artifact`` and the Hugging Face
 callback (``begin_owned_save``) both save through it.
 """
 
@@ -15,7 +18,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +38,27 @@ def _identity(path: Path) -> dict[str, int]:
     return {"ino": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
 
 
+_UNDER_WAY: set[str] = set()  # the saves of this process that have not ended (``Ownership.save``)
+_UNDER_WAY_LOCK = threading.Lock()
+
+
 class Ownership:
-    """The ``.save-in-progress`` record of one save: what it created, rewritten after each entry."""
+    """The ``.save-in-progress`` record of one save: what it created, rewritten after each entry. The save
+    calls ``ended`` once it committed or failed (the record of a failed save stays, as its proof)."""
 
     def __init__(self, art: Path):
         self.art = art
-        self.data: dict[str, Any] = {"holder": {"host": host_tag(), "pid": os.getpid(),
+        self.save = uuid.uuid4().hex
+        self.data: dict[str, Any] = {"holder": {"host": host_tag(), "pid": os.getpid(), "save": self.save,
                                                 "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
                                      "entries": {}}
+        with _UNDER_WAY_LOCK:
+            _UNDER_WAY.add(self.save)
         self._write()
+
+    def ended(self) -> None:
+        with _UNDER_WAY_LOCK:
+            _UNDER_WAY.discard(self.save)
 
     def _write(self) -> None:
         atomic_write_bytes(self.art / IN_PROGRESS, encode_json(self.data))
@@ -82,11 +99,23 @@ def _read_ownership(art: Path) -> dict[str, dict[str, Any]]:
     except (CkptflowError, KeyError, TypeError, ValueError, OSError) as exc:
         raise Refused(f"{path} cannot be read ({exc}): nothing proves what the interrupted save wrote",
                       remedy=remedy) from exc
-    live = isinstance(holder, dict) and holder.get("host") == host_tag() and isinstance(pid := holder.get("pid"), int)
-    if live and not writer_gone(pid):
+    if _still_running(holder):
+        pid = holder["pid"]
         raise Refused(f"{path}: a save of {art.name} by pid {pid} on this host is still running",
                       remedy="let it finish (or stop it) before saving this iteration again")
     return entries
+
+
+def _still_running(holder: Any) -> bool:
+    """Whether the save a record names may still be writing: a process of this host that runs, other than
+    this one; or a save of this process not ended (a record of this pid naming no save, or one it does not
+    know, is of an earlier process that had this pid)."""
+    if not (isinstance(holder, dict) and holder.get("host") == host_tag() and isinstance(pid := holder.get("pid"), int)):
+        return False
+    if pid == os.getpid():
+        with _UNDER_WAY_LOCK:
+            return holder.get("save") in _UNDER_WAY
+    return not writer_gone(pid)
 
 
 def clear_interrupted(art: Path) -> None:

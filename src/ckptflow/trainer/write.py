@@ -130,6 +130,16 @@ def write_now(run_dir: Path | str, iteration: int, components: Mapping[str, Any]
     owned = ranks.decide(what, prepare)
     if not ranks.is_main:
         owned = None  # rank 0's record; the other ranks only write their shards
+    try:
+        return _write_owned(art, iteration, plan, components, ranks, owned)
+    finally:
+        if owned is not None:
+            owned.ended()  # committed, or failed: its record proves what it wrote to the next save
+
+
+def _write_owned(art: Path, iteration: int, plan: tuple[str, ...], components: Mapping[str, Any], ranks: Ranks,
+                 owned: Ownership | None) -> manifest_record.Manifest:
+    what = f"the save of {art}"
     comps: dict[str, manifest_record.Component] = {}
     model = components["model"]
     error: Exception | None = None
@@ -343,8 +353,10 @@ def _save_dcp(art: Path, name: str, state: dict, ranks: Ranks) -> dict[str, tupl
 
 class _HashedStream:
     """A file DCP writes, every byte hashed as written (``HashingWriter``: pipelined where the bytes are the
-    saved state's). ``complete`` stays true only while the bytes went in order through ``write``: a seek, or
-    any use of the file this wrapper does not know, makes the file hashed again once written."""
+    saved state's), the kernel asked to start writing each tensor's bytes to disk at once, as for
+    ``model.pt`` (``_FlushingHashingWriter``). ``complete`` stays true only while the bytes went in order
+    through ``write``: a seek, or any use of the file this wrapper does not know, makes the file hashed again
+    once written."""
 
     def __init__(self, raw, stable):
         self._raw = raw
@@ -352,7 +364,11 @@ class _HashedStream:
         self.complete = True
 
     def write(self, data) -> int:
-        return self._hashing.write(data)
+        n = self._hashing.write(data)
+        if n >= OVERLAP_MIN:
+            self._raw.flush()
+            start_writeback(self._raw.fileno())
+        return n
 
     def writable(self) -> bool:
         return True
