@@ -160,6 +160,8 @@ dist: setup
 # bench/trainer_stall.py: the loop's stall at a save, the time to the committed manifest and the peak extra RSS
 # beside torch.save + fsync, dcp.save and dcp.async_save: 1 and 4 GiB of state, model only and the full plan, one
 # process, and 1 GiB under torchrun with two ranks (gloo, CPU); its docstring says why those sizes.
+# bench/write_after_touch.py probes the machine: the same torch.save + fsync after memory was written just
+# before it (what an asynchronous save's staging does) and without.
 BENCH_FLAGS ?=
 bench: setup
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[all,test,hf-test,bench]'
@@ -167,7 +169,7 @@ bench: setup
 	$(BIN)/python tests/helpers/servers.py down --root .ckptflow/bench-servers >/dev/null; rm -rf .ckptflow/bench-servers; \
 	trap '$(BIN)/python tests/helpers/servers.py down --root .ckptflow/bench-servers; rm -rf .ckptflow/bench-servers' EXIT; \
 	$(BIN)/python tests/helpers/servers.py up --only seaweedfs --profile demo --root .ckptflow/bench-servers >/dev/null || exit $$?; \
-	for b in transfer publish fetch ls scrub trainer_stall; do \
+	for b in transfer publish fetch ls scrub trainer_stall write_after_touch; do \
 	  test -f bench/$$b.py || continue; \
 	  flags=; case $$b in publish|fetch|scrub) flags='$(BENCH_FLAGS)';; esac; \
 	  echo "== bench/$$b.py $$flags" >&2; \
