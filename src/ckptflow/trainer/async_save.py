@@ -5,15 +5,11 @@ At the call, the state of each planned component is staged: every tensor is copi
 save owns (a CPU tensor's whole storage, cloned once however many tensors share it, so the file is the
 one a synchronous save of the same state writes; a CUDA tensor into pinned memory by a non-blocking
 device-to-host copy, ordered before whatever the loop enqueues next on the same stream, and waited for by
-the background thread before it writes). Once the model is staged, a background thread starts writing
-``model.pt`` while the call stages the optimizer and the trainer state (``Staging``: the thread waits for
-each component the call has not staged yet), so the staging of the rest is not added to the time to the
-commit. The call returns a ``SaveHandle`` once everything is staged; the thread writes the components,
-hashes them as they are written, commits the manifest last (``write.write_now``: the same code, the same
-ownership record and crash points as a synchronous save) and, for ``save_and_publish``, queues the
-publication. Whatever the loop does after the call (an optimizer step) never reaches the artifact. A
-staging that fails (after the model's) raises at the call, once; the thread stops at the component that
-was not staged and leaves the artifact uncommitted, discarded by the next save of that iteration.
+the background thread before it writes). The call then returns a ``SaveHandle``; a background thread
+writes the components, hashes them as they are written, commits the manifest last (``write.write_now``:
+the same code, the same ownership record and crash points as a synchronous save) and, for
+``save_and_publish``, queues the publication. Whatever the loop does after the call (an optimizer step)
+never reaches the artifact.
 
 Memory: at most one staged copy per process. A second asynchronous save (of any run) while the first is
 still writing waits for it before staging; that wait is stall, reported in the handle (``waited_s``) and
@@ -40,10 +36,9 @@ leaves the same uncommitted directory, which the next save of that iteration dis
 Trainer wrote, ``hf.copy_and_seal``) on a background thread as one of the run's saves: the same handle, waits
 and failure reports, and its ranks agree over the same gloo group (``background_ranks``).
 
-Crash points: ``trainer-async:before-write`` (on the background thread, before the first byte, once the
-model is staged), ``trainer-async:staged`` (the whole state is staged, before the call returns; the
-background thread may be writing ``model.pt``), then those of a synchronous save (``write.py``), reached on
-the background thread.
+Crash points: ``trainer-async:staged`` (the state is staged, the background thread not started),
+``trainer-async:before-write`` (on the background thread, before the first byte), then those of a
+synchronous save (``write.py``), reached on the background thread.
 """
 
 from __future__ import annotations
@@ -102,7 +97,6 @@ class SaveHandle:
         self._manifest: manifest_record.Manifest | None = None
         self._error: BackgroundSaveFailed | None = None
         self._reported = False
-        self._caller_failed: BaseException | None = None  # the call raised it (staging failed): not logged here
 
     @property
     def stall_s(self) -> float:
@@ -199,49 +193,38 @@ def save_in_background(run_dir: Path | str, iteration: int, components: Mapping[
         except BaseException:
             _SLOT.release()
             raise
-    staging = Staging(plan)
-    worker = threading.Thread(target=_write_staged, args=(handle, staging, background, then),
-                              name=f"ckptflow-save-iter{iteration}")
     try:
         staged_at = time.monotonic()
-        for name in plan:
-            staging.put(name, *stage_component(name, components, ranks, staging.memo))
-            if name == "model":
-                with _LOCK:
-                    _HANDLES.append(handle)
-                worker.start()  # not a daemon: an interpreter that exits after the call still commits the save
+        staged, ready = stage_components(components, plan, ranks)
         handle.staged_s = time.monotonic() - staged_at
         testhooks.reached("trainer-async:staged")
-    except BaseException as exc:
-        if worker.ident is None:  # the background thread never started: the slot is the caller's
-            _ARENA.keep_used()
-            _SLOT.release()
-            raise
-        # The background thread writes the model already: it stops at the component not staged, leaves the
-        # artifact uncommitted, and ends (freeing the copy and the slot); this call raises the cause, once.
-        handle._caller_failed = exc
-        staging.stop()
-        worker.join()
         with _LOCK:
-            if handle in _HANDLES:
-                _HANDLES.remove(handle)
+            _HANDLES.append(handle)
+        box = [staged]  # the worker empties it: the copy is freed before the next save may stage
+        del staged
+        worker = threading.Thread(target=_write_staged, args=(handle, box, ready, background, then),
+                                  name=f"ckptflow-save-iter{iteration}")
+        worker.start()  # not a daemon: an interpreter that exits after the call still commits the save
+    except BaseException:
+        _ARENA.keep_used()
+        _SLOT.release()
         raise
     log.info("iteration %d staged in %.2f s; writing %s in the background", iteration, handle.staged_s,
              handle.artifact_dir)
     return handle
 
 
-def _write_staged(handle: SaveHandle, staging: Staging, ranks: Ranks,
+def _write_staged(handle: SaveHandle, box: list[dict[str, Any]], ready: Any, ranks: Ranks,
                   then: Callable[[manifest_record.Manifest], Any] | None) -> None:
     try:
+        if ready is not None:
+            ready.synchronize()  # the non-blocking device-to-host copies have landed
         testhooks.reached("trainer-async:before-write")
-        try:
-            handle._manifest = write_now(handle.run_dir, handle.iteration, staging, ranks=ranks)
-        finally:
-            staging.clear()  # the copy is freed before the next save may stage
+        handle._manifest = write_now(handle.run_dir, handle.iteration, box.pop(), ranks=ranks)
         if then is not None:
             then(handle._manifest)
     except BaseException as exc:  # noqa: BLE001 - raised at result(), the next save or the wait
+        box.clear()
         _keep_failure(handle, exc)
     finally:
         _ARENA.keep_used()  # the copy's tensors are gone: its memory waits for the next save
@@ -258,8 +241,7 @@ def _keep_failure(handle: SaveHandle, exc: BaseException) -> None:
         traceback.clear_frames(cause.__traceback__)
         cause = cause.__cause__ or cause.__context__
     handle._fail(exc)
-    if handle._caller_failed is None:
-        log.error("%s", handle._error)
+    log.error("%s", handle._error)
 
 
 def run_in_background(run_dir: Path | str, iteration: int, commit: Callable[[], manifest_record.Manifest], *,
@@ -342,68 +324,19 @@ def background_ranks(ranks: Ranks) -> Ranks:
     return dataclasses.replace(ranks, group=_SAVE_GROUP[0])
 
 
-class Staging(Mapping):
-    """The staged components, as the background thread reads them: ``write_now`` gets this mapping once the
-    model is staged and writes ``model.pt`` while the caller stages the optimizer and the trainer state.
-    Reading a component waits until the caller has staged it (and, for CUDA tensors, until its
-    device-to-host copies have landed); it raises when the caller's staging failed (``stop``)."""
-
-    def __init__(self, plan: tuple[str, ...]):
-        self._plan = plan
-        self._staged: dict[str, tuple[Any, Any]] = {}
-        self._stopped = False
-        self._changed = threading.Condition()
-        self.memo: dict[Any, Any] = {}  # storages staged so far (shared across components, as in one save)
-
-    def __iter__(self):
-        return iter(self._plan)
-
-    def __len__(self) -> int:
-        return len(self._plan)
-
-    def __getitem__(self, name: str) -> Any:
-        if name not in self._plan:
-            raise KeyError(name)
-        with self._changed:
-            self._changed.wait_for(lambda: name in self._staged or self._stopped)
-            if name not in self._staged:
-                raise CkptflowError(f"the caller's staging of {name} failed; nothing was committed")
-            value, ready = self._staged[name]
-        if ready is not None:
-            ready.synchronize()  # the non-blocking device-to-host copies have landed
-        return value
-
-    def put(self, name: str, value: Any, ready: Any) -> None:
-        with self._changed:
-            self._staged[name] = (value, ready)
-            self._changed.notify_all()
-
-    def stop(self) -> None:
-        with self._changed:
-            self._stopped = True
-            self._changed.notify_all()
-
-    def clear(self) -> None:
-        with self._changed:
-            self._staged.clear()
-            self.memo.clear()
-
-
-def stage_component(name: str, components: Mapping[str, Any], ranks: Ranks | None,
-                    memo: dict[Any, Any]) -> tuple[Any, Any]:
-    """A copy of what a synchronous save of ``components`` would write of component ``name``, owned by the
-    save: the model's state (``write.model_state``), the optimizer's (``write.optimizer_state``) or the
-    trainer state; and the CUDA event the background thread waits for before writing it (None without CUDA
-    tensors). ``memo``: the storages staged so far for this save (a storage shared by two components is
-    copied once)."""
+def stage_components(components: Mapping[str, Any], plan: tuple[str, ...],
+                     ranks: Ranks | None = None) -> tuple[dict[str, Any], Any]:
+    """A copy of what a synchronous save of ``components`` would write, owned by the save: the model's
+    state (``write.model_state``), the optimizer's (``write.optimizer_state``), the trainer state; and
+    the CUDA event the background thread waits for before writing (None without CUDA tensors)."""
+    memo: dict[Any, Any] = {}
     device: list[Any] = []
     model = components["model"]
-    if name == "model":
-        staged = _stage(model_state(model, ranks or Ranks(), to_cpu=False), memo, device)
-    elif name == "optimizer":
-        staged = _stage(optimizer_state(model, components["optimizer"]), memo, device)
-    else:
-        staged = _stage(components["trainer_state"], memo, device)
+    staged = {"model": _stage(model_state(model, ranks or Ranks(), to_cpu=False), memo, device)}
+    if "optimizer" in plan:
+        staged["optimizer"] = _stage(optimizer_state(model, components["optimizer"]), memo, device)
+    if "trainer_state" in plan:
+        staged["trainer_state"] = _stage(components["trainer_state"], memo, device)
     ready = None
     if device:
         import torch
