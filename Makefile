@@ -96,19 +96,20 @@ test:
 	echo "make test: lint done $$(elapsed) s after the start" >&2; \
 	wait $$servers || { wait; exit 1; }; \
 	cat .ckptflow/servers-up.log; \
+	echo "make test: S3 servers up $$(elapsed) s after the start" >&2; \
 	if [ -n "$$slurm" ]; then \
-	  wait $$slurm; rc=$$?; \
+	  wait $$slurm; rc=$$?; echo "make test: Slurm up (status $$rc) $$(elapsed) s after the start" >&2; \
 	  if [ $$rc -ne 0 ] && [ -z "$${CI:-}" ]; then echo "make test: the single-node Slurm is not up (slurm.py's line above says why); the slurm tests skip" >&2; \
 	  elif [ $$rc -ne 0 ]; then wait; exit $$rc; fi; \
 	fi; \
 	if [ -n "$$browser" ]; then \
-	  wait $$browser; rc=$$?; \
+	  wait $$browser; rc=$$?; echo "make test: browser ready (status $$rc) $$(elapsed) s after the start" >&2; \
 	  if [ $$rc -ne 0 ] && [ -z "$${CI:-}" ]; then echo "make test: no browser for the site's layout test (browser.py's line above says why); those tests skip" >&2; \
 	  elif [ $$rc -ne 0 ]; then wait; exit $$rc; fi; \
 	fi; \
 	wait; \
 	if [ -n "$$legs" ]; then $(CORE_LEGS) >.ckptflow/core-legs/summary.log 2>&1 & legs=$$!; fi; \
-	echo "make test: servers up $$(elapsed) s after the start" >&2; \
+	echo "make test: servers, Slurm, browser and bytecode ready $$(elapsed) s after the start" >&2; \
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=40 $(PYTEST_ARGS); rc=$$?; \
 	echo "make test: pytest done $$(elapsed) s after the start" >&2; \
 	if [ -n "$$legs" ]; then \
