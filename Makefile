@@ -60,9 +60,9 @@ lint: setup
 # after another, to one worker, the `slurm` tests to another; tests/conftest.py). The order keeps both
 # cores busy: the core legs' environments install, one after another and at a lower priority, while
 # setup's pip (one core) installs the development environment; on a new environment the suite's imports
-# are then made once (pytest's collection and the preloaded templates' modules: their bytecode cached
-# before the workers start, instead of each compiling it) while the servers and Slurm start and lint
-# runs; then pytest and the core legs run side by side on the same servers. The legs' summary (and the whole log of a leg
+# are then made once (pytest's collection and the preloaded templates' modules, side by side: their
+# bytecode cached before the workers start, instead of each compiling it) while the servers and Slurm
+# start and lint runs; then pytest and the core legs run side by side on the same servers. The legs' summary (and the whole log of a leg
 # that failed) is printed after pytest's. `make test` prints when each phase ended and pytest's 40 longest
 # steps, so every CI log says where the time goes; it exits non-zero when pytest or a core leg failed.
 PYTEST_WORKERS ?= 4
@@ -81,8 +81,9 @@ test:
 	trap '$(BIN)/python tests/helpers/slurm.py down --root $(SLURM_ROOT) >/dev/null & \
 	      $(BIN)/python tests/helpers/servers.py down --root $(SERVERS_ROOT); wait' EXIT; \
 	warm=; if [ -e $(WARM_MARK) ]; then \
-	  { $(BIN)/python -m pytest --collect-only -q -p no:cacheprovider >/dev/null 2>&1; \
-	    $(BIN)/python tests/helpers/preloaded.py warm && rm -f $(WARM_MARK); } & warm=$$!; \
+	  { $(BIN)/python -m pytest --collect-only -q -p no:cacheprovider >/dev/null 2>&1 & collect=$$!; \
+	    $(BIN)/python tests/helpers/preloaded.py warm; rc=$$?; wait $$collect; \
+	    if [ $$rc -eq 0 ]; then rm -f $(WARM_MARK); fi; } & warm=$$!; \
 	fi; \
 	slurm=; if [ "$(SLURM_UP)" = yes ]; then \
 	  $(BIN)/python tests/helpers/slurm.py up --root $(SLURM_ROOT) >/dev/null & slurm=$$!; \
