@@ -7,9 +7,9 @@ when every entry in the directory is one its record names with that same identit
 written: the same inode), or a DCP-named file directly inside a DCP directory the record names; anything else
 (no record, a file the record does not name, a replaced or rewritten file, a save still running on this
 host) refuses the save by name and leaves every byte as it is. A save still running: its holder is another
-process of this host that runs, or a save of this very process that has not ended (each record names its
-save, and the process knows which of its saves are under way until ``Ownership.ended``): a save that failed
-in a training loop that goes on is discarded by the next save of that iteration in the same process. ``write_artifact`` and the Hugging Face
+process of this host that runs, or a save of this very process still writing that directory (``fsutil.InFlight``:
+claimed by ``Ownership`` until ``Ownership.ended``): a save that failed in a training loop that goes on is
+discarded by the next save of that iteration in the same process. ``write_artifact`` and the Hugging Face
 callback (``begin_owned_save``) both save through it.
 """
 
@@ -18,14 +18,12 @@ from __future__ import annotations
 import logging
 import os
 import re
-import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 from ..errors import CkptflowError, Refused, UnsafePath
-from ..fsutil import atomic_write_bytes, host_tag, parse_tagged_name, temp_stem, writer_gone
+from ..fsutil import InFlight, atomic_write_bytes, host_tag, parse_tagged_name, temp_stem, writer_gone
 from ..jsonio import decode_json_object, encode_json
 
 log = logging.getLogger(__name__)
@@ -38,8 +36,7 @@ def _identity(path: Path) -> dict[str, int]:
     return {"ino": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
 
 
-_UNDER_WAY: set[str] = set()  # the saves of this process that have not ended (``Ownership.save``)
-_UNDER_WAY_LOCK = threading.Lock()
+_SAVING = InFlight()  # the artifact directories (resolved) this process's saves are writing now
 
 
 class Ownership:
@@ -48,17 +45,15 @@ class Ownership:
 
     def __init__(self, art: Path):
         self.art = art
-        self.save = uuid.uuid4().hex
-        self.data: dict[str, Any] = {"holder": {"host": host_tag(), "pid": os.getpid(), "save": self.save,
+        self.data: dict[str, Any] = {"holder": {"host": host_tag(), "pid": os.getpid(),
                                                 "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
                                      "entries": {}}
-        with _UNDER_WAY_LOCK:
-            _UNDER_WAY.add(self.save)
+        self._claimed = art.resolve()
+        _SAVING.claim(self._claimed)
         self._write()
 
     def ended(self) -> None:
-        with _UNDER_WAY_LOCK:
-            _UNDER_WAY.discard(self.save)
+        _SAVING.unclaim(self._claimed)
 
     def _write(self) -> None:
         atomic_write_bytes(self.art / IN_PROGRESS, encode_json(self.data))
@@ -99,22 +94,21 @@ def _read_ownership(art: Path) -> dict[str, dict[str, Any]]:
     except (CkptflowError, KeyError, TypeError, ValueError, OSError) as exc:
         raise Refused(f"{path} cannot be read ({exc}): nothing proves what the interrupted save wrote",
                       remedy=remedy) from exc
-    if _still_running(holder):
+    if _still_running(holder, art):
         pid = holder["pid"]
         raise Refused(f"{path}: a save of {art.name} by pid {pid} on this host is still running",
                       remedy="let it finish (or stop it) before saving this iteration again")
     return entries
 
 
-def _still_running(holder: Any) -> bool:
-    """Whether the save a record names may still be writing: a process of this host that runs, other than
-    this one; or a save of this process not ended (a record of this pid naming no save, or one it does not
-    know, is of an earlier process that had this pid)."""
+def _still_running(holder: Any, art: Path) -> bool:
+    """Whether the save whose record ``art`` holds may still be writing: a process of this host that runs,
+    other than this one; or a save of this process still writing ``art`` (this pid's record of a directory
+    no save of this process is writing is a failed save's, or an earlier process's that had this pid)."""
     if not (isinstance(holder, dict) and holder.get("host") == host_tag() and isinstance(pid := holder.get("pid"), int)):
         return False
     if pid == os.getpid():
-        with _UNDER_WAY_LOCK:
-            return holder.get("save") in _UNDER_WAY
+        return art.resolve() in _SAVING.snapshot()
     return not writer_gone(pid)
 
 

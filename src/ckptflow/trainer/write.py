@@ -131,15 +131,14 @@ def write_now(run_dir: Path | str, iteration: int, components: Mapping[str, Any]
     if not ranks.is_main:
         owned = None  # rank 0's record; the other ranks only write their shards
     try:
-        return _write_owned(art, iteration, plan, components, ranks, owned)
+        return _write_owned(art, iteration, plan, components, ranks, owned, what)
     finally:
         if owned is not None:
             owned.ended()  # committed, or failed: its record proves what it wrote to the next save
 
 
 def _write_owned(art: Path, iteration: int, plan: tuple[str, ...], components: Mapping[str, Any], ranks: Ranks,
-                 owned: Ownership | None) -> manifest_record.Manifest:
-    what = f"the save of {art}"
+                 owned: Ownership | None, what: str) -> manifest_record.Manifest:
     comps: dict[str, manifest_record.Component] = {}
     model = components["model"]
     error: Exception | None = None
