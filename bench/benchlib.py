@@ -126,6 +126,15 @@ def interleaved(steps: list[Callable[[], object]], run: int) -> None:
         step()
 
 
+def round_order(names: list[str], run: int) -> list[str]:
+    """The order of ``names`` in round ``run`` when more than two ways take turns: each round starts one way
+    later, so over len(names) rounds every way runs once in every position, and every other round runs
+    backwards, so a way follows one neighbour in some rounds and the other in the rest (a rotation alone
+    keeps every way's predecessor; ``interleaved`` is the two-way case)."""
+    order = names[run % len(names):] + names[:run % len(names)]
+    return order[::-1] if run % 2 else order
+
+
 @contextlib.contextmanager
 def scratch_bucket(creds, kind: str, **options):
     """An ``S3Store`` on a fresh bucket for one benchmark, emptied and removed afterwards (also on failure)."""

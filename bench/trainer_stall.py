@@ -49,6 +49,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from benchlib import round_order
 from ckptflow.trainer import write_artifact
 
 GiB = 1024**3
@@ -203,15 +204,6 @@ def _slowest(values: list[float], op=None) -> list[float]:
     return t.tolist()
 
 
-def round_order(r: int) -> list[str]:
-    """The ways in round ``r``: each round starts one way later, so over len(WAYS) rounds every way runs once in
-    every position, and every other round runs backwards, so a way follows one neighbour in some rounds and
-    the other in the rest (a rotation alone keeps every way's predecessor)."""
-    names = list(WAYS)
-    order = names[r % len(names):] + names[:r % len(names)]
-    return order[::-1] if r % 2 else order
-
-
 def run_times(args) -> dict[str, list[tuple[float, float]]]:
     """Every way ``args.rounds`` times, interleaved, in this process (on every rank)."""
     comps = build_state(args.gib, args.plan, _rank(), args.world)
@@ -219,7 +211,7 @@ def run_times(args) -> dict[str, list[tuple[float, float]]]:
     results: dict[str, list[tuple[float, float]]] = {w: [] for w in WAYS}
     try:
         for r in range(args.rounds):
-            for name in round_order(r):
+            for name in round_order(list(WAYS), r):
                 way = WAYS[name]
                 out = root / f"{name.replace(' ', '-')}-{r}"
                 _barrier()

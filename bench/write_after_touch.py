@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from benchlib import round_order
+
 GiB = 1024**3
 WAYS = ("none", "held", "touched")
 
@@ -60,8 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="write-after-touch-", dir=args.dir) as tmp:
         path = Path(tmp) / "state.pt"
         for r in range(args.rounds):
-            order = list(WAYS[r % len(WAYS):] + WAYS[:r % len(WAYS)])
-            for way in order[::-1] if r % 2 else order:
+            for way in round_order(list(WAYS), r):
                 if way == "none":
                     extra = None
                 elif extra is None:
