@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 import torch
 from conversion_helpers import ALL_KINDS, model_kind
-from transformers import AutoImageProcessor, AutoTokenizer, GenerationConfig
+from transformers import AutoTokenizer, GenerationConfig
 
 from ckptflow.conversion.sidecars import load_with_transformers
 from helpers import tiny_models as tm
@@ -54,6 +54,10 @@ def test_sidecars_load_with_the_teacher_loaders(tiny, kind):
     report = load_with_transformers(export)
     assert report["AutoTokenizer"] == report["GenerationConfig"] == "ok"
     if kind in tm.VLM_KINDS:
+        # Imported here, not at the top: it costs every pytest worker about 3 CPU-s at collection (the
+        # processor stack of transformers), and only the worker that runs this case needs it.
+        from transformers import AutoImageProcessor
+
         assert type(AutoImageProcessor.from_pretrained(export)).__name__.startswith("Qwen2VLImageProcessor")
         assert report["AutoImageProcessor"] == "ok"
         assert report["AutoProcessor"].startswith("ok" if importlib.util.find_spec("torchvision") else "skipped")

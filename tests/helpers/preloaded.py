@@ -74,6 +74,7 @@ PRELOAD = {
     "hf": (  # the Hugging Face examples (examples/train_hf_trainer.py, train_trl_sft.py) on one process
         "torch", "torch.distributed", "transformers", "transformers.trainer", "transformers.modeling_utils",
         "safetensors.torch", "accelerate", "datasets", "peft", "trl", "botocore.session", "jsonschema", "tqdm",
+        "torch.distributed.run",  # a torchrun's agent (``torchrun``)
     ),
 }
 CKPTFLOW_KINDS = ("ckptflow", "ckptflow-core")
@@ -568,6 +569,19 @@ def torchrun_env(env: dict[str, str], kind: str = "hf") -> dict[str, str]:
         return env
     template.ready()
     return {**env, "PYTHON_EXEC": _launcher("a torchrun's workers", f"worker({template.jobs!r}, {sys.executable!r})")}
+
+
+def torchrun(args: list[str], *, cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """``subprocess.run([torchrun, *args], capture_output=True, text=True, ...)`` with torchrun's agent forked
+    from this process's ``hf`` template as well as its workers (``torchrun_env``): an agent started as its
+    own interpreter spent about 2 CPU-s importing torch before it started a worker. The agent runs the
+    ``torchrun`` console script as ``python SCRIPT`` would; without a template it starts as usual."""
+    script = str(Path(sys.executable).with_name("torchrun"))
+    workers_env = torchrun_env(env)
+    template = _usable("hf", env)
+    if template is None:
+        return _exec([script, *args], str(cwd), workers_env, timeout)
+    return template.run([sys.executable, script, *args], str(cwd), workers_env, timeout)
 
 
 def _check_ckptflow(argv: list[str], kind: str) -> None:

@@ -29,7 +29,7 @@ from ckptflow.trainer import (
     save_and_publish,
     wait_for_publications,
 )
-from helpers import REPO
+from helpers import REPO, preloaded
 
 preflight_module = importlib.import_module("ckptflow.trainer.preflight")  # the package exports the function by that name
 
@@ -244,11 +244,10 @@ def test_preflight_in_a_process_group_checks_on_rank_zero_and_every_rank_learns_
     (tmp_path / "store").mkdir()
     script = tmp_path / "ranks.py"
     script.write_text(RANKS_SCRIPT)
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    proc = subprocess.run(
-        [torchrun, "--standalone", "--nproc-per-node", "2", str(script), str(run_dir),
+    proc = preloaded.torchrun(
+        ["--standalone", "--nproc-per-node", "2", str(script), str(run_dir),
          f"file://{tmp_path / 'store'}", f"file://{tmp_path / 'stroe'}", str(tmp_path / "out")],
-        capture_output=True, text=True, cwd=tmp_path, timeout=180,
+        cwd=tmp_path, timeout=180,
         env={**os.environ, "CKPTFLOW_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     zero, one = (json.loads((tmp_path / f"out.{r}").read_text()) for r in (0, 1))
@@ -366,12 +365,11 @@ def test_uploads_are_checked_by_default_and_off_is_an_explicit_choice():
 @pytest.mark.slow
 def test_a_typod_bucket_under_torchrun_with_the_example_defaults_exits_before_any_step(
         tmp_path, run_dir, seaweedfs_credentials_path):
-    torchrun = Path(sys.executable).with_name("torchrun")
-    proc = subprocess.run(
-        [str(torchrun), "--standalone", "--nproc-per-node", "2", str(REPO / "examples" / "train_tiny.py"),
+    proc = preloaded.torchrun(
+        ["--standalone", "--nproc-per-node", "2", str(REPO / "examples" / "train_tiny.py"),
          "--run-dir", str(run_dir), "--steps", "4", "--save-every", "2", "--bucket", "s3://typo",
          "--credentials", str(seaweedfs_credentials_path)],
-        capture_output=True, text=True, cwd=REPO, timeout=300,
+        cwd=REPO, timeout=300,
         env={**os.environ, "CKPTFLOW_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1",
              "CKPTFLOW_PROGRESS": "0"})
     assert proc.returncode != 0, proc.stdout + proc.stderr[-3000:]

@@ -22,7 +22,6 @@ from helpers.cli import run_cli
 RUN = "proj/grp/run1/20261129T000000Z"
 EXAMPLE = REPO / "examples" / "train_tiny.py"
 WORKER = Path(__file__).with_name("rank_worker.py")
-TORCHRUN = Path(sys.executable).with_name("torchrun")
 FULL = ("--components", "model,optimizer,trainer_state")
 PLAIN_KEYS = ["0.bias", "0.weight", "2.bias", "2.weight"]  # the unwrapped model's names
 
@@ -30,11 +29,9 @@ pytestmark = pytest.mark.slow
 
 
 def torchrun(script: Path, *args: str, env: dict | None = None, nproc: int = 2) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(TORCHRUN), "--standalone", "--nproc-per-node", str(nproc), str(script), *args],
-        capture_output=True, text=True, cwd=REPO, timeout=300,
-        env=preloaded.torchrun_env({**os.environ, "CKPTFLOW_PROGRESS": "0", "OMP_NUM_THREADS": "1", **(env or {})}),
-    )
+    return preloaded.torchrun(["--standalone", "--nproc-per-node", str(nproc), str(script), *args], cwd=REPO,
+                              timeout=300,
+                              env={**os.environ, "CKPTFLOW_PROGRESS": "0", "OMP_NUM_THREADS": "1", **(env or {})})
 
 
 def train(tmp: Path, *args: str, env: dict | None = None,
