@@ -322,8 +322,10 @@ class _Template:
         self._wait_for(READY, "ready", 300)
 
     def starts_like(self, env: dict[str, str]) -> bool:
-        """Whether an interpreter started under ``env`` would start as the template did."""
-        return all(env.get(k) == self.env.get(k) for k in {*env, *self.env} if k.startswith("PYTHON"))
+        """Whether an interpreter started under ``env`` would start as the template did (``PYTHON_EXEC``, the
+        interpreter a torchrun starts its workers with, is torch's, not the interpreter's)."""
+        return all(env.get(k) == self.env.get(k) for k in {*env, *self.env}
+                   if k.startswith("PYTHON") and k != "PYTHON_EXEC")
 
     def _wait_for(self, rid: int, field: str, timeout: float | None) -> dict | None:
         with self.lock:
@@ -571,17 +573,19 @@ def torchrun_env(env: dict[str, str], kind: str = "hf") -> dict[str, str]:
     return {**env, "PYTHON_EXEC": _launcher("a torchrun's workers", f"worker({template.jobs!r}, {sys.executable!r})")}
 
 
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))  # the console script (a Python script)
+
+
 def torchrun(args: list[str], *, cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
     """``subprocess.run([torchrun, *args], capture_output=True, text=True, ...)`` with torchrun's agent forked
     from this process's ``hf`` template as well as its workers (``torchrun_env``): an agent started as its
     own interpreter spent about 2 CPU-s importing torch before it started a worker. The agent runs the
     ``torchrun`` console script as ``python SCRIPT`` would; without a template it starts as usual."""
-    script = str(Path(sys.executable).with_name("torchrun"))
-    workers_env = torchrun_env(env)
+    env = torchrun_env(env)
     template = _usable("hf", env)
     if template is None:
-        return _exec([script, *args], str(cwd), workers_env, timeout)
-    return template.run([sys.executable, script, *args], str(cwd), workers_env, timeout)
+        return _exec([TORCHRUN, *args], str(cwd), env, timeout)
+    return template.run([sys.executable, TORCHRUN, *args], str(cwd), env, timeout)
 
 
 def _check_ckptflow(argv: list[str], kind: str) -> None:
@@ -615,11 +619,13 @@ def start_ckptflow(argv: list[str], *, cwd: Path, env: dict[str, str],
 
 
 def start_script(argv: list[str], *, cwd: Path, env: dict[str, str], kind: str = "hf") -> Started | None:
-    """``python SCRIPT ARGS`` or ``python -c CODE ARGS`` (``argv[0]`` this interpreter) forked from the template
-    of ``kind`` in a session of its own, as ``subprocess.Popen(argv, ..., start_new_session=True)`` with its
-    output captured would start it: a ``Started``. None where the kind does not fork (switched off, not
-    installed, a ``PYTHON*`` variable): the caller starts its own interpreter then."""
-    if argv[0] != sys.executable or not (argv[1].endswith(".py") or (argv[1] == "-c" and len(argv) > 2)):
+    """``python SCRIPT ARGS`` or ``python -c CODE ARGS`` (``argv[0]`` this interpreter; ``SCRIPT`` may be the
+    ``torchrun`` console script, ``TORCHRUN``) forked from the template of ``kind`` in a session of its own,
+    as ``subprocess.Popen(argv, ..., start_new_session=True)`` with its output captured would start it: a
+    ``Started``. None where the kind does not fork (switched off, not installed, a ``PYTHON*`` variable):
+    the caller starts its own interpreter then."""
+    if argv[0] != sys.executable or not (argv[1].endswith(".py") or argv[1] == TORCHRUN
+                                         or (argv[1] == "-c" and len(argv) > 2)):
         raise ValueError(f"not a python SCRIPT or python -c CODE command line: {argv[:2]}")
     template = _usable(kind, env)
     return None if template is None else template.start(argv, str(cwd), env, session=True)

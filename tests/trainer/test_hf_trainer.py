@@ -26,7 +26,6 @@ from helpers.tiny_models import build_tiny_base
 
 RUN = "proj/grp/run1/20261129T000000Z"
 EXAMPLE = REPO / "examples" / "train_hf_trainer.py"
-TORCHRUN = Path(sys.executable).with_name("torchrun")
 PAUSE = "hf-export:after-seal"
 
 
@@ -45,11 +44,11 @@ def archive(tmp_path) -> Path:
 
 def train(base: Path, run_dir: Path, *args: str, ranks: int = 1, env: dict | None = None,
           wait: bool = True) -> subprocess.Popen | subprocess.CompletedProcess:
-    launcher = [str(TORCHRUN), "--standalone", "--nproc-per-node", str(ranks)] if ranks > 1 else [sys.executable]
-    argv = [*launcher, str(EXAMPLE), "--model", str(base), "--run-dir", str(run_dir), *args]
+    launcher = [preloaded.TORCHRUN, "--standalone", "--nproc-per-node", str(ranks)] if ranks > 1 else []
+    argv = [sys.executable, *launcher, str(EXAMPLE), "--model", str(base), "--run-dir", str(run_dir), *args]
     env = {**os.environ, "CKPTFLOW_PROGRESS": "0", "OMP_NUM_THREADS": "1", **(env or {})}
-    if ranks > 1:  # the workers fork from the hf template; one process forks from it directly
-        return run_job(argv, cwd=REPO, env=preloaded.torchrun_env(env), wait=wait)
+    if ranks > 1:  # torchrun's agent and its workers fork from the hf template, as one process does
+        env = preloaded.torchrun_env(env)
     return run_job(argv, cwd=REPO, env=env, wait=wait, preloaded="hf")
 
 
