@@ -28,6 +28,32 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def kill_marked(name: str, value: str) -> list[int]:
+    """SIGKILL every process of this user whose environment holds ``name=value`` (a value unique to one
+    test, such as a path under its temporary directory), and its descendants; returns their pids. For the
+    processes of a Slurm job that the test cluster's process tracking (``proctrack/linuxproc``: by parent
+    pid) loses once their parent has exited: a cancelled job's step left that way went on running after its
+    test, and after the suite."""
+    marker = f"{name}={value}".encode()
+    killed = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        pid = int(environ.parent.name)
+        if pid == os.getpid():
+            continue
+        try:
+            if marker not in environ.read_bytes().split(b"\0"):
+                continue
+        except OSError:
+            continue  # it ended meanwhile, or is not ours
+        for found in [pid, *descendants(pid)]:
+            try:
+                os.kill(found, signal.SIGKILL)
+                killed.append(found)
+            except ProcessLookupError:
+                pass
+    return killed
+
+
 def kill_job(proc: subprocess.Popen) -> None:
     """SIGKILL ``proc``, every process it started and its process group (it was started with
     ``start_new_session=True``)."""

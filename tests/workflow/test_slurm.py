@@ -20,6 +20,7 @@ import pytest
 from helpers import REPO, slurm
 from helpers.artifacts import make_artifact
 from helpers.cli import run_cli
+from helpers.procs import kill_marked
 from helpers.trees import tree_bytes
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
@@ -131,7 +132,8 @@ def _paused_publish_all(tmp_path: Path, config: dict, env: dict):
     """``publish_all`` started in the background with every publication pausing after each payload object
     it stores (the job's environment reaches the job step: the profile's sbatch exports it), until the
     pause file it yields is removed; yields the process, its log and that file. A process still running on
-    the way out is killed."""
+    the way out is killed, and so is any process left of its jobs (found by the pause file in their
+    environment): the test cluster loses track of a cancelled job's step once its parent has exited."""
     pause = tmp_path / "paused"
     paused_env = {**env, "CKPTFLOW_TEST_PAUSE_AT": "publish:after-payload", "CKPTFLOW_TEST_PAUSE_FILE": str(pause)}
     log = tmp_path / "snakemake-cancelled.log"
@@ -144,6 +146,7 @@ def _paused_publish_all(tmp_path: Path, config: dict, env: dict):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        kill_marked("CKPTFLOW_TEST_PAUSE_FILE", str(pause))
 
 
 def _nothing_left_to_publish(tmp_path: Path, config: dict, env: dict) -> None:
