@@ -291,6 +291,16 @@ def report(args, times: dict[str, list[list[float]]], rss: dict[str, dict[str, f
     paired = statistics.median(a / s for (_, a), (_, s) in zip(times["ckptflow async"], times["ckptflow sync"], strict=True))
     print(f"  goal ckptflow async done / ckptflow sync (<= 1.2): {med['ckptflow async'][1] / med['ckptflow sync'][1]:.2f}x"
           f" (median of the rounds' own ratios: {paired:.2f}x)")
+    # An asynchronous save's time to its commit is its staging copy (the stall) and then its background
+    # write: the write beside the synchronous save of the same round says what the copy adds and what the
+    # write itself costs; dcp.async_save's done beside dcp.save's is the peer's own figure of the same.
+    write = statistics.median((a - st) / s for (st, a), (_, s)
+                              in zip(times["ckptflow async"], times["ckptflow sync"], strict=True))
+    copy = statistics.median(st / s for (st, _), (_, s)
+                             in zip(times["ckptflow async"], times["ckptflow sync"], strict=True))
+    peer = statistics.median(a / s for (_, a), (_, s) in zip(times["dcp.async_save"], times["dcp.save"], strict=True))
+    print(f"  where ckptflow async done goes (medians of the rounds' own ratios to ckptflow sync): staging copy "
+          f"{copy:.2f}x, background write {write:.2f}x; dcp.async_save done / dcp.save {peer:.2f}x")
     if "ckptflow async" in rss:
         print(f"  goal ckptflow async peak extra RSS / staged state (<= 1.1): "
               f"{rss['ckptflow async']['extra'] / staged:.2f}x")
