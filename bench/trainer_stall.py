@@ -288,16 +288,15 @@ def report(args, times: dict[str, list[list[float]]], rss: dict[str, dict[str, f
           f"{med['ckptflow async'][0] / med['dcp.async_save'][0]:.2f}x")
     print(f"  goal ckptflow sync / torch.save{'(+dcp.save)' if args.plan == 'full' else ''}+fsync (<= 1.15): "
           f"{med['ckptflow sync'][1] / base:.2f}x")
-    paired = statistics.median(a / s for (_, a), (_, s) in zip(times["ckptflow async"], times["ckptflow sync"], strict=True))
+    rounds = list(zip(times["ckptflow async"], times["ckptflow sync"], strict=True))  # ((stall, done), (_, done))
+    paired = statistics.median(a / s for (_, a), (_, s) in rounds)
     print(f"  goal ckptflow async done / ckptflow sync (<= 1.2): {med['ckptflow async'][1] / med['ckptflow sync'][1]:.2f}x"
           f" (median of the rounds' own ratios: {paired:.2f}x)")
     # An asynchronous save's time to its commit is its staging copy (the stall) and then its background
     # write: the write beside the synchronous save of the same round says what the copy adds and what the
     # write itself costs; dcp.async_save's done beside dcp.save's is the peer's own figure of the same.
-    write = statistics.median((a - st) / s for (st, a), (_, s)
-                              in zip(times["ckptflow async"], times["ckptflow sync"], strict=True))
-    copy = statistics.median(st / s for (st, _), (_, s)
-                             in zip(times["ckptflow async"], times["ckptflow sync"], strict=True))
+    write = statistics.median((a - st) / s for (st, a), (_, s) in rounds)
+    copy = statistics.median(st / s for (st, _), (_, s) in rounds)
     peer = statistics.median(a / s for (_, a), (_, s) in zip(times["dcp.async_save"], times["dcp.save"], strict=True))
     print(f"  where ckptflow async done goes (medians of the rounds' own ratios to ckptflow sync): staging copy "
           f"{copy:.2f}x, background write {write:.2f}x; dcp.async_save done / dcp.save {peer:.2f}x")

@@ -45,23 +45,26 @@ def kill_marked(name: str, value: str) -> list[int]:
                 continue
         except OSError:
             continue  # it ended meanwhile, or is not ours
-        for found in [pid, *descendants(pid)]:
-            try:
-                os.kill(found, signal.SIGKILL)
-                killed.append(found)
-            except ProcessLookupError:
-                pass
+        killed += _sigkill([p for p in [pid, *descendants(pid)] if p not in killed])
+    return killed
+
+
+def _sigkill(pids: list[int]) -> list[int]:
+    """SIGKILL each of ``pids``; returns those that were still there."""
+    killed = []
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except ProcessLookupError:
+            pass
     return killed
 
 
 def kill_job(proc: subprocess.Popen) -> None:
     """SIGKILL ``proc``, every process it started and its process group (it was started with
     ``start_new_session=True``)."""
-    for pid in [proc.pid, *descendants(proc.pid)]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    _sigkill([proc.pid, *descendants(proc.pid)])
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
