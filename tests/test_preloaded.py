@@ -332,3 +332,41 @@ def test_a_verb_given_a_terminal_is_a_fork_handled_as_a_popen(tmp_path, monkeypa
     started = run_on_terminal(*args, columns=60)
     assert (forked.returncode, forked.stdout, forked.stderr) == (started.returncode, started.stdout, started.stderr)
     assert forked.returncode in (1, 2) and forked.stderr.strip()
+
+
+@pytest.mark.parametrize("kind", sorted(preloaded.OWN))
+def test_a_templates_own_modules_read_no_environment_variable_at_import(kind):
+    """A template imports the checkout's modules its processes start by importing (``OWN``), once, under the
+    template's environment; a fork then runs with its own. That is the same as a fresh import only if none
+    of those modules reads the environment while it is imported: checked here in a fresh interpreter with
+    the kind's third-party modules loaded first (as the template loads them), ``os.environ`` then replaced
+    by a mapping that records every read."""
+    code = f"""
+import json, os, sys
+sys.path.insert(0, {str(REPO / "tests" / "helpers")!r})
+import preloaded
+for name in preloaded.PRELOAD[{kind!r}]:
+    __import__(name)
+reads = []
+class Recording(os._Environ):
+    def __getitem__(self, key):
+        reads.append(key)
+        return super().__getitem__(key)
+environ = os.environ
+os.environ = Recording(environ._data, environ.encodekey, environ.decodekey, environ.encodevalue,
+                       environ.decodevalue)
+before = set(sys.modules)
+import importlib, pkgutil
+for name in preloaded.OWN[{kind!r}]:
+    package = importlib.import_module(name.removesuffix(".*"))
+    if name.endswith(".*"):
+        for info in pkgutil.iter_modules(package.__path__):
+            importlib.import_module(package.__name__ + "." + info.name)
+os.environ = environ
+print(json.dumps({{"reads": reads, "own": sorted(m for m in set(sys.modules) - before if m.startswith("ckptflow"))}}))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["own"], report  # the check saw the modules imported
+    assert report["reads"] == [], report

@@ -14,10 +14,12 @@ out of the garbage collector (``gc.freeze``: a child's collections would otherwi
 page). An invocation is a ``fork()`` of it that sets its working directory, environment, ``sys.argv``,
 ``sys.path[0]`` and standard streams, then runs ``snakemake.cli.main`` as the ``snakemake`` console script
 does, or the ``ckptflow`` module as ``python -m ckptflow`` does. It is a process of its own (its own pid,
-its jobs and subprocesses its children, killed by a signal like any), it imports the code under test afresh
-(a template imports no ckptflow module), reads its inputs afresh and leaves through the interpreter's
-normal exit. What differs from a shell's start is only what was already imported, so nothing that depends
-on what a process has imported uses a template: the torch-free probes, the memory ceilings and the write
+its jobs and subprocesses its children, killed by a signal like any), it reads its inputs afresh and leaves
+through the interpreter's normal exit. A template also imports the checkout's own modules its processes
+start by importing (``OWN``: none reads the environment at import) and parses botocore's S3 data once
+(what ``ckptflow.store.s3.new_session`` keeps for a process anyway). What differs from a shell's start is
+only what was already imported (and parsed), so nothing that depends on what a process has imported uses a
+template: the torch-free probes, the memory ceilings and the write
 counts start their interpreter as usual; so does every call whose environment changes a ``PYTHON*``
 variable the template started under, and every kind whose modules are not installed (the core legs have
 no torch and no Snakemake; their verbs fork from ``ckptflow-core``). A verb started in the background
@@ -77,6 +79,18 @@ PRELOAD = {
         "torch.distributed.run",  # a torchrun's agent (``torchrun``)
     ),
 }
+# The checkout's own modules each kind's processes import ("P.*": package P and each module in it): the CLI,
+# the verbs and the steps under them, the workflow's planning and scripts; the torch-side steps and the
+# trainer API where the kind has torch. None needs an extra the kind lacks, and none reads the environment
+# at import (tests/test_preloaded.py), so a fork runs them as a fresh import under its own environment would.
+_CORE_OWN = ("ckptflow.cli", "ckptflow.commands.*", "ckptflow.archive.*", "ckptflow.store.*", "ckptflow.records.*",
+             "ckptflow.status.*", "ckptflow.workflow.*")
+OWN = {
+    "snakemake": _CORE_OWN,
+    "ckptflow": (*_CORE_OWN, "ckptflow.merge.*", "ckptflow.materialize.*", "ckptflow.conversion.*"),
+    "ckptflow-core": _CORE_OWN,
+    "hf": (*_CORE_OWN, "ckptflow.trainer.*"),
+}
 CKPTFLOW_KINDS = ("ckptflow", "ckptflow-core")
 LISTENING_KINDS = (*CKPTFLOW_KINDS, "hf")  # the kinds whose template forks jobs a launcher hands it (jobs.sock)
 TORCH_SCRIPTS = ("merge.py", "materialize.py")  # the workflow's scripts whose jobs fork from ``ckptflow``
@@ -98,6 +112,24 @@ def _import(kind: str) -> None:
         for info in pkgutil.iter_modules():
             if info.ispkg and info.name.startswith(EXECUTOR_PREFIX):
                 importlib.import_module(info.name)
+    for name in OWN[kind]:
+        package = importlib.import_module(name.removesuffix(".*"))
+        if name.endswith(".*"):
+            for info in pkgutil.iter_modules(package.__path__):
+                importlib.import_module(f"{package.__name__}.{info.name}")
+    _parse_s3_data()
+
+
+def _parse_s3_data() -> None:
+    """botocore's S3 data (service model, endpoint rules, partitions) parsed once, here: ``new_session``
+    keeps one data loader per process and ``AWS_DATA_PATH``, and a fresh one parses about 0.1 CPU-s of JSON
+    at the first store a process opens, which nearly every forked process does. No request is made and no
+    credential is looked up (the client, given keys and a region, is dropped); a process started under
+    another ``AWS_DATA_PATH`` gets a loader of its own, as it would anyway."""
+    from ckptflow.store.s3 import new_session
+
+    new_session().create_client("s3", region_name="us-east-1", aws_access_key_id="preloaded",
+                                aws_secret_access_key="preloaded")
 
 
 def _preload(kind: str) -> None:

@@ -80,6 +80,18 @@ def _text(path: Path) -> str:
         return ""
 
 
+def _accounted(job: str, timeout: float = 60) -> list[str]:
+    """sacct's ``JobID|State`` rows of every start of ``job``, once the last one has ended there too:
+    slurmctld tells slurmdbd of a job's end after squeue shows it, so sacct may still say RUNNING."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-o", "JobID,State", "-j", job],
+                              capture_output=True, text=True, check=True).stdout.split()
+        if not rows or rows[-1].split("|")[-1] not in ("PENDING", "RUNNING") or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.2)
+
+
 def _state(job: str) -> str | None:
     """The job's state in squeue ("" once it has left squeue), None when squeue did not answer (a busy
     slurmctld), which is never taken for an end."""
@@ -151,8 +163,7 @@ def test_the_slurm_pages_requeued_job_keeps_its_attempt_gets_sigterm_and_resumes
     assert result["published"] == ["iter_000002", "iter_000004", "iter_000006"], result
     assert [p.name for p in run.iterdir()] == [attempt.name]
 
-    accounted = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-o", "JobID,State", "-j", job],
-                               capture_output=True, text=True, check=True).stdout.split()
+    accounted = _accounted(job)
     assert accounted == [f"{job}|REQUEUED", f"{job}|COMPLETED"], accounted
     for it in (2, 4, 6):
         art = attempt / "checkpoint_artifacts" / f"iter_{it:06d}"
