@@ -334,16 +334,9 @@ def test_a_verb_given_a_terminal_is_a_fork_handled_as_a_popen(tmp_path, monkeypa
     assert forked.returncode in (1, 2) and forked.stderr.strip()
 
 
-@pytest.mark.parametrize("kind", sorted(preloaded.OWN))
-def test_a_templates_own_modules_read_no_environment_variable_at_import(kind):
-    """A template imports the checkout's modules its processes start by importing (``OWN``), once, under the
-    template's environment; a fork then runs with its own. That is the same as a fresh import only if none
-    of those modules reads the environment while it is imported: checked here in a fresh interpreter with
-    the kind's third-party modules loaded first (as the template loads them), ``os.environ`` then replaced
-    by a mapping that records every read."""
-    code = f"""
+_OWN_IMPORT = """
 import json, os, sys
-sys.path.insert(0, {str(REPO / "tests" / "helpers")!r})
+sys.path.insert(0, {helpers!r})
 import preloaded
 for name in preloaded.PRELOAD[{kind!r}]:
     __import__(name)
@@ -355,18 +348,40 @@ class Recording(os._Environ):
 environ = os.environ
 os.environ = Recording(environ._data, environ.encodekey, environ.decodekey, environ.encodevalue,
                        environ.decodevalue)
-before = set(sys.modules)
-import importlib, pkgutil
-for name in preloaded.OWN[{kind!r}]:
-    package = importlib.import_module(name.removesuffix(".*"))
-    if name.endswith(".*"):
-        for info in pkgutil.iter_modules(package.__path__):
-            importlib.import_module(package.__name__ + "." + info.name)
+preloaded.import_own({kind!r})
 os.environ = environ
-print(json.dumps({{"reads": reads, "own": sorted(m for m in set(sys.modules) - before if m.startswith("ckptflow"))}}))
+plain = (str, bytes, int, float, bool, type(None))
+def value(v):
+    if isinstance(v, (set, frozenset)):
+        return sorted(map(repr, v))
+    if isinstance(v, tuple) and all(isinstance(x, plain) for x in v):
+        return repr(v)
+    return repr(v) if isinstance(v, plain) else None
+values = {{name: {{k: value(v) for k, v in vars(module).items() if not k.startswith("__") and value(v) is not None}}
+          for name, module in sys.modules.items() if name.split(".")[0] == "ckptflow"}}
+print(json.dumps({{"reads": reads, "values": values}}))
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.splitlines()[-1])
-    assert report["own"], report  # the check saw the modules imported
-    assert report["reads"] == [], report
+
+
+@pytest.mark.parametrize("kind", sorted(preloaded.OWN))
+def test_a_templates_own_modules_read_no_environment_and_compute_nothing_of_their_process_at_import(kind):
+    """A template imports the checkout's modules its processes start by importing (``OWN``), once, under the
+    template's environment and in the template's process; a fork then runs with its own. That is the same as
+    a fresh import only if none of those modules reads the environment or computes a value of its own
+    process (an id, a pid, a start time) while it is imported. Checked in two fresh interpreters, each with
+    the kind's third-party modules loaded first as the template loads them, then ``os.environ`` replaced by
+    a mapping that records every read while ``import_own`` runs: no read, and every plain module-level value
+    of every ckptflow module imported the same in both. ``PER_PROCESS`` is what a template must not
+    import for that reason."""
+    code = _OWN_IMPORT.format(helpers=str(REPO / "tests" / "helpers"), kind=kind)
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(json.loads(done.stdout.splitlines()[-1]))
+    first, second = runs
+    assert first["reads"] == [], first["reads"]
+    assert "ckptflow.cli" in first["values"], sorted(first["values"])  # the modules were seen
+    differ = {m: [k for k in v if v[k] != second["values"].get(m, {}).get(k)] for m, v in first["values"].items()}
+    assert not {m: keys for m, keys in differ.items() if keys}, differ
+    assert not set(preloaded.PER_PROCESS) & set(first["values"]), sorted(first["values"])

@@ -85,6 +85,9 @@ PRELOAD = {
 # at import (tests/test_preloaded.py), so a fork runs them as a fresh import under its own environment would.
 _CORE_OWN = ("ckptflow.cli", "ckptflow.commands.*", "ckptflow.archive.*", "ckptflow.store.*", "ckptflow.records.*",
              "ckptflow.status.*", "ckptflow.workflow.*")
+# What a process computes for itself as it imports (the planning process's id and start time, in
+# ``batches``), and the modules that import it: never imported by a template.
+PER_PROCESS = ("ckptflow.workflow.batches", "ckptflow.workflow.batch_jobs", "ckptflow.workflow.plan")
 OWN = {
     "snakemake": _CORE_OWN,
     "ckptflow": (*_CORE_OWN, "ckptflow.merge.*", "ckptflow.materialize.*", "ckptflow.conversion.*"),
@@ -112,12 +115,21 @@ def _import(kind: str) -> None:
         for info in pkgutil.iter_modules():
             if info.ispkg and info.name.startswith(EXECUTOR_PREFIX):
                 importlib.import_module(info.name)
+    import_own(kind)
+    _parse_s3_data()
+
+
+def import_own(kind: str) -> None:
+    """The checkout's modules of ``kind`` (``OWN``), but none of ``PER_PROCESS``."""
+    import importlib
+    import pkgutil
+
     for name in OWN[kind]:
         package = importlib.import_module(name.removesuffix(".*"))
         if name.endswith(".*"):
             for info in pkgutil.iter_modules(package.__path__):
-                importlib.import_module(f"{package.__name__}.{info.name}")
-    _parse_s3_data()
+                if f"{package.__name__}.{info.name}" not in PER_PROCESS:
+                    importlib.import_module(f"{package.__name__}.{info.name}")
 
 
 def _parse_s3_data() -> None:
