@@ -340,16 +340,6 @@ sys.path.insert(0, {helpers!r})
 import preloaded
 for name in preloaded.PRELOAD[{kind!r}]:
     __import__(name)
-reads = []
-class Recording(os._Environ):
-    def __getitem__(self, key):
-        reads.append(key)
-        return super().__getitem__(key)
-environ = os.environ
-os.environ = Recording(environ._data, environ.encodekey, environ.decodekey, environ.encodevalue,
-                       environ.decodevalue)
-preloaded.import_own({kind!r})
-os.environ = environ
 plain = (str, bytes, int, float, bool, type(None))
 def value(v):
     if isinstance(v, (set, frozenset)):
@@ -357,9 +347,27 @@ def value(v):
     if isinstance(v, tuple) and all(isinstance(x, plain) for x in v):
         return repr(v)
     return repr(v) if isinstance(v, plain) else None
-values = {{name: {{k: value(v) for k, v in vars(module).items() if not k.startswith("__") and value(v) is not None}}
-          for name, module in sys.modules.items() if name.split(".")[0] == "ckptflow"}}
-print(json.dumps({{"reads": reads, "values": values}}))
+for _ in range(2):  # two processes, as two forks of a template would be
+    read, write = os.pipe()
+    if os.fork() == 0:
+        reads = []
+        class Recording(os._Environ):
+            def __getitem__(self, key):
+                reads.append(key)
+                return super().__getitem__(key)
+        environ = os.environ
+        os.environ = Recording(environ._data, environ.encodekey, environ.decodekey, environ.encodevalue,
+                               environ.decodevalue)
+        preloaded.import_own({kind!r})
+        os.environ = environ
+        values = {{name: {{k: value(v) for k, v in vars(module).items() if not k.startswith("__") and value(v) is not None}}
+                  for name, module in sys.modules.items() if name.split(".")[0] == "ckptflow"}}
+        os.write(write, (json.dumps({{"reads": reads, "values": values}}) + "\\n").encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as fh:
+        sys.stdout.write(fh.read().decode())
+    assert os.wait()[1] == 0
 """
 
 
@@ -368,18 +376,15 @@ def test_a_templates_own_modules_read_no_environment_and_compute_nothing_of_thei
     """A template imports the checkout's modules its processes start by importing (``OWN``), once, under the
     template's environment and in the template's process; a fork then runs with its own. That is the same as
     a fresh import only if none of those modules reads the environment or computes a value of its own
-    process (an id, a pid, a start time) while it is imported. Checked in two fresh interpreters, each with
-    the kind's third-party modules loaded first as the template loads them, then ``os.environ`` replaced by
-    a mapping that records every read while ``import_own`` runs: no read, and every plain module-level value
-    of every ckptflow module imported the same in both. ``PER_PROCESS`` is what a template must not
+    process (an id, a pid, a start time) while it is imported. Checked in a fresh interpreter that loads the
+    kind's third-party modules as the template does, then forks twice; each fork replaces ``os.environ`` by a
+    mapping that records every read while ``import_own`` runs: no read, and every plain module-level value of
+    every ckptflow module imported the same in both forks. ``PER_PROCESS`` is what a template must not
     import for that reason."""
     code = _OWN_IMPORT.format(helpers=str(REPO / "tests" / "helpers"), kind=kind)
-    runs = []
-    for _ in range(2):
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
-        assert done.returncode == 0, done.stderr[-3000:]
-        runs.append(json.loads(done.stdout.splitlines()[-1]))
-    first, second = runs
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    first, second = (json.loads(line) for line in done.stdout.splitlines())
     assert first["reads"] == [], first["reads"]
     assert "ckptflow.cli" in first["values"], sorted(first["values"])  # the modules were seen
     differ = {m: [k for k in v if v[k] != second["values"].get(m, {}).get(k)] for m, v in first["values"].items()}
