@@ -16,7 +16,8 @@ page). An invocation is a ``fork()`` of it that sets its working directory, envi
 does, or the ``ckptflow`` module as ``python -m ckptflow`` does. It is a process of its own (its own pid,
 its jobs and subprocesses its children, killed by a signal like any), it reads its inputs afresh and leaves
 through the interpreter's normal exit. A template also imports the checkout's own modules its processes
-start by importing (``OWN``: none reads the environment at import) and parses botocore's S3 data once
+start by importing (``OWN`` less ``PER_PROCESS``: none reads the environment or computes a value of its
+own process at import) and parses botocore's S3 data once
 (what ``ckptflow.store.s3.new_session`` keeps for a process anyway). What differs from a shell's start is
 only what was already imported (and parsed), so nothing that depends on what a process has imported uses a
 template: the torch-free probes, the memory ceilings and the write
@@ -81,8 +82,9 @@ PRELOAD = {
 }
 # The checkout's own modules each kind's processes import ("P.*": package P and each module in it): the CLI,
 # the verbs and the steps under them, the workflow's planning and scripts; the torch-side steps and the
-# trainer API where the kind has torch. None needs an extra the kind lacks, and none reads the environment
-# at import (tests/test_preloaded.py), so a fork runs them as a fresh import under its own environment would.
+# trainer API where the kind has torch. None needs an extra the kind lacks, and none (``PER_PROCESS`` left
+# out) reads the environment or computes a value of its own process at import (tests/test_preloaded.py), so
+# a fork runs them as a fresh import in its own process and environment would.
 _CORE_OWN = ("ckptflow.cli", "ckptflow.commands.*", "ckptflow.archive.*", "ckptflow.store.*", "ckptflow.records.*",
              "ckptflow.status.*", "ckptflow.workflow.*")
 # What a process computes for itself as it imports (the planning process's id and start time, in
