@@ -338,8 +338,7 @@ _OWN_IMPORT = """
 import json, os, sys
 sys.path.insert(0, {helpers!r})
 import preloaded
-for name in preloaded.PRELOAD[{kind!r}]:
-    __import__(name)
+preloaded.import_third_party({kind!r})
 plain = (str, bytes, int, float, bool, type(None))
 def value(v):
     if isinstance(v, (set, frozenset)):

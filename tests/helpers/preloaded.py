@@ -17,11 +17,10 @@ does, or the ``ckptflow`` module as ``python -m ckptflow`` does. It is a process
 its jobs and subprocesses its children, killed by a signal like any), it reads its inputs afresh and leaves
 through the interpreter's normal exit. A template also imports the checkout's own modules its processes
 start by importing (``OWN`` less ``PER_PROCESS``: none reads the environment or computes a value of its
-own process at import) and parses botocore's S3 data once
-(what ``ckptflow.store.s3.new_session`` keeps for a process anyway). What differs from a shell's start is
-only what was already imported (and parsed), so nothing that depends on what a process has imported uses a
-template: the torch-free probes, the memory ceilings and the write
-counts start their interpreter as usual; so does every call whose environment changes a ``PYTHON*``
+own process at import) and parses botocore's S3 data once (what ``ckptflow.store.s3.new_session`` keeps
+for a process anyway). What differs from a shell's start is only what was already imported (and parsed),
+so nothing that depends on what a process has imported uses a template: the torch-free probes, the memory
+ceilings and the write counts start their interpreter as usual; so does every call whose environment changes a ``PYTHON*``
 variable the template started under, and every kind whose modules are not installed (the core legs have
 no torch and no Snakemake; their verbs fork from ``ckptflow-core``). A verb started in the background
 (``start_cli``: pause points, races, SIGKILL) is a fork too, handled through ``Started`` as a
@@ -108,6 +107,13 @@ EXECUTOR_PREFIX = "snakemake_executor_plugin_"  # Snakemake's registry imports e
 
 
 def _import(kind: str) -> None:
+    import_third_party(kind)
+    import_own(kind)
+    _parse_s3_data()
+
+
+def import_third_party(kind: str) -> None:
+    """The third-party modules of ``kind`` (``PRELOAD``; for Snakemake, every installed executor plugin too)."""
     import importlib
     import pkgutil
 
@@ -117,8 +123,6 @@ def _import(kind: str) -> None:
         for info in pkgutil.iter_modules():
             if info.ispkg and info.name.startswith(EXECUTOR_PREFIX):
                 importlib.import_module(info.name)
-    import_own(kind)
-    _parse_s3_data()
 
 
 def import_own(kind: str) -> None:
